@@ -1,0 +1,44 @@
+# Two commands for a new user: `make run` and `make test`. Everything else is for developers.
+PYTHON ?= python3.12
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test bench lint format lock clean
+
+$(STAMP): requirements.lock
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+## Start stopdesk on the embedded default: SQLite, a local broker, the sandbox, demo data.
+run: $(STAMP)
+	$(PY) manage.py up
+
+## The whole test suite: PostgreSQL and Redis on 127.0.0.1 when they answer.
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+## Benchmarks: one line per figure, `name value unit`, with the ratio to its target.
+bench: $(STAMP)
+	$(PY) -m bench
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy stopdesk reconcile
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+## Re-resolve requirements.in into requirements.lock (in a scratch venv).
+lock:
+	rm -rf /tmp/stopdesk-lock && $(PYTHON) -m venv /tmp/stopdesk-lock
+	/tmp/stopdesk-lock/bin/pip install --quiet -r requirements.in
+	/tmp/stopdesk-lock/bin/pip freeze | grep -v '^-e' > requirements.lock
+
+clean:
+	rm -rf var test-artifacts .pytest_cache

@@ -1,0 +1,73 @@
+"""Compensation proposals and drill results. A reversal is new work, approved on its own."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from stopdesk.models import ExternalRecord, WorkItem
+
+
+class CompensationState(models.TextChoices):
+    PROPOSED = "proposed", "Proposed"
+    APPROVED = "approved", "Approved"
+    RUNNING = "running", "Running"
+    DONE = "done", "Done"
+    FAILED = "failed", "Failed"
+    ESCALATED = "escalated", "Escalated"
+    REJECTED = "rejected", "Rejected"
+
+
+C = CompensationState
+COMPENSATION_TRANSITIONS: dict[str, frozenset[str]] = {
+    C.PROPOSED: frozenset({C.APPROVED, C.REJECTED, C.ESCALATED}),
+    C.APPROVED: frozenset({C.RUNNING}),
+    C.RUNNING: frozenset({C.DONE, C.FAILED, C.ESCALATED}),
+    C.ESCALATED: frozenset({C.REJECTED, C.APPROVED}),
+    C.DONE: frozenset(),
+    C.FAILED: frozenset(),
+    C.REJECTED: frozenset(),
+}
+
+
+class Compensation(models.Model):
+    external_record = models.ForeignKey(ExternalRecord, on_delete=models.PROTECT, related_name="compensations")
+    action = models.CharField(max_length=64, help_text='e.g. "archive"; "report_only" for irreversible effects.')
+    expected_version = models.CharField(max_length=200)
+    note = models.TextField(blank=True)
+    state = models.CharField(max_length=16, choices=CompensationState.choices, default=CompensationState.PROPOSED)
+    proposed_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    proposed_at = models.DateTimeField(default=timezone.now)
+    approved_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    approved_at = models.DateTimeField(null=True, blank=True)
+    escalated_to = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    observed_version = models.CharField(max_length=200, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    result = models.JSONField(default=dict, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.external_record} ({self.state})"
+
+
+class DrillRun(models.Model):
+    """One run of `manage.py stopdrill`: the table it printed, kept."""
+
+    started_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    target = models.CharField(max_length=64, default="sandbox")
+    passed = models.BooleanField(null=True)
+    results = models.JSONField(default=list, blank=True)
+
+
+class DrillResult(models.Model):
+    run = models.ForeignKey(DrillRun, on_delete=models.CASCADE, related_name="rows")
+    drill = models.CharField(max_length=64)
+    mechanism = models.CharField(max_length=32)
+    expected = models.TextField()
+    observed = models.TextField()
+    passed = models.BooleanField()
+    items = models.JSONField(default=list, blank=True)
+    task = models.ForeignKey("stopdesk.Task", null=True, blank=True, on_delete=models.SET_NULL)
+    related_item = models.ForeignKey(WorkItem, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")

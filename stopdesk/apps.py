@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class StopdeskConfig(AppConfig):
+    name = "stopdesk"
+    verbose_name = "stopdesk ledger"

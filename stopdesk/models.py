@@ -1,0 +1,223 @@
+"""The ledger: what an agent task scheduled, what Stop did about it, and the audit trail.
+
+States are assigned only by the service functions in `stopdesk.services`; nothing else writes them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from stopdesk.states import Effect, ItemState, Kind
+
+
+class Runtime(models.Model):
+    """An agent runtime that talks to the HTTP API with its own bearer token."""
+
+    name = models.CharField(max_length=100, unique=True)
+    token_hash = models.CharField(max_length=64, unique=True, editable=False)
+    token_prefix = models.CharField(max_length=12, editable=False, help_text="First characters, to tell tokens apart.")
+    created_at = models.DateTimeField(default=timezone.now)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+    @staticmethod
+    def hash_token(token: str) -> str:
+        return hashlib.sha256(token.encode()).hexdigest()
+
+    def issue_token(self) -> str:
+        """Set a new token and return it; only its hash is stored, so it is shown once."""
+        token = "sd_" + secrets.token_urlsafe(32)
+        self.token_hash = self.hash_token(token)
+        self.token_prefix = token[:10]
+        return token
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None
+
+
+class Task(models.Model):
+    title = models.CharField(max_length=200)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    runtime = models.ForeignKey(Runtime, null=True, blank=True, on_delete=models.PROTECT, related_name="tasks")
+    created_at = models.DateTimeField(default=timezone.now)
+    # The boundary reads this column (denormalised from StopRequest) in the same statement that
+    # starts an item; it is set exactly once.
+    stop_requested_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    settled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return self.title
+
+    @property
+    def is_stopped(self) -> bool:
+        return self.stop_requested_at is not None
+
+
+class WorkItem(models.Model):
+    task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="items")
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="children")
+    kind = models.CharField(max_length=32, choices=Kind.choices)
+    mechanism = models.CharField(max_length=32, default="manual", help_text="Which adapter can cancel or inspect it.")
+    handle = models.CharField(max_length=200, blank=True, help_text="Response id, MCP request/task id, Celery id...")
+    idempotency_key = models.CharField(max_length=200, blank=True)
+    noun = models.CharField(max_length=40, default="item", help_text='What a person calls it: "draft", "record".')
+    noun_plural = models.CharField(max_length=40, blank=True)
+    label = models.CharField(max_length=200, blank=True)
+    state = models.CharField(max_length=32, choices=ItemState.choices, default=ItemState.QUEUED)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    submitted_at = models.DateTimeField(null=True, blank=True, help_text="When the external action crossed the boundary.")
+    finished_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    lease_until = models.DateTimeField(null=True, blank=True)
+    worker = models.CharField(max_length=200, blank=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    next_check_at = models.DateTimeField(null=True, blank=True)
+    check_count = models.PositiveIntegerField(default=0)
+    investigate_by = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=200, blank=True)
+    evidence = models.JSONField(default=dict, blank=True)
+    needs_review = models.BooleanField(default=False, help_text="A late or contradicting report arrived.")
+    detail = models.JSONField(default=dict, blank=True, help_text="Mechanism-specific facts (tool annotations...).")
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["task", "state"]),
+            models.Index(fields=["state", "lease_until"]),
+            models.Index(fields=["state", "next_check_at"]),
+            models.Index(fields=["state", "investigate_by"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.noun} #{self.pk} ({self.state})"
+
+    @property
+    def plural(self) -> str:
+        return self.noun_plural or pluralize(self.noun)
+
+
+def pluralize(noun: str) -> str:
+    if noun.endswith("y") and noun[-2:-1] not in "aeiou":
+        return noun[:-1] + "ies"
+    if noun.endswith(("s", "x", "z", "ch", "sh")):
+        return noun + "es"
+    return noun + "s"
+
+
+class ExternalRecord(models.Model):
+    """An effect in another system that crossed the boundary."""
+
+    item = models.ForeignKey(WorkItem, on_delete=models.PROTECT, related_name="external_records")
+    system = models.CharField(max_length=64)
+    record_id = models.CharField(max_length=200)
+    version = models.CharField(max_length=200, blank=True, help_text="ETag or revision seen when recorded.")
+    effect = models.CharField(max_length=16, choices=Effect.choices)
+    reversible = models.BooleanField(default=False)
+    reversal = models.CharField(max_length=64, blank=True, help_text='How to reverse it, e.g. "archive".')
+    link = models.URLField(max_length=500, blank=True)
+    recorded_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["system", "record_id"], name="external_record_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.system}:{self.record_id}@{self.version}"
+
+
+class StopRequest(models.Model):
+    """One per task. A second Stop is an event on this row, never a second request."""
+
+    task = models.OneToOneField(Task, on_delete=models.PROTECT, related_name="stop_request")
+    requested_at = models.DateTimeField()
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    actor = models.CharField(max_length=200, help_text="Who asked: user:NAME or runtime:NAME.")
+    reason = models.TextField(blank=True)
+    queued_cancelled = models.PositiveIntegerField(default=0)
+    dispatched = models.PositiveIntegerField(default=0)
+    fanout_done_at = models.DateTimeField(null=True, blank=True, help_text="Queued items cancelled and jobs queued.")
+    duplicates = models.PositiveIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"Stop of task {self.task_id}"
+
+
+class CancellationAttempt(models.Model):
+    """What we sent through which mechanism, and what came back."""
+
+    item = models.ForeignKey(WorkItem, on_delete=models.PROTECT, related_name="attempts")
+    mechanism = models.CharField(max_length=32)
+    action = models.CharField(max_length=32, help_text="cancel, inspect, revoke...")
+    sent_at = models.DateTimeField(default=timezone.now)
+    answered_at = models.DateTimeField(null=True, blank=True)
+    ok = models.BooleanField(null=True)
+    observed_status = models.CharField(max_length=64, blank=True)
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["sent_at", "id"]
+
+
+class EventQuerySet(models.QuerySet["Event"]):
+    def update(self, **kwargs: Any) -> int:
+        raise PermissionError("Audit events are append-only.")
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        raise PermissionError("Audit events are append-only.")
+
+
+class Event(models.Model):
+    """Append-only audit row for every transition and decision (a trigger enforces it on PostgreSQL)."""
+
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    task = models.ForeignKey(Task, null=True, blank=True, on_delete=models.DO_NOTHING, related_name="events", db_constraint=True)
+    item = models.ForeignKey(WorkItem, null=True, blank=True, on_delete=models.DO_NOTHING, related_name="events")
+    kind = models.CharField(max_length=40, db_index=True)
+    actor = models.CharField(max_length=200)
+    from_state = models.CharField(max_length=32, blank=True)
+    to_state = models.CharField(max_length=32, blank=True)
+    message = models.TextField(blank=True)
+    data = models.JSONField(default=dict, blank=True)
+
+    objects = EventQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["at", "id"]
+        indexes = [models.Index(fields=["task", "at"])]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.from_state}->{self.to_state}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is not None:
+            raise PermissionError("Audit events are append-only.")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise PermissionError("Audit events are append-only.")
+
+
+class ApiIdempotency(models.Model):
+    """The first answer to an HTTP request that carried an Idempotency-Key, replayed on repeats."""
+
+    runtime = models.ForeignKey(Runtime, on_delete=models.CASCADE)
+    key = models.CharField(max_length=200)
+    endpoint = models.CharField(max_length=200)
+    status = models.PositiveSmallIntegerField()
+    body = models.JSONField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["runtime", "key", "endpoint"], name="api_idempotency_unique")]

@@ -1,0 +1,131 @@
+"""The cancellation boundary: the one check before an item starts and before an external action
+is submitted.
+
+On PostgreSQL it is a single statement. It takes a SHARE lock on the task row, which conflicts
+with the row lock Stop's UPDATE takes: a start either commits before the stop request can be
+written (so its started_at is earlier than stop_requested_at), or waits for the stop to commit and
+then sees it. There is no window in which a start reads "not stopped" and commits after the stop.
+
+SQLite (the zero-setup local run) takes its write lock at BEGIN (transaction_mode IMMEDIATE), so a
+read-then-write inside one transaction is serialised against Stop the same way.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from stopdesk.models import Task, WorkItem
+from stopdesk.services.errors import IllegalTransition, TaskStopped
+from stopdesk.services.events import event_record
+from stopdesk.services.sql import is_postgres
+from stopdesk.states import ItemState
+
+S = ItemState
+
+_PASS_SQL = """
+WITH t AS (
+    SELECT id, stop_requested_at IS NOT NULL AS stopped
+    FROM stopdesk_task
+    WHERE id = (SELECT task_id FROM stopdesk_workitem WHERE id = %(item)s)
+    FOR SHARE
+),
+old AS (SELECT id, state FROM stopdesk_workitem WHERE id = %(item)s),
+u AS (
+    UPDATE stopdesk_workitem w SET
+        state = CASE WHEN t.stopped THEN 'cancelled' ELSE 'running' END,
+        started_at = CASE WHEN t.stopped THEN w.started_at ELSE COALESCE(w.started_at, clock_timestamp()) END,
+        submitted_at = CASE WHEN t.stopped OR NOT %(submit)s THEN w.submitted_at ELSE clock_timestamp() END,
+        idempotency_key = CASE WHEN %(submit)s AND NOT t.stopped THEN %(key)s ELSE w.idempotency_key END,
+        finished_at = CASE WHEN t.stopped THEN clock_timestamp() ELSE NULL END,
+        outcome = CASE WHEN t.stopped THEN 'stopped before it started' ELSE w.outcome END,
+        heartbeat_at = clock_timestamp(),
+        lease_until = clock_timestamp() + make_interval(secs => %(lease)s),
+        worker = %(worker)s,
+        updated_at = clock_timestamp()
+    FROM t, old
+    WHERE w.id = %(item)s AND w.task_id = t.id AND old.id = w.id
+      AND (w.state = 'queued' OR (%(submit)s AND w.state = 'running' AND w.submitted_at IS NULL))
+    RETURNING w.id, w.task_id, w.state, w.updated_at, old.state AS old_state
+),
+e AS (
+    INSERT INTO stopdesk_event (at, task_id, item_id, kind, actor, from_state, to_state, message, data)
+    SELECT u.updated_at, u.task_id, u.id,
+           CASE WHEN u.state = 'cancelled' THEN 'boundary_refused' WHEN %(submit)s THEN 'submitted' ELSE 'transition' END,
+           %(actor)s, u.old_state, u.state,
+           CASE WHEN u.state = 'cancelled' THEN 'Stop was requested; the item did not start.'
+                WHEN %(submit)s THEN 'External action submitted, idempotency key ' || %(key)s ELSE '' END,
+           '{}'::jsonb
+    FROM u
+)
+SELECT state FROM u
+"""
+
+
+def item_start(*, item_id: int, actor: str, worker: str = "", lease_seconds: int | None = None) -> None:
+    """Pass the boundary before starting queued work. Raises TaskStopped (and the item is now
+    cancelled) once Stop was requested; IllegalTransition if the item is not queued."""
+    _pass(item_id=item_id, actor=actor, worker=worker, lease_seconds=lease_seconds, submit=False, key="")
+
+
+def item_submit(
+    *, item_id: int, idempotency_key: str, actor: str, worker: str = "", lease_seconds: int | None = None
+) -> None:
+    """Pass the boundary before submitting an external action (from queued, or from running when
+    the item has not submitted yet). The idempotency key is recorded before the call goes out, so
+    reconciliation can look the action up whatever happens to the call."""
+    if not idempotency_key:
+        raise ValueError("An external action needs an idempotency key, so its result can be looked up.")
+    _pass(item_id=item_id, actor=actor, worker=worker, lease_seconds=lease_seconds, submit=True, key=idempotency_key)
+
+
+def _pass(*, item_id: int, actor: str, worker: str, lease_seconds: int | None, submit: bool, key: str) -> None:
+    lease = lease_seconds or settings.STOPDESK["LEASE_SECONDS"]
+    if is_postgres():
+        params = {"item": item_id, "actor": actor, "worker": worker, "lease": lease, "submit": submit, "key": key}
+        with connection.cursor() as cursor:
+            # One statement, so one round trip, and atomic on its own under autocommit.
+            cursor.execute(_PASS_SQL, params)
+            row = cursor.fetchone()
+        state = row[0] if row else None
+    else:
+        state = _pass_portable(item_id=item_id, actor=actor, worker=worker, lease=lease, submit=submit, key=key)
+    if state == S.RUNNING:
+        return
+    # Refused: either just now by the stop check, or the item was not startable (already started,
+    # finished, cancelled by Stop's set-based update, or unknown).
+    item = WorkItem.objects.select_related("task").get(pk=item_id)
+    if state == S.CANCELLED or (item.state == S.CANCELLED and item.task.stop_requested_at is not None):
+        raise TaskStopped(item.task_id, item.pk)
+    raise IllegalTransition(item.pk, item.state, "submitted" if submit else S.RUNNING)
+
+
+def _pass_portable(*, item_id: int, actor: str, worker: str, lease: int, submit: bool, key: str) -> str | None:
+    with transaction.atomic():
+        item = WorkItem.objects.select_for_update().get(pk=item_id)
+        startable = item.state == S.QUEUED or (submit and item.state == S.RUNNING and item.submitted_at is None)
+        if not startable:
+            return None
+        stopped = Task.objects.filter(pk=item.task_id, stop_requested_at__isnull=False).exists()
+        now = timezone.now()
+        before = item.state
+        item.updated_at = now
+        item.heartbeat_at = now
+        item.lease_until = now + timedelta(seconds=lease)
+        item.worker = worker
+        if stopped:
+            item.state, item.finished_at, item.outcome = S.CANCELLED, now, "stopped before it started"
+            kind, message = "boundary_refused", "Stop was requested; the item did not start."
+        else:
+            item.state = S.RUNNING
+            item.started_at = item.started_at or now
+            kind, message = "transition", ""
+            if submit:
+                item.submitted_at, item.idempotency_key = now, key
+                kind, message = "submitted", f"External action submitted, idempotency key {key}"
+        item.save()
+        event_record(kind=kind, actor=actor, item=item, from_state=before, to_state=item.state, message=message)
+        return item.state

@@ -1,0 +1,181 @@
+"""Registering work items and moving them between states, one transaction per move."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from stopdesk.models import ExternalRecord, Task, WorkItem
+from stopdesk.services.errors import IllegalTransition
+from stopdesk.services.events import event_record
+from stopdesk.services.sql import ClockNow
+from stopdesk.states import TERMINAL, ItemState, Kind, can_move
+
+S = ItemState
+
+
+def task_create(*, title: str, actor: str, owner: Any = None, runtime: Any = None) -> Task:
+    with transaction.atomic():
+        task = Task.objects.create(title=title, owner=owner, runtime=runtime)
+        event_record(kind="task_created", actor=actor, task=task, message=title)
+    return task
+
+
+def item_register(
+    *,
+    task: Task | int,
+    kind: str,
+    noun: str,
+    actor: str,
+    mechanism: str = "manual",
+    handle: str = "",
+    label: str = "",
+    noun_plural: str = "",
+    parent: WorkItem | int | None = None,
+    idempotency_key: str = "",
+    detail: dict[str, Any] | None = None,
+) -> WorkItem:
+    """Record a child before it is dispatched. Registering after Stop is allowed (the record must be
+    complete), but such an item can never pass the boundary."""
+    if kind not in Kind.values:
+        raise ValueError(f"Unknown kind {kind!r}; expected one of {', '.join(Kind.values)}.")
+    task_id = task if isinstance(task, int) else task.pk
+    parent_id = parent if isinstance(parent, int) or parent is None else parent.pk
+    with transaction.atomic():
+        item = WorkItem.objects.create(
+            task_id=task_id,
+            parent_id=parent_id,
+            kind=kind,
+            noun=noun,
+            noun_plural=noun_plural,
+            mechanism=mechanism,
+            handle=handle,
+            label=label,
+            idempotency_key=idempotency_key,
+            detail=detail or {},
+        )
+        event_record(kind="item_registered", actor=actor, item=item, to_state=item.state, data={"noun": noun, "kind": kind})
+    return item
+
+
+def item_transition(
+    *,
+    item_id: int,
+    to_state: str,
+    actor: str,
+    outcome: str | None = None,
+    evidence: dict[str, Any] | None = None,
+    message: str = "",
+    kind: str = "transition",
+    allowed_from: frozenset[str] | None = None,
+    **fields: Any,
+) -> WorkItem:
+    """The one place a single item changes state: lock, check the from-state, write, audit."""
+    with transaction.atomic():
+        item = WorkItem.objects.select_for_update().get(pk=item_id)
+        if not can_move(item.state, to_state) or (allowed_from is not None and item.state not in allowed_from):
+            raise IllegalTransition(item.pk, item.state, to_state)
+        before = item.state
+        item.state = to_state
+        item.updated_at = timezone.now()
+        if to_state in TERMINAL:
+            item.finished_at = item.updated_at
+        if to_state == S.UNCERTAIN and item.investigate_by is None and "investigate_by" not in fields:
+            item.investigate_by = item.updated_at + timedelta(hours=settings.STOPDESK["INVESTIGATE_BY_HOURS"])
+        if outcome is not None:
+            item.outcome = outcome
+        if evidence:
+            item.evidence = {**item.evidence, **evidence}
+        for name, value in fields.items():
+            setattr(item, name, value)
+        item.save()
+        event_record(
+            kind=kind,
+            actor=actor,
+            item=item,
+            from_state=before,
+            to_state=to_state,
+            message=message or (outcome or ""),
+            data={"evidence": evidence} if evidence else {},
+        )
+    return item
+
+
+def item_finish(
+    *, item_id: int, succeeded: bool, actor: str, outcome: str = "", evidence: dict[str, Any] | None = None
+) -> WorkItem:
+    """A worker or runtime reports the result. If the item already reached a different final state
+    (for example Stop cancelled it), the report is a late result: kept as an event and flagged for
+    review, never written over the recorded outcome."""
+    to_state = S.COMPLETED if succeeded else S.FAILED
+    with transaction.atomic():
+        item = WorkItem.objects.select_for_update().get(pk=item_id)
+        if item.state in TERMINAL or item.state == S.QUEUED:
+            if item.state == to_state:
+                return item  # a repeated report of the same result changes nothing
+            return _record_late_result(item, to_state, actor, outcome, evidence)
+        return item_transition(item_id=item_id, to_state=to_state, actor=actor, outcome=outcome, evidence=evidence)
+
+
+def _record_late_result(
+    item: WorkItem, reported: str, actor: str, outcome: str, evidence: dict[str, Any] | None
+) -> WorkItem:
+    item.needs_review = True
+    item.evidence = {**item.evidence, "late_result": {"reported": reported, "outcome": outcome, **(evidence or {})}}
+    item.save(update_fields=["needs_review", "evidence"])
+    event_record(
+        kind="late_result",
+        actor=actor,
+        item=item,
+        from_state=item.state,
+        to_state=item.state,
+        message=f"Reported {reported} after the item was recorded {item.state}; review required.",
+        data={"reported": reported, "outcome": outcome, "evidence": evidence or {}},
+    )
+    return item
+
+
+def item_heartbeat(*, item_id: int, lease_seconds: int | None = None) -> bool:
+    """Extend a running item's lease. Returns whether Stop was requested for its task."""
+    lease = timedelta(seconds=lease_seconds or settings.STOPDESK["LEASE_SECONDS"])
+    now = timezone.now()
+    WorkItem.objects.filter(pk=item_id, state=S.RUNNING).update(heartbeat_at=ClockNow(), lease_until=now + lease)
+    return stop_requested(item_id=item_id)
+
+
+def stop_requested(*, item_id: int) -> bool:
+    return Task.objects.filter(items__pk=item_id, stop_requested_at__isnull=False).exists()
+
+
+def item_attach_record(
+    *,
+    item_id: int,
+    system: str,
+    record_id: str,
+    effect: str,
+    actor: str,
+    version: str = "",
+    reversible: bool = False,
+    reversal: str = "",
+    link: str = "",
+) -> ExternalRecord:
+    """Report an effect in another system. Attaching the same record twice updates its version."""
+    with transaction.atomic():
+        item = WorkItem.objects.select_for_update().get(pk=item_id)
+        record, created = ExternalRecord.objects.update_or_create(
+            system=system,
+            record_id=record_id,
+            defaults={"item": item, "version": version, "effect": effect, "reversible": reversible, "reversal": reversal, "link": link},
+        )
+        event_record(
+            kind="external_record" if created else "external_record_updated",
+            actor=actor,
+            item=item,
+            message=f"{system} {record_id} {effect} (version {version or 'unknown'})",
+            data={"system": system, "record_id": record_id, "version": version, "effect": effect, "reversible": reversible},
+        )
+    return record

@@ -1,0 +1,29 @@
+"""Restart safety: running items whose lease ran out are presumed lost and go to reconciliation.
+Nothing here depends on any process's memory; the database says what is outstanding."""
+
+from __future__ import annotations
+
+from django.db.models import Q
+from django.utils import timezone
+
+from stopdesk.services.bulk import NOW, items_move
+from stopdesk.states import ItemState
+
+S = ItemState
+
+
+def items_reap_stale(*, actor: str = "system:reaper", worker: str = "") -> int:
+    """Move running items with an expired lease to awaiting_reconciliation. With `worker`, also
+    every item that worker had claimed: a worker that is starting cannot still be running them."""
+    stale = Q(lease_until__lt=timezone.now()) | Q(lease_until__isnull=True)
+    if worker:
+        stale |= Q(worker=worker)
+    return items_move(  # type: ignore[return-value]
+        where=stale,
+        from_states=(S.RUNNING,),
+        to_state=S.AWAITING_RECONCILIATION,
+        actor=actor,
+        kind="lease_expired",
+        message="No heartbeat within the lease; the worker is presumed lost.",
+        sets={"next_check_at": NOW},
+    )

@@ -1,0 +1,119 @@
+"""Stop as a recorded lifecycle: commit the request, cancel what never started, then dispatch one
+cancellation job per item that had crossed the boundary."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from stopdesk.models import StopRequest, Task
+from stopdesk.services.bulk import NOW, items_move
+from stopdesk.services.events import event_record
+from stopdesk.services.sql import ClockNow
+from stopdesk.states import ItemState
+
+S = ItemState
+
+
+@dataclass(frozen=True)
+class StopOutcome:
+    stop_request: StopRequest
+    created: bool
+    dispatched: tuple[int, ...] = ()
+
+
+def task_request_stop(
+    *,
+    task_id: int,
+    actor: str,
+    by: object | None = None,
+    reason: str = "",
+    dispatch: Callable[[list[int]], None] | None = None,
+) -> StopOutcome:
+    """Idempotent. The first call commits the stop request in its own transaction before anything
+    else happens; every later or concurrent call gets the same StopRequest and an audit event."""
+    stop_request, created = _commit_stop_request(task_id=task_id, actor=actor, by=by, reason=reason)
+    if not created:
+        return StopOutcome(stop_request, created=False)
+    ids = stop_fanout(stop_request_id=stop_request.pk, actor=actor, dispatch=dispatch)
+    stop_request.refresh_from_db()
+    return StopOutcome(stop_request, created=True, dispatched=tuple(ids))
+
+
+def _commit_stop_request(*, task_id: int, actor: str, by: object | None, reason: str) -> tuple[StopRequest, bool]:
+    with transaction.atomic():
+        # The row lock this UPDATE takes is what the boundary's FOR SHARE waits on. A concurrent
+        # second Stop blocks here until the first commits, then matches no row.
+        won = Task.objects.filter(pk=task_id, stop_requested_at__isnull=True).update(stop_requested_at=ClockNow())
+        if won:
+            task = Task.objects.get(pk=task_id)
+            assert task.stop_requested_at is not None
+            stop_request = StopRequest.objects.create(
+                task=task, requested_at=task.stop_requested_at, requested_by=by, actor=actor, reason=reason
+            )
+            event_record(kind="stop_requested", actor=actor, task=task, message=reason or "Stop requested.")
+            return stop_request, True
+        if not Task.objects.filter(pk=task_id).exists():
+            raise Task.DoesNotExist(f"Task {task_id} does not exist.")
+        StopRequest.objects.filter(task_id=task_id).update(duplicates=F("duplicates") + 1)
+        event_record(kind="stop_duplicate", actor=actor, task=task_id, message=reason or "Stop requested again.")
+        return StopRequest.objects.get(task_id=task_id), False
+
+
+def stop_fanout(
+    *, stop_request_id: int, actor: str, dispatch: Callable[[list[int]], None] | None = None
+) -> list[int]:
+    """Cancel queued items set-based, mark in-flight items cancel-requested, and queue their jobs
+    after commit. Safe to re-run (the sweeper does, if a process died between the two steps)."""
+    with transaction.atomic():
+        stop_request = StopRequest.objects.select_for_update().get(pk=stop_request_id)
+        if stop_request.fanout_done_at is not None:
+            return []
+        task_id = stop_request.task_id
+        cancelled = items_move(
+            where=Q(task_id=task_id),
+            from_states=(S.QUEUED,),
+            to_state=S.CANCELLED,
+            actor=actor,
+            kind="stop_cancelled",
+            message="Cancelled by Stop before it started.",
+            sets={"outcome": "cancelled before it started"},
+        )
+        in_flight = items_move(
+            where=Q(task_id=task_id, cancel_requested_at__isnull=True),
+            from_states=(S.RUNNING, S.AWAITING_RECONCILIATION),
+            to_state=None,
+            actor=actor,
+            kind="cancel_requested",
+            message="Crossed the boundary before Stop; cancelling through its mechanism.",
+            sets={"cancel_requested_at": NOW, "next_check_at": NOW},
+            return_ids=True,
+        )
+        assert isinstance(in_flight, list)
+        StopRequest.objects.filter(pk=stop_request.pk).update(
+            queued_cancelled=cancelled, dispatched=len(in_flight), fanout_done_at=timezone.now()
+        )
+        send = dispatch or dispatch_cancellations
+        transaction.on_commit(lambda: send(in_flight))
+    return in_flight
+
+
+def dispatch_cancellations(item_ids: list[int]) -> None:
+    """Queue one cancellation job per item, by task name: the ledger does not import the
+    reconcile app's tasks (imports go one way)."""
+    if not item_ids:
+        return
+    from stopdesk.celery import app
+
+    if app.conf.task_always_eager:
+        task = app.tasks["reconcile.cancel_item"]
+        for item_id in item_ids:
+            task.apply(args=[item_id])
+        return
+    with app.producer_or_acquire() as producer:
+        for item_id in item_ids:
+            app.send_task("reconcile.cancel_item", args=[item_id], producer=producer)

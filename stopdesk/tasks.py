@@ -1,0 +1,21 @@
+"""Celery jobs of the ledger: ids in, one service call."""
+
+from celery import shared_task
+from celery.signals import worker_ready
+from django.db import close_old_connections
+
+from stopdesk.services.reaper import items_reap_stale
+
+
+@shared_task(name="stopdesk.reap_stale_items", time_limit=60)
+def reap_stale_items() -> int:
+    return items_reap_stale()
+
+
+@worker_ready.connect
+def reap_on_worker_start(sender: object = None, **_: object) -> None:
+    """A starting worker finds outstanding work from the database: anything it had claimed under
+    the same node name before a restart, and anything whose lease ran out."""
+    close_old_connections()
+    hostname = getattr(sender, "hostname", "") or ""
+    items_reap_stale(actor=f"system:worker-start:{hostname}", worker=hostname)

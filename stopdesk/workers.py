@@ -1,0 +1,145 @@
+"""Agent code written as Celery tasks.
+
+    @app.task(base=LedgerTask, bind=True)
+    def draft_invoice(self, invoice_id, *, item_id):
+        for step in steps:
+            self.raise_if_stopped()
+            ...
+
+    dispatch(draft_invoice, task=task, noun="draft", args=[42])
+
+The boundary is passed inside the task body, against the database: a `task_prerun` receiver cannot
+veto a task, and Celery's revoked ids live only in worker memory (lost on restart, redelivered
+messages run anyway). A message for an item that already started or finished does nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import uuid
+from typing import Any
+
+from celery import Task as CeleryTask
+from django.conf import settings
+from django.db import close_old_connections, connection, transaction
+
+from stopdesk.models import Task, WorkItem
+from stopdesk.services.boundary import item_start
+from stopdesk.services.errors import IllegalTransition, TaskStopped
+from stopdesk.services.items import item_finish, item_heartbeat, item_register, item_transition
+from stopdesk.states import ItemState, Kind
+
+log = logging.getLogger(__name__)
+
+
+class StopRequested(Exception):
+    """Raised between steps when Stop was requested for the task."""
+
+
+class _Heartbeat(threading.Thread):
+    """Keeps the item's lease alive and notices a stop, on its own database connection."""
+
+    def __init__(self, item_id: int, interval: float) -> None:
+        super().__init__(name=f"stopdesk-heartbeat-{item_id}", daemon=True)
+        self.item_id = item_id
+        self.interval = interval
+        self.stopped = threading.Event()
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self.done.wait(self.interval):
+                try:
+                    if item_heartbeat(item_id=self.item_id):
+                        self.stopped.set()
+                except Exception:  # a missed beat is not fatal; the lease covers several
+                    log.exception("heartbeat failed for item %s", self.item_id)
+        finally:
+            connection.close()
+
+
+class LedgerTask(CeleryTask):  # type: ignore[misc]
+    """Base class: claim the item at the boundary, heartbeat, record the result."""
+
+    abstract = True
+    _beat: _Heartbeat | None = None
+
+    def __call__(self, *args: Any, item_id: int, **kwargs: Any) -> Any:
+        close_old_connections()
+        actor = f"celery:{self.name}"
+        worker = self.request.hostname or socket.gethostname()
+        try:
+            item_start(item_id=item_id, actor=actor, worker=worker)
+        except TaskStopped:
+            log.info("item %s not started: its task was stopped", item_id)
+            return None
+        except IllegalTransition as exc:
+            # A redelivered or duplicated message: the ledger already has this item elsewhere.
+            log.warning("item %s not started: %s", item_id, exc)
+            return None
+        beat = _Heartbeat(item_id, settings.STOPDESK["HEARTBEAT_SECONDS"])
+        self._beat = beat
+        beat.start()
+        try:
+            result = self.run(*args, item_id=item_id, **kwargs)
+        except StopRequested:
+            item_transition(
+                item_id=item_id,
+                to_state=ItemState.CANCELLED,
+                actor=actor,
+                outcome="stopped between steps",
+                allowed_from=frozenset({ItemState.RUNNING}),
+            )
+            return None
+        except Exception as exc:
+            item_finish(item_id=item_id, succeeded=False, actor=actor, outcome=f"{type(exc).__name__}: {exc}"[:200])
+            raise
+        finally:
+            beat.done.set()
+            beat.join(timeout=5)
+            self._beat = None
+        item_finish(item_id=item_id, succeeded=True, actor=actor, outcome="completed")
+        return result
+
+    def stop_requested(self) -> bool:
+        """Cheap between steps: the heartbeat's latest answer, or one indexed read without one."""
+        beat = self._beat
+        if beat is not None and beat.stopped.is_set():
+            return True
+        item_id = self.request.kwargs.get("item_id") if self.request.kwargs else None
+        if item_id is None:
+            return False
+        stopped = Task.objects.filter(items__pk=item_id, stop_requested_at__isnull=False).exists()
+        if stopped and beat is not None:
+            beat.stopped.set()
+        return stopped
+
+    def raise_if_stopped(self) -> None:
+        if self.stop_requested():
+            raise StopRequested()
+
+
+def dispatch(
+    celery_task: CeleryTask,
+    *,
+    task: Task | int,
+    noun: str,
+    actor: str,
+    args: list[Any] | None = None,
+    kwargs: dict[str, Any] | None = None,
+    kind: str = Kind.LOCAL_WORKER,
+    label: str = "",
+    parent: WorkItem | int | None = None,
+) -> WorkItem:
+    """Register the item first, then queue the message after commit, with the item's id and the
+    Celery id stored as its handle (so a revoke can be sent as an optimisation)."""
+    celery_id = str(uuid.uuid4())
+    with transaction.atomic():
+        item = item_register(
+            task=task, kind=kind, noun=noun, actor=actor, mechanism="celery", handle=celery_id, label=label, parent=parent
+        )
+        message_kwargs = {**(kwargs or {}), "item_id": item.pk}
+        transaction.on_commit(lambda: celery_task.apply_async(args=args or [], kwargs=message_kwargs, task_id=celery_id))
+    return item

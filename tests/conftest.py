@@ -1,0 +1,49 @@
+"""The fixed cast and the shared fixtures. External parties are real servers on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+REQUIRE_SERVICES = os.environ.get("STOPDESK_REQUIRE_SERVICES") == "1"
+
+
+def _on_postgres() -> bool:
+    return settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
+
+
+def _on_redis() -> bool:
+    return settings.CELERY_BROKER_URL.startswith("redis://")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    missing = {"postgres": not _on_postgres(), "redis": not _on_redis()}
+    for item in items:
+        for marker, absent in missing.items():
+            if absent and item.get_closest_marker(marker):
+                if REQUIRE_SERVICES:
+                    # In CI nothing that matters may be skipped.
+                    raise pytest.UsageError(f"{item.nodeid} needs {marker}, which is not reachable on 127.0.0.1")
+                item.add_marker(pytest.mark.skip(reason=f"{marker} is not reachable on 127.0.0.1"))
+
+
+@pytest.fixture
+def cast(db):  # type: ignore[no-untyped-def]
+    """operator (may stop), reviewer, approver, second approver, admin."""
+    from django.contrib.auth.models import User
+
+    people = {}
+    for name in ("operator", "reviewer", "approver", "approver2"):
+        people[name] = User.objects.create_user(name, f"{name}@example.test", password=f"{name}-pass-123")
+    people["admin"] = User.objects.create_superuser("admin", "admin@example.test", password="admin-pass-123")
+    return people
+
+
+@pytest.fixture
+def pg_dsn(transactional_db) -> str:  # type: ignore[no-untyped-def]
+    """A libpq DSN for the test database, for subprocesses (workers) that must share it."""
+    db = connection.settings_dict
+    return f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
