@@ -1,0 +1,63 @@
+"""Shared pieces for benchmarks: a scratch PostgreSQL database and the figure format."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psycopg
+
+BENCH_DB = os.environ.get("STOPDESK_BENCH_DB", "stopdesk_bench")
+ADMIN_DSN = os.environ.get("STOPDESK_BENCH_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str
+    value: float
+    unit: str
+    target: float | None = None
+    higher_is_better: bool = False
+
+    @property
+    def ratio(self) -> float | None:
+        if self.target is None or self.target == 0:
+            return None
+        return self.value / self.target
+
+    @property
+    def met(self) -> bool:
+        if self.target is None:
+            return True
+        return self.value >= self.target if self.higher_is_better else self.value <= self.target
+
+    def line(self) -> str:
+        text = f"{self.name} {self.value:.4g} {self.unit}"
+        if self.target is not None:
+            sign = ">=" if self.higher_is_better else "<="
+            text += f"  (target {sign} {self.target:g}, ratio {self.ratio:.2f}, {'met' if self.met else 'MISSED'})"
+        return text
+
+
+@contextlib.contextmanager
+def scratch_database() -> Iterator[None]:
+    """Create a fresh database, point Django at it, migrate, and drop it afterwards."""
+    with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{BENCH_DB}"')
+    os.environ["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{BENCH_DB}"
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+    try:
+        yield
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)')
