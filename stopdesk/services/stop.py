@@ -46,8 +46,13 @@ def task_request_stop(
 
 def _commit_stop_request(*, task_id: int, actor: str, by: object | None, reason: str) -> tuple[StopRequest, bool]:
     with transaction.atomic():
-        # The row lock this UPDATE takes is what the boundary's FOR SHARE waits on. A concurrent
-        # second Stop blocks here until the first commits, then matches no row.
+        # Lock the task row first: FOR NO KEY UPDATE waits for every start holding the boundary's
+        # SHARE lock to commit, and blocks new ones, while leaving foreign-key checks (KEY SHARE)
+        # from other transactions free, so a concurrent fan-out's event inserts cannot deadlock. Only then is the clock read, so every item that
+        # started has started_at < stop_requested_at. (An UPDATE alone would compute its SET
+        # before waiting on those share locks.) A concurrent second Stop waits here for the first
+        # to commit, then matches no row.
+        list(Task.objects.select_for_update(no_key=True).filter(pk=task_id).values_list("pk"))
         won = Task.objects.filter(pk=task_id, stop_requested_at__isnull=True).update(stop_requested_at=ClockNow())
         if won:
             task = Task.objects.get(pk=task_id)

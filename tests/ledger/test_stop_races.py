@@ -1,0 +1,150 @@
+"""Stop racing real concurrent work on PostgreSQL: threads with their own connections."""
+
+import threading
+
+import pytest
+from django.db import connection, connections
+
+from stopdesk.models import Event, StopRequest, WorkItem
+from stopdesk.services.boundary import item_start
+from stopdesk.services.errors import IllegalTransition, TaskStopped
+from stopdesk.services.stop import task_request_stop
+from stopdesk.states import ItemState as S
+from tests.factories import make_item, make_task
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
+
+THREADS = 8
+PER_THREAD = 200
+
+
+def _in_thread(fn):
+    def run(*args):
+        try:
+            fn(*args)
+        finally:
+            connections.close_all()
+
+    return run
+
+
+def test_no_item_enters_running_after_the_stop_commits():
+    task = make_task()
+    items = [make_item(task).pk for _ in range(THREADS * PER_THREAD)]
+    started, refused = [], []
+    gate = threading.Barrier(THREADS + 1)
+    dispatched: list[list[int]] = []
+
+    @_in_thread
+    def worker(chunk):
+        gate.wait()
+        for item_id in chunk:
+            try:
+                item_start(item_id=item_id, actor="race")
+                started.append(item_id)
+            except (TaskStopped, IllegalTransition):
+                refused.append(item_id)
+
+    threads = [threading.Thread(target=worker, args=(items[i::THREADS],)) for i in range(THREADS)]
+    for t in threads:
+        t.start()
+    gate.wait()
+    # Let the workers get going so the stop lands in the middle of the starts.
+    while len(started) < len(items) // 4:
+        pass
+    outcome = task_request_stop(task_id=task.pk, actor="user:operator", dispatch=dispatched.append)
+    for t in threads:
+        t.join()
+
+    stop_at = outcome.stop_request.requested_at
+    rows = WorkItem.objects.filter(task=task)
+    running = rows.filter(state=S.RUNNING)
+    assert 0 < running.count() < len(items), "the stop should land mid-race for this test to mean anything"
+    # Database timestamps: every started item started before the stop request was written.
+    assert not running.filter(started_at__gte=stop_at).exists()
+    assert not rows.filter(started_at__gte=stop_at).exists()
+    # Every item is either cancelled, or was started before the stop.
+    assert rows.exclude(state__in=[S.RUNNING, S.CANCELLED]).count() == 0
+    assert rows.filter(state=S.CANCELLED, started_at__isnull=False).count() == 0
+    assert set(started) == set(running.values_list("id", flat=True))
+    # Each in-flight item is dispatched exactly once.
+    assert sorted(dispatched[0]) == sorted(started)
+    # No state change without its event.
+    assert Event.objects.filter(task=task, to_state=S.CANCELLED).count() == rows.filter(state=S.CANCELLED).count()
+
+
+def test_two_concurrent_stops_make_one_request_and_one_dispatch_per_item():
+    task = make_task()
+    running = [make_item(task, state=S.RUNNING).pk for _ in range(20)]
+    for _ in range(30):
+        make_item(task)
+    dispatched: list[list[int]] = []
+    outcomes = []
+    gate = threading.Barrier(4)
+
+    @_in_thread
+    def stop(who):
+        gate.wait()
+        outcomes.append(task_request_stop(task_id=task.pk, actor=f"user:{who}", dispatch=dispatched.append))
+
+    threads = [threading.Thread(target=stop, args=(f"op{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    assert StopRequest.objects.filter(task=task).count() == 1
+    assert len({o.stop_request.pk for o in outcomes}) == 1
+    assert [o.created for o in outcomes].count(True) == 1
+    assert sum(len(batch) for batch in dispatched) == len(running)
+    assert sorted(i for batch in dispatched for i in batch) == sorted(running)
+    assert Event.objects.filter(task=task, kind="stop_duplicate").count() == 3
+    assert StopRequest.objects.get(task=task).duplicates == 3
+    assert WorkItem.objects.filter(task=task, state=S.CANCELLED).count() == 30
+
+
+def test_a_later_stop_returns_the_same_request_and_dispatches_nothing():
+    task = make_task()
+    make_item(task, state=S.RUNNING)
+    first_batch, second_batch = [], []
+    first = task_request_stop(task_id=task.pk, actor="user:a", dispatch=first_batch.extend)
+    second = task_request_stop(task_id=task.pk, actor="user:b", dispatch=second_batch.extend)
+    assert second.stop_request.pk == first.stop_request.pk and not second.created
+    assert len(first_batch) == 1 and second_batch == []
+
+
+def test_stop_commits_before_the_queued_cancel_runs():
+    """The request is visible to other connections even while the fan-out is still working."""
+    task = make_task()
+    make_item(task)
+    seen = {}
+
+    def dispatch(ids):
+        pass
+
+    from stopdesk.services import stop as stop_module
+
+    original = stop_module.items_move
+    probe = threading.Event()
+
+    def observe_from_another_connection():
+        from stopdesk.models import Task
+
+        seen["stopped"] = Task.objects.get(pk=task.pk).stop_requested_at is not None
+        connections.close_all()
+        probe.set()
+
+    def items_move_probe(**kwargs):
+        if kwargs.get("from_states") == (S.QUEUED,):
+            t = threading.Thread(target=observe_from_another_connection)
+            t.start()
+            t.join()
+        return original(**kwargs)
+
+    stop_module.items_move = items_move_probe
+    try:
+        task_request_stop(task_id=task.pk, actor="user:a", dispatch=dispatch)
+    finally:
+        stop_module.items_move = original
+    assert probe.is_set() and seen["stopped"] is True
+    assert connection.vendor == "postgresql"
