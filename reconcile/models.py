@@ -39,16 +39,55 @@ class Compensation(models.Model):
     state = models.CharField(max_length=16, choices=CompensationState.choices, default=CompensationState.PROPOSED)
     proposed_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
     proposed_at = models.DateTimeField(default=timezone.now)
-    approved_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    approved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     approved_at = models.DateTimeField(null=True, blank=True)
-    escalated_to = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    escalated_to = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     observed_version = models.CharField(max_length=200, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(default=dict, blank=True)
+    # Review decisions (reconcile/services/compensation.py writes them, with an audit event each).
+    rejected_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True, help_text="When it was rejected or escalated.")
+    reason = models.TextField(blank=True, help_text="Why it was rejected or escalated.")
+    error = models.TextField(blank=True, help_text="What went wrong when it ran, if it failed.")
+
+    class Meta:
+        permissions = [
+            ("propose_compensation", "Can propose a compensation"),
+            ("approve_compensation", "Can approve or reject a compensation"),
+        ]
+        indexes = [models.Index(fields=["state", "proposed_at"])]
 
     def __str__(self) -> str:
         return f"{self.action} {self.external_record} ({self.state})"
+
+
+class Escalation(models.Model):
+    """A reviewer handed an uncertain item or a compensation to a named person."""
+
+    item = models.ForeignKey(WorkItem, null=True, blank=True, on_delete=models.PROTECT, related_name="escalations")
+    compensation = models.ForeignKey(
+        Compensation, null=True, blank=True, on_delete=models.PROTECT, related_name="escalations"
+    )
+    to = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    reason = models.TextField()
+    at = models.DateTimeField(default=timezone.now)
+    closed_at = models.DateTimeField(null=True, blank=True, help_text="Set when the item or compensation was decided.")
+
+    class Meta:
+        ordering = ["-at"]
+        indexes = [models.Index(fields=["closed_at", "at"])]
+
+    def __str__(self) -> str:
+        return f"Escalation to {self.to} ({'closed' if self.closed_at else 'open'})"
 
 
 class DrillRun(models.Model):
@@ -59,6 +98,9 @@ class DrillRun(models.Model):
     target = models.CharField(max_length=64, default="sandbox")
     passed = models.BooleanField(null=True)
     results = models.JSONField(default=list, blank=True)
+
+    def __str__(self) -> str:
+        return f"Drill run {self.pk} on {self.target}"
 
 
 class DrillResult(models.Model):
@@ -71,3 +113,6 @@ class DrillResult(models.Model):
     items = models.JSONField(default=list, blank=True)
     task = models.ForeignKey("stopdesk.Task", null=True, blank=True, on_delete=models.SET_NULL)
     related_item = models.ForeignKey(WorkItem, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    def __str__(self) -> str:
+        return f"{self.drill} on {self.mechanism}: {'pass' if self.passed else 'FAIL'}"

@@ -46,7 +46,9 @@ class Runtime(models.Model):
 
 class Task(models.Model):
     title = models.CharField(max_length=200)
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     runtime = models.ForeignKey(Runtime, null=True, blank=True, on_delete=models.PROTECT, related_name="tasks")
     created_at = models.DateTimeField(default=timezone.now)
     # The boundary reads this column (denormalised from StopRequest) in the same statement that
@@ -79,7 +81,9 @@ class WorkItem(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
-    submitted_at = models.DateTimeField(null=True, blank=True, help_text="When the external action crossed the boundary.")
+    submitted_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the external action crossed the boundary."
+    )
     finished_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     lease_until = models.DateTimeField(null=True, blank=True)
@@ -142,7 +146,9 @@ class StopRequest(models.Model):
 
     task = models.OneToOneField(Task, on_delete=models.PROTECT, related_name="stop_request")
     requested_at = models.DateTimeField()
-    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     actor = models.CharField(max_length=200, help_text="Who asked: user:NAME or runtime:NAME.")
     reason = models.TextField(blank=True)
     queued_cancelled = models.PositiveIntegerField(default=0)
@@ -169,6 +175,9 @@ class CancellationAttempt(models.Model):
     class Meta:
         ordering = ["sent_at", "id"]
 
+    def __str__(self) -> str:
+        return f"{self.action} via {self.mechanism} for item {self.item_id}"
+
 
 class EventQuerySet(models.QuerySet["Event"]):
     def update(self, **kwargs: Any) -> int:
@@ -182,7 +191,9 @@ class Event(models.Model):
     """Append-only audit row for every transition and decision (a trigger enforces it on PostgreSQL)."""
 
     at = models.DateTimeField(default=timezone.now, db_index=True)
-    task = models.ForeignKey(Task, null=True, blank=True, on_delete=models.DO_NOTHING, related_name="events", db_constraint=True)
+    task = models.ForeignKey(
+        Task, null=True, blank=True, on_delete=models.DO_NOTHING, related_name="events", db_constraint=True
+    )
     item = models.ForeignKey(WorkItem, null=True, blank=True, on_delete=models.DO_NOTHING, related_name="events")
     kind = models.CharField(max_length=40, db_index=True)
     actor = models.CharField(max_length=200)
@@ -221,3 +232,6 @@ class ApiIdempotency(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["runtime", "key", "endpoint"], name="api_idempotency_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.endpoint} {self.key}"

@@ -12,7 +12,7 @@ from stopdesk.models import ExternalRecord, Task, WorkItem, pluralize
 from stopdesk.states import ItemState, Kind
 
 S = ItemState
-_WORDS = "zero one two three four five six seven eight nine ten eleven twelve".split()
+_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve"]
 
 
 def number_word(n: int) -> str:
@@ -84,7 +84,13 @@ def compose(rows: list[dict], effects: list[dict], *, stopped: bool) -> str:  # 
         if eff["reversible"]:
             tail = "; review required." if stopped else "."
         else:
-            tail = f"; {'it' if n == 1 else 'they'} cannot be recalled." if eff["effect"] == "sent" else "; it cannot be undone." if n == 1 else "; they cannot be undone."
+            tail = (
+                f"; {'it' if n == 1 else 'they'} cannot be recalled."
+                if eff["effect"] == "sent"
+                else "; it cannot be undone."
+                if n == 1
+                else "; they cannot be undone."
+            )
         sentences.append(f"{group.count(n)} {eff['effect']}{tail}")
     for group, n in by_state[S.COMPLETED].items():
         rest = n - with_effect[group]

@@ -90,7 +90,7 @@ class LedgerTask(CeleryTask):  # type: ignore[misc]
                 to_state=ItemState.CANCELLED,
                 actor=actor,
                 outcome="stopped between steps",
-                allowed_from=frozenset({ItemState.RUNNING}),
+                allowed_from=frozenset({ItemState.RUNNING, ItemState.AWAITING_RECONCILIATION}),
             )
             return None
         except Exception as exc:
@@ -138,8 +138,17 @@ def dispatch(
     celery_id = str(uuid.uuid4())
     with transaction.atomic():
         item = item_register(
-            task=task, kind=kind, noun=noun, actor=actor, mechanism="celery", handle=celery_id, label=label, parent=parent
+            task=task,
+            kind=kind,
+            noun=noun,
+            actor=actor,
+            mechanism="celery",
+            handle=celery_id,
+            label=label,
+            parent=parent,
         )
         message_kwargs = {**(kwargs or {}), "item_id": item.pk}
-        transaction.on_commit(lambda: celery_task.apply_async(args=args or [], kwargs=message_kwargs, task_id=celery_id))
+        transaction.on_commit(
+            lambda: celery_task.apply_async(args=args or [], kwargs=message_kwargs, task_id=celery_id)
+        )
     return item

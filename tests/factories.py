@@ -17,8 +17,15 @@ def make_task(title: str = "Analyse invoices") -> Task:
     return task_create(title=title, actor=ACTOR)
 
 
-def make_item(task: Task, *, state: str = ItemState.QUEUED, noun: str = "draft", kind: str = Kind.MODEL_REQUEST,
-              mechanism: str = "manual", **extra) -> WorkItem:  # type: ignore[no-untyped-def]
+def make_item(
+    task: Task,
+    *,
+    state: str = ItemState.QUEUED,
+    noun: str = "draft",
+    kind: str = Kind.MODEL_REQUEST,
+    mechanism: str = "manual",
+    **extra,
+) -> WorkItem:  # type: ignore[no-untyped-def]
     item = item_register(task=task, kind=kind, noun=noun, actor=ACTOR, mechanism=mechanism, **extra)
     if state == ItemState.QUEUED:
         return item
@@ -33,13 +40,28 @@ def make_item(task: Task, *, state: str = ItemState.QUEUED, noun: str = "draft",
     return item
 
 
-def make_external_effect(task: Task, *, noun: str = "record", system: str = "crm", effect: str = "created",
-                         reversible: bool = True, version: str = "1") -> WorkItem:
+def make_external_effect(
+    task: Task,
+    *,
+    noun: str = "record",
+    system: str = "crm",
+    effect: str = "created",
+    reversible: bool = True,
+    version: str = "1",
+) -> WorkItem:
     item = item_register(task=task, kind=Kind.EXTERNAL_OPERATION, noun=noun, actor=ACTOR, mechanism="http")
     key = f"key-{next(_keys)}"
     item_submit(item_id=item.pk, idempotency_key=key, actor=ACTOR)
-    item_attach_record(item_id=item.pk, system=system, record_id=f"{system}-{key}", effect=effect, actor=ACTOR,
-                       version=version, reversible=reversible, reversal="archive" if reversible else "")
+    item_attach_record(
+        item_id=item.pk,
+        system=system,
+        record_id=f"{system}-{key}",
+        effect=effect,
+        actor=ACTOR,
+        version=version,
+        reversible=reversible,
+        reversal="archive" if reversible else "",
+    )
     item_finish(item_id=item.pk, succeeded=True, actor=ACTOR)
     item.refresh_from_db()
     return item

@@ -26,7 +26,7 @@ from stopdesk.states import ItemState
 
 S = ItemState
 
-_PASS_SQL = """
+_BOUNDARY_SQL = """
 WITH t AS (
     SELECT id, stop_requested_at IS NOT NULL AS stopped
     FROM stopdesk_task
@@ -88,7 +88,7 @@ def _pass(*, item_id: int, actor: str, worker: str, lease_seconds: int | None, s
         params = {"item": item_id, "actor": actor, "worker": worker, "lease": lease, "submit": submit, "key": key}
         with connection.cursor() as cursor:
             # One statement, so one round trip, and atomic on its own under autocommit.
-            cursor.execute(_PASS_SQL, params)
+            cursor.execute(_BOUNDARY_SQL, params)
             row = cursor.fetchone()
         state = row[0] if row else None
     else:

@@ -86,8 +86,16 @@ def _move_portable(selection, to_state, columns, actor, kind, message, return_id
             WorkItem.objects.filter(id__in=ids[start : start + 500]).update(**values)
         Event.objects.bulk_create(
             [
-                Event(at=now, task_id=task_id, item_id=item_id, kind=kind, actor=actor, from_state=state,
-                      to_state=to_state or state, message=message)
+                Event(
+                    at=now,
+                    task_id=task_id,
+                    item_id=item_id,
+                    kind=kind,
+                    actor=actor,
+                    from_state=state,
+                    to_state=to_state or state,
+                    message=message,
+                )
                 for item_id, task_id, state in rows
             ],
             batch_size=500,

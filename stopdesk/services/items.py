@@ -58,7 +58,9 @@ def item_register(
             idempotency_key=idempotency_key,
             detail=detail or {},
         )
-        event_record(kind="item_registered", actor=actor, item=item, to_state=item.state, data={"noun": noun, "kind": kind})
+        event_record(
+            kind="item_registered", actor=actor, item=item, to_state=item.state, data={"noun": noun, "kind": kind}
+        )
     return item
 
 
@@ -169,13 +171,26 @@ def item_attach_record(
         record, created = ExternalRecord.objects.update_or_create(
             system=system,
             record_id=record_id,
-            defaults={"item": item, "version": version, "effect": effect, "reversible": reversible, "reversal": reversal, "link": link},
+            defaults={
+                "item": item,
+                "version": version,
+                "effect": effect,
+                "reversible": reversible,
+                "reversal": reversal,
+                "link": link,
+            },
         )
         event_record(
             kind="external_record" if created else "external_record_updated",
             actor=actor,
             item=item,
             message=f"{system} {record_id} {effect} (version {version or 'unknown'})",
-            data={"system": system, "record_id": record_id, "version": version, "effect": effect, "reversible": reversible},
+            data={
+                "system": system,
+                "record_id": record_id,
+                "version": version,
+                "effect": effect,
+                "reversible": reversible,
+            },
         )
     return record

@@ -69,9 +69,7 @@ def _commit_stop_request(*, task_id: int, actor: str, by: object | None, reason:
         return StopRequest.objects.get(task_id=task_id), False
 
 
-def stop_fanout(
-    *, stop_request_id: int, actor: str, dispatch: Callable[[list[int]], None] | None = None
-) -> list[int]:
+def stop_fanout(*, stop_request_id: int, actor: str, dispatch: Callable[[list[int]], None] | None = None) -> list[int]:
     """Cancel queued items set-based, mark in-flight items cancel-requested, and queue their jobs
     after commit. Safe to re-run (the sweeper does, if a process died between the two steps)."""
     with transaction.atomic():

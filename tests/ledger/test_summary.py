@@ -1,8 +1,9 @@
 import pytest
 
 from stopdesk.services.stop import task_request_stop
+from stopdesk.states import ItemState as S
+from stopdesk.states import Kind
 from stopdesk.summary import task_summary
-from stopdesk.states import ItemState as S, Kind
 from tests.factories import make_external_effect, make_item, make_task
 
 pytestmark = pytest.mark.django_db
