@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import anyio
+from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
@@ -82,6 +83,10 @@ class SandboxParty:
         self.latency_s = latency_s
         self._global_faults: set[str] = set()
         self._targeted_faults: dict[str, set[str]] = {}
+
+    def app(self) -> Starlette:
+        """A fresh ASGI app over this party's state; called on every server start."""
+        raise NotImplementedError
 
     # --- configuration -------------------------------------------------------------
 

@@ -1,4 +1,9 @@
-"""Each sandbox party served for real on loopback, fresh for every test."""
+"""Each sandbox party served for real on loopback.
+
+A server is started once per module (starting and stopping uvicorn costs a few hundred
+milliseconds); every test gets its party back reset to a clean state and to the module's
+configuration. A test that stops the server gets it restarted for the next one.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from reconcile.sandbox.common import SandboxParty
 from reconcile.sandbox.crm import CRM
 from reconcile.sandbox.mcp_server import MCPToolServer
 from reconcile.sandbox.openai_standin import OpenAIStandin
@@ -13,29 +19,58 @@ from reconcile.sandbox.outbox import Outbox
 from reconcile.sandbox.server import BackgroundServer
 
 
-@pytest.fixture
-def openai_standin() -> Iterator[tuple[OpenAIStandin, BackgroundServer]]:
-    party = OpenAIStandin(queue_s=0.02, run_s=0.4, flip_after_s=0.3)
-    with BackgroundServer(party.app, name="openai") as server:
+def _serve[P: SandboxParty](party: P, name: str) -> Iterator[tuple[P, BackgroundServer]]:
+    with BackgroundServer(party.app, name=name) as server:
         yield party, server
 
 
-@pytest.fixture
-def mcp_tools() -> Iterator[tuple[MCPToolServer, BackgroundServer]]:
-    party = MCPToolServer(default_seconds=2.0, poll_interval_ms=50)
-    with BackgroundServer(party.app, name="mcp") as server:
-        yield party, server
+def _fresh[P: SandboxParty](served: tuple[P, BackgroundServer]) -> Iterator[tuple[P, BackgroundServer]]:
+    party, server = served
+    defaults = party.config()
+    if not server.running:
+        server.start()
+    yield party, server
+    party.reset()
+    party.configure(**defaults)
+
+
+@pytest.fixture(scope="module")
+def _openai_served() -> Iterator[tuple[OpenAIStandin, BackgroundServer]]:
+    yield from _serve(OpenAIStandin(queue_s=0.02, run_s=0.4, flip_after_s=0.3), "openai")
+
+
+@pytest.fixture(scope="module")
+def _mcp_served() -> Iterator[tuple[MCPToolServer, BackgroundServer]]:
+    yield from _serve(MCPToolServer(default_seconds=2.0, poll_interval_ms=50), "mcp")
+
+
+@pytest.fixture(scope="module")
+def _crm_served() -> Iterator[tuple[CRM, BackgroundServer]]:
+    yield from _serve(CRM(), "crm")
+
+
+@pytest.fixture(scope="module")
+def _outbox_served() -> Iterator[tuple[Outbox, BackgroundServer]]:
+    yield from _serve(Outbox(), "outbox")
 
 
 @pytest.fixture
-def crm() -> Iterator[tuple[CRM, BackgroundServer]]:
-    party = CRM()
-    with BackgroundServer(party.app, name="crm") as server:
-        yield party, server
+def openai_standin(
+    _openai_served: tuple[OpenAIStandin, BackgroundServer],
+) -> Iterator[tuple[OpenAIStandin, BackgroundServer]]:
+    yield from _fresh(_openai_served)
 
 
 @pytest.fixture
-def outbox() -> Iterator[tuple[Outbox, BackgroundServer]]:
-    party = Outbox()
-    with BackgroundServer(party.app, name="outbox") as server:
-        yield party, server
+def mcp_tools(_mcp_served: tuple[MCPToolServer, BackgroundServer]) -> Iterator[tuple[MCPToolServer, BackgroundServer]]:
+    yield from _fresh(_mcp_served)
+
+
+@pytest.fixture
+def crm(_crm_served: tuple[CRM, BackgroundServer]) -> Iterator[tuple[CRM, BackgroundServer]]:
+    yield from _fresh(_crm_served)
+
+
+@pytest.fixture
+def outbox(_outbox_served: tuple[Outbox, BackgroundServer]) -> Iterator[tuple[Outbox, BackgroundServer]]:
+    yield from _fresh(_outbox_served)

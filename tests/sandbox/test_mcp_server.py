@@ -1,0 +1,312 @@
+"""The sandbox MCP server, reached with the official mcp client and with raw JSON-RPC."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+import httpx
+import mcp_types as types
+import pytest
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+from pydantic import ValidationError
+
+from reconcile.sandbox.mcp_raw import McpRpcError, RawMcpSession
+from reconcile.sandbox.mcp_server import MCP_PATH, MCPToolServer
+from reconcile.sandbox.server import BackgroundServer
+
+Tools = tuple[MCPToolServer, BackgroundServer]
+
+
+def events(party: MCPToolServer, call: str) -> list[str]:
+    return [entry["event"] for entry in party.journal() if entry["call"] == call]
+
+
+def wait_until(predicate: Any, within_s: float = 3.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def export_task(session: RawMcpSession, seconds: float, ttl: int | None = None) -> str:
+    task: dict[str, Any] = {} if ttl is None else {"ttl": ttl}
+    created = session.request(
+        "tools/call", {"name": "export_report", "arguments": {"name": "q3", "seconds": seconds}, "task": task}
+    )
+    assert created["task"]["status"] == "working"
+    return str(created["task"]["taskId"])
+
+
+# --- plain tool calls through the SDK --------------------------------------------------
+
+
+def test_tools_carry_their_annotations_and_task_support(mcp_tools: Tools) -> None:
+    _, server = mcp_tools
+
+    async def listed() -> dict[str, types.Tool]:
+        async with Client(server.url + MCP_PATH, mode="legacy") as client:
+            return {tool.name: tool for tool in (await client.list_tools()).tools}
+
+    tools = anyio.run(listed)
+
+    assert tools["slow_lookup"].annotations is not None and tools["slow_lookup"].annotations.read_only_hint is True
+    write = tools["slow_write"].annotations
+    assert write is not None and write.read_only_hint is False and write.destructive_hint is True
+    assert tools["export_report"].execution is not None
+    assert tools["export_report"].execution.task_support == "optional"
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+def test_cancelling_the_awaiting_scope_interrupts_slow_write_and_its_finally_runs(mcp_tools: Tools, mode: str) -> None:
+    party, server = mcp_tools
+
+    async def cancelled_call() -> bool:
+        async with Client(server.url + MCP_PATH, mode=mode) as client:
+            with anyio.move_on_after(0.3) as scope:
+                await client.call_tool("slow_write", {"key": "crm-note", "value": "x", "seconds": 2})
+            return scope.cancelled_caught
+
+    assert anyio.run(cancelled_call) is True
+    assert wait_until(lambda: "interrupted" in events(party, "crm-note"))
+    assert events(party, "crm-note") == ["started", "interrupted"]
+    assert party.effects() == []
+
+
+def test_a_read_timeout_also_interrupts_the_tool(mcp_tools: Tools) -> None:
+    party, server = mcp_tools
+
+    async def timed_out() -> int:
+        async with Client(server.url + MCP_PATH, mode="legacy") as client:
+            try:
+                await client.session.call_tool("slow_write", {"key": "t1", "seconds": 2}, read_timeout_seconds=0.3)
+            except MCPError as exc:
+                return exc.code
+        return 0
+
+    assert anyio.run(timed_out) == types.REQUEST_TIMEOUT
+    assert wait_until(lambda: "interrupted" in events(party, "t1"))
+
+
+def test_with_ignore_cancel_a_cancelled_slow_write_still_takes_effect(mcp_tools: Tools) -> None:
+    party, server = mcp_tools
+    party.set_fault("ignore_cancel")
+
+    async def cancelled_call() -> None:
+        async with Client(server.url + MCP_PATH, mode="legacy") as client:
+            with anyio.move_on_after(0.2):
+                await client.call_tool("slow_write", {"key": "crm-note", "value": "x", "seconds": 0.6})
+
+    began = time.monotonic()
+    anyio.run(cancelled_call)
+    assert time.monotonic() - began < 0.55  # the caller stopped waiting long before the write
+    assert wait_until(lambda: party.effects() != [])
+    assert party.effects()[0]["effect"] == "written"
+    assert wait_until(lambda: "cancelled_after_applying" in events(party, "crm-note"))
+    effects = httpx.get(server.url + "/_control/effects").json()
+    assert effects["effects"][0]["call"] == "crm-note"
+
+
+def test_uncancelled_calls_complete_and_are_counted(mcp_tools: Tools) -> None:
+    party, server = mcp_tools
+
+    async def calls() -> tuple[str, str]:
+        async with Client(server.url + MCP_PATH) as client:
+            lookup = await client.call_tool("slow_lookup", {"query": "acme", "seconds": 0.05})
+            write = await client.call_tool("slow_write", {"key": "k", "value": "v", "seconds": 0.05})
+        assert isinstance(lookup.content[0], types.TextContent) and isinstance(write.content[0], types.TextContent)
+        return lookup.content[0].text, write.content[0].text
+
+    lookup, write = anyio.run(calls)
+
+    assert "acme" in lookup
+    assert write == "wrote k='v'"
+    assert [e["call"] for e in party.effects("slow_write")] == ["k"]
+    assert party.counts.count("tools/call", "slow_write") == 1
+
+
+def test_tool_call_error_fault_answers_an_error_without_running_the_tool(mcp_tools: Tools) -> None:
+    party, server = mcp_tools
+    party.set_fault("tool_call_error", target="slow_write")
+
+    with RawMcpSession(server.url + MCP_PATH) as session, pytest.raises(McpRpcError):
+        session.request("tools/call", {"name": "slow_write", "arguments": {"key": "k", "seconds": 0}})
+
+    assert party.journal() == []
+
+
+# --- tasks over raw JSON-RPC ---------------------------------------------------------------
+
+
+def test_the_tasks_capability_is_advertised_on_the_2025_11_25_handshake(mcp_tools: Tools) -> None:
+    _, server = mcp_tools
+
+    with RawMcpSession(server.url + MCP_PATH) as session:
+        capabilities = session.initialize_result["capabilities"]
+
+    assert capabilities["tasks"]["requests"]["tools"]["call"] == {}
+    assert "cancel" in capabilities["tasks"] and "list" in capabilities["tasks"]
+
+
+def test_a_task_runs_to_completion_and_tasks_result_returns_the_call_result(mcp_tools: Tools) -> None:
+    party, server = mcp_tools
+
+    with RawMcpSession(server.url + MCP_PATH) as session:
+        task_id = export_task(session, seconds=0.3, ttl=60_000)
+        polled = session.request("tasks/get", {"taskId": task_id})
+        result = session.request("tasks/result", {"taskId": task_id})
+        final = session.request("tasks/get", {"taskId": task_id})
+
+    assert polled["status"] == "working"
+    assert polled["ttl"] == 60_000 and polled["pollInterval"] == 50
+    assert result["content"][0]["text"] == "report 'q3' exported"
+    assert result["isError"] is False
+    assert result["_meta"]["io.modelcontextprotocol/related-task"]["taskId"] == task_id
+    assert final["status"] == "completed"
+    assert [e["effect"] for e in party.effects()] == ["exported"]
+
+
+def test_tasks_cancel_marks_cancelled_before_replying_and_stops_the_work(mcp_tools: Tools) -> None:
+    party, server = mcp_tools
+
+    with RawMcpSession(server.url + MCP_PATH) as session:
+        task_id = export_task(session, seconds=2)
+        cancelled = session.request("tasks/cancel", {"taskId": task_id})
+        with pytest.raises(McpRpcError) as again:
+            session.request("tasks/cancel", {"taskId": task_id})
+        with pytest.raises(McpRpcError) as result:
+            session.request("tasks/result", {"taskId": task_id})
+
+    assert cancelled["status"] == "cancelled"
+    assert again.value.code == -32602
+    assert result.value.code == -32000
+    assert wait_until(lambda: "interrupted" in events(party, task_id))
+    assert party.effects() == []
+
+
+def test_with_tasks_ignore_cancel_the_task_stays_cancelled_but_the_export_happens(mcp_tools: Tools) -> None:
+    party, server = mcp_tools
+    party.set_fault("tasks_ignore_cancel")
+
+    with RawMcpSession(server.url + MCP_PATH) as session:
+        task_id = export_task(session, seconds=0.3)
+        assert session.request("tasks/cancel", {"taskId": task_id})["status"] == "cancelled"
+        assert wait_until(lambda: party.effects() != [])
+        later = session.request("tasks/get", {"taskId": task_id})
+
+    assert later["status"] == "cancelled"
+    assert party.effects()[0]["call"] == task_id
+    assert party.tasks()[0]["workFinished"] is True
+
+
+def test_cancelling_a_completed_or_unknown_task_is_invalid_params(mcp_tools: Tools) -> None:
+    _, server = mcp_tools
+
+    with RawMcpSession(server.url + MCP_PATH) as session:
+        task_id = export_task(session, seconds=0.05)
+        session.request("tasks/result", {"taskId": task_id})
+        codes = []
+        for target in (task_id, "no-such-task"):
+            with pytest.raises(McpRpcError) as error:
+                session.request("tasks/cancel", {"taskId": target})
+            codes.append(error.value.code)
+        with pytest.raises(McpRpcError) as unknown_get:
+            session.request("tasks/get", {"taskId": "no-such-task"})
+
+    assert codes == [-32602, -32602]
+    assert unknown_get.value.code == -32602
+
+
+def test_a_failed_export_is_a_failed_task_whose_result_is_an_error_result(mcp_tools: Tools) -> None:
+    party, server = mcp_tools
+    party.set_fault("export_fail")
+
+    with RawMcpSession(server.url + MCP_PATH) as session:
+        task_id = export_task(session, seconds=0.05)
+        result = session.request("tasks/result", {"taskId": task_id})
+        status = session.request("tasks/get", {"taskId": task_id})["status"]
+
+    assert result["isError"] is True
+    assert status == "failed"
+    assert party.effects() == []
+
+
+def test_an_expired_task_is_forgotten(mcp_tools: Tools) -> None:
+    _, server = mcp_tools
+
+    with RawMcpSession(server.url + MCP_PATH) as session:
+        task_id = export_task(session, seconds=0.05, ttl=200)
+        time.sleep(0.3)
+        with pytest.raises(McpRpcError) as error:
+            session.request("tasks/get", {"taskId": task_id})
+        listed = session.request("tasks/list")
+
+    assert error.value.code == -32602
+    assert listed["tasks"] == []
+
+
+def test_task_augmenting_a_tool_without_task_support_is_method_not_found(mcp_tools: Tools) -> None:
+    _, server = mcp_tools
+
+    with RawMcpSession(server.url + MCP_PATH) as session, pytest.raises(McpRpcError) as error:
+        session.request("tools/call", {"name": "slow_write", "arguments": {"key": "k"}, "task": {}})
+
+    assert error.value.code == -32601
+
+
+def test_tasks_do_not_survive_a_server_restart_but_effects_do(mcp_tools: Tools) -> None:
+    party, server = mcp_tools
+    with RawMcpSession(server.url + MCP_PATH) as session:
+        task_id = export_task(session, seconds=0.05)
+        session.request("tasks/result", {"taskId": task_id})
+    port = server.port
+
+    server.stop()
+    server.start()
+
+    assert server.port == port
+    with RawMcpSession(server.url + MCP_PATH) as session, pytest.raises(McpRpcError) as error:
+        session.request("tasks/get", {"taskId": task_id})
+    assert error.value.code == -32602
+    assert len(party.effects()) == 1
+
+
+# --- tasks through the SDK session ------------------------------------------------------------
+
+
+def test_the_sdk_session_can_poll_list_and_cancel_tasks_but_not_create_them(mcp_tools: Tools) -> None:
+    party, server = mcp_tools
+    with RawMcpSession(server.url + MCP_PATH) as raw:
+        task_id = export_task(raw, seconds=2)
+
+    async def via_sdk() -> tuple[types.GetTaskResult, types.ListTasksResult, types.CancelTaskResult]:
+        async with Client(server.url + MCP_PATH, mode="legacy") as client:
+            session = client.session
+            got = await session.send_request(
+                types.GetTaskRequest(params=types.GetTaskRequestParams(task_id=task_id)), types.GetTaskResult
+            )
+            listed = await session.send_request(types.ListTasksRequest(), types.ListTasksResult)
+            cancelled = await session.send_request(
+                types.CancelTaskRequest(params=types.CancelTaskRequestParams(task_id=task_id)), types.CancelTaskResult
+            )
+            # The SDK validates every tools/call answer as a CallToolResult, so the
+            # CreateTaskResult of a task-augmented call is rejected on the client side.
+            with pytest.raises(ValidationError):
+                await session.send_request(
+                    types.CallToolRequest(
+                        params=types.CallToolRequestParams(name="export_report", task=types.TaskMetadata(ttl=1000))
+                    ),
+                    types.CreateTaskResult,
+                )
+            return got, listed, cancelled
+
+    got, listed, cancelled = anyio.run(via_sdk)
+
+    assert got.status == "working"
+    assert next(t.task_id for t in listed.tasks) == task_id
+    assert cancelled.status == "cancelled"
+    assert wait_until(lambda: "interrupted" in events(party, task_id))
