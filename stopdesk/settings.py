@@ -44,6 +44,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -113,6 +114,41 @@ STATIC_ROOT = DATA_DIR / "staticfiles"
 
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "login"
+
+# Pages: no inline script or style anywhere, htmx and CSS served from static/ (no CDN).
+SECURE_CSP = {
+    "default-src": ["'self'"],
+    "script-src": ["'self'"],
+    "style-src": ["'self'"],
+    "img-src": ["'self'", "data:"],
+    "connect-src": ["'self'"],
+    "form-action": ["'self'"],
+    "frame-ancestors": ["'none'"],
+    "base-uri": ["'none'"],
+    "object-src": ["'none'"],
+}
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SAMESITE = "Lax"
+if PRODUCTION:
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_SSL_REDIRECT = os.environ.get("STOPDESK_SSL_REDIRECT", "1") == "1"
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_HSTS_SECONDS = int(os.environ.get("STOPDESK_HSTS_SECONDS", "31536000"))
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SESSION_COOKIE_AGE = 8 * 3600
+    CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+
+# Sign-in: this many failed attempts per client address or username within the window lock it
+# out for the rest of the window. Approving a compensation needs a password entered this recently.
+STOPDESK_LOGIN_ATTEMPTS = int(os.environ.get("STOPDESK_LOGIN_ATTEMPTS", "5"))
+STOPDESK_LOGIN_WINDOW_SECONDS = int(os.environ.get("STOPDESK_LOGIN_WINDOW_SECONDS", "300"))
+STOPDESK_REAUTH_SECONDS = int(os.environ.get("STOPDESK_REAUTH_SECONDS", "300"))
 
 # Celery. The broker is Redis when configured (or reachable under tests); otherwise kombu's
 # filesystem transport, so a real worker process runs with no broker installed.
@@ -146,6 +182,17 @@ STOPDESK = {
     "HEARTBEAT_SECONDS": int(os.environ.get("STOPDESK_HEARTBEAT_SECONDS", "10")),
     "INVESTIGATE_BY_HOURS": int(os.environ.get("STOPDESK_INVESTIGATE_BY_HOURS", "24")),
 }
+
+# External systems a compensation talks to (reconcile/services/compensators.py), by ExternalRecord.system.
+STOPDESK_SYSTEMS = {
+    "crm": {"base_url": os.environ.get("STOPDESK_CRM_URL", "http://127.0.0.1:8765"), "timeout": 10.0},
+    "outbox": {"base_url": os.environ.get("STOPDESK_OUTBOX_URL", "http://127.0.0.1:8766"), "timeout": 10.0},
+}
+
+# The sign-in rate limit counts in this cache. Per process by default; set STOPDESK_CACHE_URL
+# (redis://...) so every web process shares one count.
+if os.environ.get("STOPDESK_CACHE_URL"):
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": os.environ["STOPDESK_CACHE_URL"]}}
 
 LOGGING = {
     "version": 1,

@@ -1,0 +1,276 @@
+"""Compensation: a reversal is new work, proposed and approved by people, run once, and only
+against the version of the record that was approved.
+
+Each decision is a conditional UPDATE on the compensation's state (filter by id *and* expected
+state; exactly one row changes or someone else won) with its audit event in the same
+transaction. Execution claims the row the same way, then talks to the other system outside any
+transaction, and records the result in a new one (pretix's refund pattern).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import httpx
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from reconcile.models import COMPENSATION_TRANSITIONS, Compensation, CompensationState, Escalation
+from reconcile.services.compensators import (
+    Action,
+    CompensationError,
+    StaleVersion,
+    compensator_for,
+    normalize_version,
+)
+from stopdesk.models import ExternalRecord
+from stopdesk.services.errors import LedgerError
+from stopdesk.services.events import actor_for, event_record
+
+C = CompensationState
+APPROVE_PERMISSION = "reconcile.approve_compensation"
+PROPOSE_PERMISSION = "reconcile.propose_compensation"
+EXECUTE_TASK = "reconcile.execute_compensation"
+
+
+class CompensationRefused(LedgerError):
+    code = "compensation_refused"
+
+
+class ReauthenticationRequired(CompensationRefused):
+    code = "reauthentication_required"
+
+
+def compensation_actions(record: ExternalRecord) -> list[Action]:
+    """The actions that fit this record, as its system's compensator lists them."""
+    return compensator_for(record.system).actions(record)
+
+
+def compensation_propose(*, record_id: int, action: str, by: Any, note: str = "") -> Compensation:
+    if not by.has_perm(PROPOSE_PERMISSION):
+        raise CompensationRefused("Proposing a compensation needs the reviewer role.")
+    with transaction.atomic():
+        record = ExternalRecord.objects.select_for_update().select_related("item").get(pk=record_id)
+        if action not in {a.name for a in compensation_actions(record)}:
+            raise CompensationRefused(f"{action!r} is not an action {record.system} offers for this record.")
+        if record.compensations.exclude(state__in=(C.REJECTED, C.FAILED)).exists():
+            raise CompensationRefused("This record already has a compensation in progress or done.")
+        compensation = Compensation.objects.create(
+            external_record=record, action=action, expected_version=record.version, note=note, proposed_by=by
+        )
+        _event(
+            compensation,
+            "compensation_proposed",
+            actor_for(by),
+            "",
+            C.PROPOSED,
+            f"Proposed {action} of {record.system} {record.record_id} at version {record.version or 'unknown'}.",
+            note=note,
+        )
+    return compensation
+
+
+def compensation_approve(*, compensation_id: int, by: Any, reauthenticated_at: datetime | None) -> Compensation:
+    """Needs the approver permission, a password re-entered within STOPDESK_REAUTH_SECONDS, and an
+    approver who is not the proposer. Queues the execution after commit."""
+    if not by.has_perm(APPROVE_PERMISSION):
+        raise CompensationRefused("Approving a compensation needs the approver role.")
+    window = timedelta(seconds=settings.STOPDESK_REAUTH_SECONDS)
+    if reauthenticated_at is None or timezone.now() - reauthenticated_at > window:
+        raise ReauthenticationRequired("Re-enter your password to approve (it counts for a few minutes).")
+    with transaction.atomic():
+        compensation = Compensation.objects.select_related("external_record").get(pk=compensation_id)
+        if compensation.proposed_by_id == by.pk:
+            raise CompensationRefused("You proposed this compensation; another approver must approve it.")
+        stale = compensation.observed_version and normalize_version(compensation.observed_version) != normalize_version(
+            compensation.expected_version
+        )
+        if stale:
+            raise CompensationRefused("The record changed since this was proposed; reject it and propose again.")
+        now = timezone.now()
+        _move(
+            compensation,
+            (C.PROPOSED, C.ESCALATED),
+            C.APPROVED,
+            actor_for(by),
+            "compensation_approved",
+            "Approved.",
+            approved_by=by,
+            approved_at=now,
+        )
+        Escalation.objects.filter(compensation=compensation, closed_at__isnull=True).update(closed_at=now)
+        transaction.on_commit(lambda: _enqueue_execution(compensation_id))
+    return compensation
+
+
+def compensation_reject(*, compensation_id: int, by: Any, reason: str) -> Compensation:
+    if not by.has_perm(APPROVE_PERMISSION):
+        raise CompensationRefused("Rejecting a compensation needs the approver role.")
+    if not reason.strip():
+        raise CompensationRefused("Say why it is rejected.")
+    with transaction.atomic():
+        compensation = Compensation.objects.select_related("external_record").get(pk=compensation_id)
+        now = timezone.now()
+        _move(
+            compensation,
+            (C.PROPOSED, C.ESCALATED),
+            C.REJECTED,
+            actor_for(by),
+            "compensation_rejected",
+            reason,
+            rejected_by=by,
+            decided_at=now,
+            reason=reason,
+        )
+        Escalation.objects.filter(compensation=compensation, closed_at__isnull=True).update(closed_at=now)
+    return compensation
+
+
+def compensation_escalate(*, compensation_id: int, by: Any, to: Any, reason: str) -> Compensation:
+    if not reason.strip():
+        raise CompensationRefused("Say why it is escalated.")
+    with transaction.atomic():
+        compensation = Compensation.objects.select_related("external_record").get(pk=compensation_id)
+        _move(
+            compensation,
+            (C.PROPOSED,),
+            C.ESCALATED,
+            actor_for(by),
+            "compensation_escalated",
+            f"Escalated to {to.get_username()}: {reason}",
+            escalated_to=to,
+            decided_at=timezone.now(),
+            reason=reason,
+        )
+        Escalation.objects.create(compensation=compensation, to=to, by=by, reason=reason)
+    return compensation
+
+
+def compensation_execute(*, compensation_id: int) -> Compensation:
+    """Run an approved compensation once. A second caller (a redelivered job, a second approval's
+    job) finds it no longer approved and does nothing. Never touches the task or its items."""
+    with transaction.atomic():
+        compensation = Compensation.objects.select_related("external_record__item").get(pk=compensation_id)
+        if compensation.state != C.APPROVED:
+            return compensation
+        _move(
+            compensation,
+            (C.APPROVED,),
+            C.RUNNING,
+            "system:compensation",
+            "compensation_started",
+            "Reading the record's current version.",
+            started_at=timezone.now(),
+        )
+    record = compensation.external_record
+    compensator = compensator_for(record.system)
+    expected = normalize_version(compensation.expected_version)
+    # Outside any transaction: the other system may be slow, and our rows must not wait on it.
+    try:
+        observed = compensator.read_version(record)
+    except (CompensationError, httpx.HTTPError) as exc:
+        return _fail(compensation, f"Could not read the record's current version: {exc}")
+    if observed != expected:
+        return _escalate_stale(compensation, expected, observed)
+    try:
+        result = compensator.run(record, compensation.action, expected)
+    except StaleVersion as exc:
+        # Someone edited between our read and our write; the precondition caught it.
+        return _escalate_stale(compensation, expected, exc.observed)
+    except (CompensationError, httpx.HTTPError) as exc:
+        return _fail(compensation, str(exc) or type(exc).__name__)
+    with transaction.atomic():
+        _move(
+            compensation,
+            (C.RUNNING,),
+            C.DONE,
+            "system:compensation",
+            "compensation_done",
+            f"{compensation.action} done at version {expected}.",
+            finished_at=timezone.now(),
+            observed_version=observed,
+            result={**result, "expected_version": expected, "observed_version": observed},
+        )
+    return compensation
+
+
+def _escalate_stale(compensation: Compensation, expected: str, observed: str) -> Compensation:
+    reason = f"The record changed: approved against version {expected}, it is now at version {observed}. Nothing was written."
+    with transaction.atomic():
+        _move(
+            compensation,
+            (C.RUNNING,),
+            C.ESCALATED,
+            "system:compensation",
+            "compensation_stale",
+            reason,
+            observed_version=observed,
+            finished_at=timezone.now(),
+            decided_at=timezone.now(),
+            reason=reason,
+            result={"expected_version": expected, "observed_version": observed, "written": False},
+        )
+    return compensation
+
+
+def _fail(compensation: Compensation, error: str) -> Compensation:
+    with transaction.atomic():
+        _move(
+            compensation,
+            (C.RUNNING,),
+            C.FAILED,
+            "system:compensation",
+            "compensation_failed",
+            error,
+            finished_at=timezone.now(),
+            error=error,
+        )
+    return compensation
+
+
+def _move(
+    compensation: Compensation,
+    from_states: tuple[str, ...],
+    to_state: str,
+    actor: str,
+    kind: str,
+    message: str,
+    **fields: Any,
+) -> None:
+    for state in from_states:
+        if to_state not in COMPENSATION_TRANSITIONS[state]:
+            raise ValueError(f"compensation {state} -> {to_state} is not an allowed move")
+    moved = Compensation.objects.filter(pk=compensation.pk, state__in=from_states).update(state=to_state, **fields)
+    if not moved:
+        current = Compensation.objects.values_list("state", flat=True).get(pk=compensation.pk)
+        raise CompensationRefused(f"This compensation is already {current}; it cannot become {to_state}.")
+    before = compensation.state
+    compensation.refresh_from_db()
+    _event(compensation, kind, actor, before, to_state, message)
+
+
+def _event(
+    compensation: Compensation, kind: str, actor: str, before: str, after: str, message: str, **data: Any
+) -> None:
+    record = compensation.external_record
+    event_record(
+        kind=kind,
+        actor=actor,
+        item=record.item,
+        from_state=before,
+        to_state=after,
+        message=message,
+        data={"compensation": compensation.pk, "record": f"{record.system}:{record.record_id}", **data},
+    )
+
+
+def _enqueue_execution(compensation_id: int) -> None:
+    """By task name: services do not import tasks (imports go one way)."""
+    from stopdesk.celery import app
+
+    if app.conf.task_always_eager:
+        app.tasks[EXECUTE_TASK].apply(args=[compensation_id])
+    else:
+        app.send_task(EXECUTE_TASK, args=[compensation_id])

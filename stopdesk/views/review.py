@@ -1,0 +1,240 @@
+"""The review queue and a reviewer's and approver's actions. Every action is a plain form that
+works without JavaScript (POST, then redirect); htmx loads the forms in place."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth import get_user_model
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_http_methods, require_POST
+
+from reconcile.models import CompensationState
+from reconcile.services.compensation import (
+    CompensationRefused,
+    ReauthenticationRequired,
+    compensation_actions,
+    compensation_approve,
+    compensation_escalate,
+    compensation_propose,
+    compensation_reject,
+)
+from reconcile.services.review import OUTCOMES, ReviewRefused, item_escalate, item_extend_deadline, item_resolve
+from stopdesk import permissions as perms
+from stopdesk.services.errors import IllegalTransition
+from stopdesk.states import ItemState
+from stopdesk.views.auth import reauth_check_password, reauth_fresh, reauthenticated_at
+from stopdesk.views.selectors import SECTIONS, now, review_queue
+
+QUEUE_FRAGMENTS = ("uncertain", "reversals", "proposals", "escalations")
+
+
+def _int(value: Any, default: int = 1) -> int:
+    try:
+        return max(1, int(value))
+    except (TypeError, ValueError):
+        return default
+
+
+@perms.require(*perms.REVIEW_ANY)
+def queue(request: HttpRequest) -> HttpResponse:
+    pages = {key: _int(request.GET.get(key)) for key in SECTIONS}
+    target = request.htmx.target if request.htmx else None
+    if target in QUEUE_FRAGMENTS:
+        only = ["escalations", "escalated"] if target == "escalations" else [target]
+        sections = {k: v for key in only for k, v in review_queue(pages, only=key).items()}
+        return render(request, f"review/queue.html#{target}", _queue_context(request, sections, pages))
+    return render(request, "review/queue.html", _queue_context(request, review_queue(pages), pages))
+
+
+def _queue_context(request: HttpRequest, sections: dict, pages: dict) -> dict:  # type: ignore[type-arg]
+    user = request.user
+    return {
+        "s": sections,
+        "pages": pages,
+        "now": now(),
+        "can_resolve": perms.can(user, perms.RESOLVE),
+        "can_propose": perms.can(user, perms.PROPOSE),
+        "can_approve": perms.can(user, perms.APPROVE),
+    }
+
+
+def _form_page(request: HttpRequest, template: str, context: dict, status: int = 200) -> HttpResponse:  # type: ignore[type-arg]
+    """A form page: the whole page, or for htmx only the `action-panel` it is loaded into."""
+    if request.htmx and request.htmx.target == "action-panel":
+        template += "#action-panel"
+    return render(request, template, context, status=status)
+
+
+def _people() -> Any:
+    """Whom one can escalate to: active people in any review role."""
+    return (
+        get_user_model()
+        .objects.filter(is_active=True, groups__name__in=("reviewers", "approvers"))
+        .distinct()
+        .order_by("username")
+    )
+
+
+@require_http_methods(["GET", "POST"])
+@perms.require(perms.RESOLVE)
+def item_resolve_view(request: HttpRequest, item_id: int) -> HttpResponse:
+    item = perms.item_for(request.user, item_id)
+    context: dict[str, Any] = {"item": item, "outcomes": [(o, ItemState(o).label) for o in OUTCOMES], "error": ""}
+    if request.method == "POST":
+        try:
+            item_resolve(
+                item_id=item.pk,
+                outcome=request.POST.get("outcome", ""),
+                note=request.POST.get("note", ""),
+                evidence=request.POST.get("evidence", ""),
+                by=request.user,
+            )
+        except (ReviewRefused, IllegalTransition) as exc:
+            context.update(error=str(exc), values=request.POST)
+            return _form_page(request, "review/resolve.html", context, status=400)
+        messages.success(request, f"Resolved {item.noun} #{item.pk} as {request.POST['outcome']}.")
+        return redirect("review-queue")
+    return _form_page(request, "review/resolve.html", context)
+
+
+@require_http_methods(["GET", "POST"])
+@perms.require(perms.RESOLVE)
+def item_extend_view(request: HttpRequest, item_id: int) -> HttpResponse:
+    item = perms.item_for(request.user, item_id)
+    context: dict[str, Any] = {"item": item, "error": "", "now": now()}
+    if request.method == "POST":
+        hours = _int(request.POST.get("hours"), 0)
+        base = max(item.investigate_by or now(), now())
+        try:
+            if not 1 <= hours <= 24 * 14:
+                raise ReviewRefused("Extend by 1 to 336 hours.")
+            item_extend_deadline(
+                item_id=item.pk,
+                until=base + timedelta(hours=hours),
+                reason=request.POST.get("reason", ""),
+                by=request.user,
+            )
+        except ReviewRefused as exc:
+            context.update(error=str(exc), values=request.POST)
+            return _form_page(request, "review/extend.html", context, status=400)
+        messages.success(request, f"Extended the deadline of {item.noun} #{item.pk} by {hours} hours.")
+        return redirect("review-queue")
+    return _form_page(request, "review/extend.html", context)
+
+
+@require_http_methods(["GET", "POST"])
+@perms.require(perms.RESOLVE)
+def item_escalate_view(request: HttpRequest, item_id: int) -> HttpResponse:
+    item = perms.item_for(request.user, item_id)
+    people = _people().exclude(pk=request.user.pk)
+    context: dict[str, Any] = {"item": item, "people": people, "error": "", "action": request.path}
+    if request.method == "POST":
+        person = people.filter(pk=_int(request.POST.get("to"), 0)).first()
+        try:
+            if person is None:
+                raise ReviewRefused("Choose a person to escalate to.")
+            item_escalate(item_id=item.pk, to=person, reason=request.POST.get("reason", ""), by=request.user)
+        except ReviewRefused as exc:
+            context.update(error=str(exc), values=request.POST)
+            return _form_page(request, "review/escalate.html", context, status=400)
+        messages.success(request, f"Escalated {item.noun} #{item.pk} to {person.get_username()}.")
+        return redirect("review-queue")
+    return _form_page(request, "review/escalate.html", context)
+
+
+@require_http_methods(["GET", "POST"])
+@perms.require(perms.PROPOSE)
+def record_propose_view(request: HttpRequest, record_id: int) -> HttpResponse:
+    record = perms.record_for(request.user, record_id)
+    actions = compensation_actions(record)
+    context: dict[str, Any] = {"record": record, "actions": actions, "error": ""}
+    if request.method == "POST":
+        try:
+            compensation = compensation_propose(
+                record_id=record.pk,
+                action=request.POST.get("action", ""),
+                note=request.POST.get("note", "").strip(),
+                by=request.user,
+            )
+        except CompensationRefused as exc:
+            context.update(error=str(exc), values=request.POST)
+            return _form_page(request, "review/propose.html", context, status=400)
+        messages.success(request, "Proposed. Another person with the approver role must approve it.")
+        return redirect("compensation-detail", compensation_id=compensation.pk)
+    return _form_page(request, "review/propose.html", context)
+
+
+@perms.require(*perms.REVIEW_ANY)
+def compensation_detail(request: HttpRequest, compensation_id: int, error: str = "", status: int = 200) -> HttpResponse:
+    compensation = perms.compensation_for(request.user, compensation_id)
+    user = request.user
+    context = {
+        "c": compensation,
+        "record": compensation.external_record,
+        "error": error,
+        "reauth_fresh": reauth_fresh(request),
+        "can_approve": perms.can(user, perms.APPROVE) and compensation.proposed_by_id != user.pk,
+        "own_proposal": compensation.proposed_by_id == user.pk,
+        "is_approver": perms.can(user, perms.APPROVE),
+        "people": _people().exclude(pk=user.pk),
+        "live": compensation.state in (CompensationState.APPROVED, CompensationState.RUNNING),
+    }
+    if request.htmx and request.htmx.target == "compensation-status":
+        response = render(request, "review/compensation.html#compensation-status", context)
+        if not context["live"]:
+            response.status_code = 286
+        return response
+    return render(request, "review/compensation.html", context, status=status)
+
+
+@require_POST
+@perms.require(perms.APPROVE)
+def compensation_approve_view(request: HttpRequest, compensation_id: int) -> HttpResponse:
+    compensation = perms.compensation_for(request.user, compensation_id)
+    password = request.POST.get("password", "")
+    if password and not reauth_check_password(request, password):
+        return compensation_detail(request, compensation.pk, error="That password is not right.", status=403)
+    try:
+        compensation_approve(
+            compensation_id=compensation.pk, by=request.user, reauthenticated_at=reauthenticated_at(request)
+        )
+    except ReauthenticationRequired as exc:
+        return compensation_detail(request, compensation.pk, error=str(exc), status=403)
+    except CompensationRefused as exc:
+        return compensation_detail(request, compensation.pk, error=str(exc), status=403)
+    messages.success(request, "Approved. It runs now, after a fresh read of the record's version.")
+    return redirect("compensation-detail", compensation_id=compensation.pk)
+
+
+@require_POST
+@perms.require(perms.APPROVE)
+def compensation_reject_view(request: HttpRequest, compensation_id: int) -> HttpResponse:
+    compensation = perms.compensation_for(request.user, compensation_id)
+    try:
+        compensation_reject(compensation_id=compensation.pk, by=request.user, reason=request.POST.get("reason", ""))
+    except CompensationRefused as exc:
+        return compensation_detail(request, compensation.pk, error=str(exc), status=400)
+    messages.success(request, "Rejected.")
+    return redirect("compensation-detail", compensation_id=compensation.pk)
+
+
+@require_POST
+@perms.require(perms.PROPOSE, perms.APPROVE)
+def compensation_escalate_view(request: HttpRequest, compensation_id: int) -> HttpResponse:
+    compensation = perms.compensation_for(request.user, compensation_id)
+    person = _people().exclude(pk=request.user.pk).filter(pk=_int(request.POST.get("to"), 0)).first()
+    try:
+        if person is None:
+            raise CompensationRefused("Choose a person to escalate to.")
+        compensation_escalate(
+            compensation_id=compensation.pk, by=request.user, to=person, reason=request.POST.get("reason", "")
+        )
+    except CompensationRefused as exc:
+        return compensation_detail(request, compensation.pk, error=str(exc), status=400)
+    messages.success(request, f"Escalated to {person.get_username()}.")
+    return redirect(reverse("compensation-detail", kwargs={"compensation_id": compensation.pk}))

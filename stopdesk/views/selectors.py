@@ -1,0 +1,214 @@
+"""Reads for the pages. Each page runs a fixed number of queries whatever the number of items:
+aggregates for counts, and a bounded window of rows per group or section."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db.models import Count, Exists, F, OuterRef, Prefetch, Q, QuerySet, Window
+from django.db.models.functions import RowNumber
+from django.utils import timezone
+
+from reconcile.models import Compensation, CompensationState, Escalation
+from stopdesk.models import CancellationAttempt, ExternalRecord, StopRequest, Task, WorkItem
+from stopdesk.states import ItemState
+from stopdesk.summary import task_summary
+
+S = ItemState
+C = CompensationState
+UNSETTLED = (S.QUEUED, S.RUNNING, S.AWAITING_RECONCILIATION)
+# Groups on the task page, in the order a person needs them: what wants attention first.
+GROUP_ORDER = (S.UNCERTAIN, S.AWAITING_RECONCILIATION, S.RUNNING, S.QUEUED, S.FAILED, S.COMPLETED, S.CANCELLED)
+GROUP_LIMIT = 20
+SECTION_LIMIT = 25
+
+TASK_STATUSES = {
+    "running": "Running",
+    "stopping": "Stopping",
+    "stopped": "Stopped",
+    "finished": "Finished",
+    "review": "Needs review",
+}
+
+
+def tasks_listing(tasks: QuerySet[Task], *, status: str = "", q: str = "") -> QuerySet[Task]:
+    unsettled = WorkItem.objects.filter(task=OuterRef("pk"), state__in=UNSETTLED)
+    uncertain = WorkItem.objects.filter(task=OuterRef("pk"), state=S.UNCERTAIN)
+    tasks = tasks.annotate(has_unsettled=Exists(unsettled), has_uncertain=Exists(uncertain))
+    if q:
+        match = Q(title__icontains=q)
+        if q.isdigit():
+            match |= Q(pk=int(q))
+        tasks = tasks.filter(match)
+    stopped = Q(stop_requested_at__isnull=False)
+    filters = {
+        "running": ~stopped & Q(has_unsettled=True),
+        "stopping": stopped & Q(has_unsettled=True),
+        "stopped": stopped & Q(has_unsettled=False),
+        "finished": ~stopped & Q(has_unsettled=False),
+        "review": Q(has_uncertain=True),
+    }
+    if status in filters:
+        tasks = tasks.filter(filters[status])
+    return tasks.select_related("owner", "runtime").order_by("-created_at", "-id")
+
+
+def task_status(task: Any) -> str:
+    if task.stop_requested_at:
+        return "stopping" if task.has_unsettled else "stopped"
+    return "running" if task.has_unsettled else "finished"
+
+
+@dataclass
+class Group:
+    state: str
+    label: str
+    count: int
+    items: list[WorkItem] = field(default_factory=list)
+
+    @property
+    def more(self) -> int:
+        return self.count - len(self.items)
+
+
+@dataclass
+class TaskOverview:
+    task: Task
+    summary: str
+    groups: list[Group]
+    total: int
+    unsettled: int
+    stop_request: StopRequest | None
+
+    @property
+    def settled(self) -> bool:
+        return self.unsettled == 0
+
+    @property
+    def status(self) -> str:
+        if self.task.stop_requested_at:
+            return "stopping" if self.unsettled else "stopped"
+        return "running" if self.unsettled else "finished"
+
+
+def items_with_trail(items: QuerySet[WorkItem]) -> QuerySet[WorkItem]:
+    return items.prefetch_related(
+        Prefetch("external_records", queryset=ExternalRecord.objects.order_by("id")),
+        Prefetch("attempts", queryset=CancellationAttempt.objects.order_by("sent_at", "id")),
+    )
+
+
+def task_overview(task: Task, *, with_items: bool = True) -> TaskOverview:
+    counts = dict(WorkItem.objects.filter(task=task).values_list("state").annotate(n=Count("id")).order_by())
+    groups = [Group(s, S(s).label, counts[s]) for s in GROUP_ORDER if counts.get(s)]
+    if with_items and groups:
+        # One query for the first rows of every group: a window numbers the rows per state.
+        ranked = (
+            WorkItem.objects.filter(task=task)
+            .annotate(rank=Window(RowNumber(), partition_by=[F("state")], order_by=[F("id").asc()]))
+            .filter(rank__lte=GROUP_LIMIT)
+        )
+        by_state: dict[str, list[WorkItem]] = {}
+        for item in items_with_trail(ranked.order_by("state", "id")):
+            by_state.setdefault(item.state, []).append(item)
+        for group in groups:
+            group.items = by_state.get(group.state, [])
+    stop_request = StopRequest.objects.select_related("requested_by").filter(task=task).first()
+    return TaskOverview(
+        task=task,
+        summary=task_summary(task),
+        groups=groups,
+        total=sum(counts.values()),
+        unsettled=sum(counts.get(s, 0) for s in UNSETTLED),
+        stop_request=stop_request,
+    )
+
+
+# The review queue.
+
+
+@dataclass
+class Section:
+    key: str
+    rows: list[Any]
+    count: int
+    page: int
+
+    @property
+    def has_next(self) -> bool:
+        return self.page * SECTION_LIMIT < self.count
+
+    @property
+    def has_previous(self) -> bool:
+        return self.page > 1
+
+
+def _section(key: str, queryset: QuerySet[Any], page: int) -> Section:
+    count = queryset.count()
+    pages = max(1, -(-count // SECTION_LIMIT))
+    page = min(max(1, page), pages)
+    start = (page - 1) * SECTION_LIMIT
+    return Section(key, list(queryset[start : start + SECTION_LIMIT]), count, page)
+
+
+def queue_uncertain() -> QuerySet[WorkItem]:
+    # Overdue first: the earliest deadline is the most overdue one.
+    return (
+        WorkItem.objects.filter(state=S.UNCERTAIN)
+        .select_related("task")
+        .order_by(F("investigate_by").asc(nulls_last=True), "id")
+    )
+
+
+def queue_reversals() -> QuerySet[ExternalRecord]:
+    """Completed effects of stopped tasks with no compensation under way or done."""
+    active = Compensation.objects.filter(external_record=OuterRef("pk")).exclude(state__in=(C.REJECTED, C.FAILED))
+    return (
+        ExternalRecord.objects.filter(item__state=S.COMPLETED, item__task__stop_requested_at__isnull=False)
+        .exclude(Exists(active))
+        .select_related("item__task")
+        .order_by("-recorded_at", "-id")
+    )
+
+
+def queue_proposals() -> QuerySet[Compensation]:
+    return (
+        Compensation.objects.filter(state=C.PROPOSED)
+        .select_related("external_record__item__task", "proposed_by")
+        .order_by("proposed_at", "id")
+    )
+
+
+def queue_escalations() -> QuerySet[Escalation]:
+    return (
+        Escalation.objects.filter(closed_at__isnull=True, item__isnull=False)
+        .select_related("item__task", "to", "by")
+        .order_by("at", "id")
+    )
+
+
+def queue_escalated_compensations() -> QuerySet[Compensation]:
+    return (
+        Compensation.objects.filter(state=C.ESCALATED)
+        .select_related("external_record__item__task", "proposed_by", "escalated_to")
+        .order_by("decided_at", "id")
+    )
+
+
+SECTIONS = {
+    "uncertain": queue_uncertain,
+    "reversals": queue_reversals,
+    "proposals": queue_proposals,
+    "escalations": queue_escalations,
+    "escalated": queue_escalated_compensations,
+}
+
+
+def review_queue(pages: dict[str, int], only: str | None = None) -> dict[str, Section]:
+    keys = [only] if only else list(SECTIONS)
+    return {key: _section(key, SECTIONS[key](), pages.get(key, 1)) for key in keys}
+
+
+def now() -> Any:
+    return timezone.now()

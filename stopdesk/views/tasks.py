@@ -1,0 +1,117 @@
+"""The task list, the task page (summary, Stop, children by state) and a task's items by state."""
+
+from __future__ import annotations
+
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
+from django.views.decorators.http import require_http_methods
+
+from stopdesk import permissions as perms
+from stopdesk.services.events import actor_for
+from stopdesk.services.stop import task_request_stop
+from stopdesk.states import ItemState
+from stopdesk.views.selectors import (
+    GROUP_ORDER,
+    TASK_STATUSES,
+    items_with_trail,
+    task_overview,
+    task_status,
+    tasks_listing,
+)
+
+POLL_SETTLED = 286  # htmx stops polling on this status
+
+
+def _page_number(request: HttpRequest, name: str = "page") -> int:
+    try:
+        return max(1, int(request.GET.get(name, "1")))
+    except ValueError:
+        return 1
+
+
+@perms.require(perms.VIEW)
+def task_list(request: HttpRequest) -> HttpResponse:
+    status = request.GET.get("status", "")
+    q = request.GET.get("q", "").strip()[:200]
+    tasks = tasks_listing(perms.tasks_for(request.user), status=status, q=q)
+    page = Paginator(tasks, 25).get_page(request.GET.get("page"))
+    for task in page.object_list:
+        task.status = task_status(task)
+    context = {"page": page, "status": status, "q": q, "statuses": TASK_STATUSES}
+    template = "tasks/list.html"
+    if request.htmx and request.htmx.target == "task-table":
+        template += "#task-table"
+    return render(request, template, context)
+
+
+def _task_context(request: HttpRequest, task_id: int, *, confirm: bool = False) -> dict:  # type: ignore[type-arg]
+    task = perms.task_for(request.user, task_id)
+    return {
+        "o": task_overview(task),
+        "task": task,
+        "can_stop": perms.can(request.user, perms.STOP),
+        "confirm": confirm,
+    }
+
+
+def _live(request: HttpRequest, context: dict, primary: str) -> HttpResponse:  # type: ignore[type-arg]
+    """The fragment htmx asked for, plus the other live parts out of band, so one poll keeps the
+    summary, the Stop control and the groups consistent with each other."""
+    parts = [render_to_string(f"tasks/detail.html#{primary}", context, request)]
+    for name in ("summary", "stop-control", "groups"):
+        if name != primary:
+            parts.append(render_to_string(f"tasks/detail.html#{name}", {**context, "oob": True}, request))
+    status = POLL_SETTLED if context["o"].settled else 200
+    return HttpResponse("".join(parts), status=status)
+
+
+@perms.require(perms.VIEW)
+def task_detail(request: HttpRequest, task_id: int) -> HttpResponse:
+    context = _task_context(request, task_id)
+    if request.htmx and request.htmx.target in ("summary", "stop-control", "groups"):
+        return _live(request, context, request.htmx.target)
+    return render(request, "tasks/detail.html", context)
+
+
+@require_http_methods(["GET", "POST"])
+@perms.require(perms.STOP)
+def task_stop(request: HttpRequest, task_id: int) -> HttpResponse:
+    """GET is the confirmation step; POST is Stop. A repeated POST (a second click, a second
+    browser) gets the same stop request back: task_request_stop is idempotent."""
+    if request.method == "GET":
+        context = _task_context(request, task_id, confirm=True)
+        if request.htmx:
+            return render(request, "tasks/detail.html#stop-control", context)
+        return render(request, "tasks/detail.html", context)
+    task = perms.task_for(request.user, task_id)
+    reason = request.POST.get("reason", "").strip()[:1000]
+    task_request_stop(task_id=task.pk, actor=actor_for(request.user), by=request.user, reason=reason)
+    if not request.htmx:
+        return redirect("task-detail", task_id=task.pk)
+    context = _task_context(request, task_id)
+    response = _live(request, context, "stop-control")
+    response.status_code = 200  # the page needs the fragment even if everything settled at once
+    return response
+
+
+@perms.require(perms.VIEW)
+def task_items(request: HttpRequest, task_id: int) -> HttpResponse:
+    task = perms.task_for(request.user, task_id)
+    state = request.GET.get("state", "")
+    if state not in ItemState.values:
+        state = GROUP_ORDER[0]
+    items = items_with_trail(task.items.filter(state=state).order_by("id"))
+    page = Paginator(items, 50).get_page(request.GET.get("page"))
+    context = {
+        "task": task,
+        "state": state,
+        "state_label": ItemState(state).label,
+        "page": page,
+        "states": [(s, ItemState(s).label) for s in GROUP_ORDER],
+    }
+    template = "tasks/items.html"
+    if request.htmx and request.htmx.target == "items-table":
+        template += "#items-table"
+    return render(request, template, context)

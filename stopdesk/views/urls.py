@@ -1,0 +1,27 @@
+from django.contrib.auth.views import LogoutView
+from django.urls import path
+from django.views.generic import RedirectView
+
+from stopdesk.views import auth, review, tasks
+
+urlpatterns = [
+    path("", RedirectView.as_view(pattern_name="task-list"), name="home"),
+    path("login/", auth.RateLimitedLoginView.as_view(), name="login"),
+    path("logout/", LogoutView.as_view(), name="logout"),
+    path("reauth/", auth.reauth, name="reauth"),
+    path("tasks/", tasks.task_list, name="task-list"),
+    path("tasks/<int:task_id>/", tasks.task_detail, name="task-detail"),
+    path("tasks/<int:task_id>/stop/", tasks.task_stop, name="task-stop"),
+    path("tasks/<int:task_id>/items/", tasks.task_items, name="task-items"),
+    path("queue/", review.queue, name="review-queue"),
+    path("items/<int:item_id>/resolve/", review.item_resolve_view, name="item-resolve"),
+    path("items/<int:item_id>/extend/", review.item_extend_view, name="item-extend"),
+    path("items/<int:item_id>/escalate/", review.item_escalate_view, name="item-escalate"),
+    path("records/<int:record_id>/propose/", review.record_propose_view, name="record-propose"),
+    path("compensations/<int:compensation_id>/", review.compensation_detail, name="compensation-detail"),
+    path("compensations/<int:compensation_id>/approve/", review.compensation_approve_view, name="compensation-approve"),
+    path("compensations/<int:compensation_id>/reject/", review.compensation_reject_view, name="compensation-reject"),
+    path(
+        "compensations/<int:compensation_id>/escalate/", review.compensation_escalate_view, name="compensation-escalate"
+    ),
+]
