@@ -1,0 +1,154 @@
+"""OpenAI background responses, through the official `openai` SDK.
+
+- create: background=True, max_retries=0 (an SDK retry after a timeout can start a second run that
+  can never be found again: there is no list endpoint), metadata linking back to the item, and the
+  response id stored as the item's handle the moment create returns.
+- cancel: POST /responses/{id}/cancel once, then always retrieve. 400/404/409 on cancel mean "look
+  it up". A `cancelled` is watched for a while: it has been seen to turn `completed`.
+- timeouts, connection errors and 5xx are retried with backoff by the engine until the deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import openai as sdk
+
+from reconcile.mechanisms.base import Capability, ItemRef, Mechanism, MechanismSettings, Observation, Seen
+from reconcile.mechanisms.registry import register
+
+STATUS = {
+    "queued": Seen.RUNNING,
+    "in_progress": Seen.RUNNING,
+    "completed": Seen.COMPLETED,
+    "failed": Seen.FAILED,
+    "cancelled": Seen.CANCELLED,
+    "incomplete": Seen.FAILED,  # final, with a partial answer; the reason is kept as evidence
+}
+LOOK_IT_UP = (400, 404, 409)
+
+_clients: dict[tuple[str | None, str | None, float], sdk.OpenAI] = {}
+_clients_lock = threading.Lock()
+
+
+def client_for(*, base_url: str | None = None, api_key: str | None = None, timeout_s: float = 10.0) -> sdk.OpenAI:
+    """A shared client (one connection pool) per endpoint, with the SDK's retries off: the
+    engine retries, with a deadline the SDK does not know about."""
+    base_url = base_url or get_settings().options.get("base_url") or os.environ.get("OPENAI_BASE_URL") or None
+    api_key = api_key or get_settings().options.get("api_key") or os.environ.get("OPENAI_API_KEY") or "sk-none"
+    key = (base_url, api_key, timeout_s)
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            client = sdk.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout_s)
+            _clients[key] = client
+        return client
+
+
+def get_settings() -> MechanismSettings:
+    from reconcile.mechanisms.registry import mechanism_settings
+
+    return mechanism_settings("openai")
+
+
+def observe(response: Any) -> Observation:
+    status = str(response.status or "")
+    seen = STATUS.get(status, Seen.RUNNING)
+    detail: dict[str, Any] = {"response_id": response.id, "status": status}
+    if response.incomplete_details is not None:
+        detail["incomplete_reason"] = response.incomplete_details.reason
+    if response.error is not None:
+        detail["error"] = response.error.message
+    return Observation(seen, remote_status=status, detail=detail)
+
+
+@register
+class OpenAIResponses(Mechanism):
+    name = "openai"
+    capabilities = frozenset({Capability.CANCEL, Capability.INSPECT})
+    defaults = MechanismSettings(
+        call_timeout_s=10.0,
+        deadline_s=300.0,
+        backoff_initial_s=1.0,
+        backoff_max_s=30.0,
+        recheck_interval_s=5.0,
+        recheck_after_cancelled_s=600.0,
+        concurrency=32,
+    )
+
+    def _client(self, item: ItemRef) -> sdk.OpenAI:
+        base_url = (item.detail.get("openai") or {}).get("base_url") or self.settings.options.get("base_url")
+        return client_for(
+            base_url=base_url, api_key=self.settings.options.get("api_key"), timeout_s=self.settings.call_timeout_s
+        )
+
+    def cancel(self, item: ItemRef) -> Observation:
+        if not item.handle:
+            return self.inspect(item)
+        client = self._client(item)
+        cancel_answer: dict[str, Any]
+        answered = False
+        try:
+            client.responses.cancel(item.handle)
+            cancel_answer, answered = {"cancel": "accepted"}, True
+        except sdk.APIStatusError as exc:
+            if exc.status_code not in LOOK_IT_UP:
+                cancel_answer = {"cancel": f"HTTP {exc.status_code}"}
+            else:
+                # Already final, unknown, or conflicting: the read-back below says which.
+                cancel_answer, answered = {"cancel": f"HTTP {exc.status_code}; looked it up"}, exc.status_code != 409
+        except sdk.APIConnectionError as exc:  # includes APITimeoutError
+            cancel_answer = {"cancel": type(exc).__name__}
+        read_back = self.inspect(item)
+        detail = {**read_back.detail, **cancel_answer}
+        if read_back.seen == Seen.RUNNING and not answered:
+            # The cancel did not land and the run goes on: retry the cancel after a backoff.
+            return Observation(Seen.UNREACHABLE, remote_status=f"cancel {cancel_answer['cancel']}", detail=detail)
+        return Observation(read_back.seen, read_back.remote_status, read_back.message, detail, cancel_sent=answered)
+
+    def inspect(self, item: ItemRef) -> Observation:
+        if not item.handle:
+            return Observation(
+                Seen.UNKNOWABLE,
+                remote_status="no response id",
+                message="Create never answered, so the response id is unknown, and responses cannot be listed.",
+            )
+        try:
+            response = self._client(item).responses.retrieve(item.handle)
+        except sdk.NotFoundError:
+            return Observation(
+                Seen.UNKNOWABLE, remote_status="HTTP 404", message="The response is unknown or past its retention."
+            )
+        except sdk.APIStatusError as exc:
+            return Observation(Seen.UNREACHABLE, remote_status=f"HTTP {exc.status_code}")
+        except sdk.APIConnectionError as exc:
+            return Observation(Seen.UNREACHABLE, remote_status=type(exc).__name__)
+        return observe(response)
+
+
+def response_create(
+    *, item_id: int, actor: str, base_url: str | None = None, api_key: str | None = None, **params: Any
+) -> Any:
+    """Agent side: pass the boundary, create a background response with no SDK retries and with
+    metadata linking it to the item, and store its id as the item's handle before anything else.
+
+    Raises TaskStopped when Stop was requested first (nothing is sent). A create that does not
+    answer leaves the item running with no handle; reconciliation marks it uncertain, because
+    the run may exist and cannot be listed."""
+    from reconcile.services.handles import item_record_handle
+    from stopdesk.models import WorkItem
+    from stopdesk.services.boundary import item_start
+
+    item = WorkItem.objects.get(pk=item_id)
+    if item.state == "queued":
+        item_start(item_id=item_id, actor=actor)
+    metadata = {**params.pop("metadata", {}), "stopdesk_item": str(item_id), "stopdesk_task": str(item.task_id)}
+    cfg = get_settings()
+    client = client_for(base_url=base_url, api_key=api_key, timeout_s=cfg.call_timeout_s)
+    response = client.responses.create(background=True, metadata=metadata, **params)
+    item_record_handle(
+        item_id=item_id, handle=response.id, actor=actor, detail={"openai": {"base_url": str(client.base_url)}}
+    )
+    return response

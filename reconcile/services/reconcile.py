@@ -1,0 +1,378 @@
+"""Reconciling one item: claim it, ask its adapter, let the engine decide, apply the plan.
+
+Pretix's habit: the attempt is recorded in a short transaction, the remote call is made outside
+any transaction, and its answer is recorded in a new one. States change only through the ledger's
+services (item_transition, item_finish, items_move).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from reconcile import engine
+from reconcile.mechanisms import registry
+from reconcile.mechanisms.base import Capability, ItemRef, Mechanism, Observation, Seen
+from stopdesk.models import CancellationAttempt, WorkItem
+from stopdesk.services.bulk import items_move
+from stopdesk.services.errors import IllegalTransition
+from stopdesk.services.events import event_record
+from stopdesk.services.items import item_attach_record, item_finish, item_transition
+from stopdesk.services.sql import is_postgres
+from stopdesk.states import SETTLED, TERMINAL, ItemState
+
+log = logging.getLogger(__name__)
+S = ItemState
+
+# Swept states. `cancelled` is here for the flip watch; it is due only while next_check_at is set.
+SWEPT = (S.RUNNING, S.AWAITING_RECONCILIATION, S.UNCERTAIN, S.CANCELLED)
+ACTOR = "system:reconcile"
+
+
+def claim_seconds() -> float:
+    return float(settings.STOPDESK.get("RECONCILE_CLAIM_SECONDS", 120))
+
+
+# --- claiming: two sweeps (or a sweep and a cancel job) never work on one item at once ----------
+
+
+def item_claim(*, item_id: int, now: datetime | None = None) -> bool:
+    """Claim one item if it is due (or was never scheduled). A conditional UPDATE: exactly one
+    caller wins; the claim pushes next_check_at past the work, so nobody else picks it up."""
+    now = now or timezone.now()
+    won = WorkItem.objects.filter(
+        Q(next_check_at__isnull=True) | Q(next_check_at__lte=now), pk=item_id, state__in=SWEPT
+    ).update(next_check_at=now + timedelta(seconds=claim_seconds()), check_count=F("check_count") + 1)
+    return won == 1
+
+
+_CLAIM_SQL = """
+UPDATE stopdesk_workitem SET next_check_at = %(until)s, check_count = check_count + 1
+WHERE id IN (
+    SELECT id FROM stopdesk_workitem
+    WHERE state = ANY(%(states)s) AND next_check_at <= %(now)s
+    ORDER BY next_check_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING id
+"""
+
+
+def items_claim_due(*, now: datetime | None = None, limit: int = 200) -> list[int]:
+    """Claim a bounded batch of due items. SKIP LOCKED lets concurrent sweeps take disjoint rows
+    instead of queueing behind each other; the pushed next_check_at keeps them disjoint after
+    commit."""
+    now = now or timezone.now()
+    until = now + timedelta(seconds=claim_seconds())
+    if is_postgres():
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(_CLAIM_SQL, {"until": until, "states": list(SWEPT), "now": now, "limit": limit})
+            return sorted(row[0] for row in cursor.fetchall())
+    with transaction.atomic():  # SQLite: transactions are serialised (IMMEDIATE), so read-then-write is safe
+        ids = list(
+            WorkItem.objects.filter(state__in=SWEPT, next_check_at__lte=now)
+            .order_by("next_check_at", "id")
+            .values_list("id", flat=True)[:limit]
+        )
+        WorkItem.objects.filter(id__in=ids).update(next_check_at=until, check_count=F("check_count") + 1)
+    return sorted(ids)
+
+
+# --- one item ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Result:
+    item_id: int
+    action: str
+    seen: str
+    state: str
+
+
+def item_reconcile(*, item_id: int, actor: str = ACTOR, now: datetime | None = None, claimed: bool = False) -> Result:
+    """Cancel (when a stop asked for it and the cancel has not been answered yet) or inspect one
+    item, and apply what the engine decides."""
+    now = now or timezone.now()
+    if not claimed and not item_claim(item_id=item_id, now=now):
+        item = WorkItem.objects.get(pk=item_id)
+        return Result(item_id, "skipped", "", item.state)
+    item = WorkItem.objects.get(pk=item_id)
+    mechanism = registry.get(item.mechanism)
+    if item.state in TERMINAL and item.state != S.CANCELLED:
+        _schedule(item_id=item.pk, next_check_at=None)
+        return Result(item_id, "none", "", item.state)
+    action = _choose_action(item, mechanism)
+    attempt = CancellationAttempt.objects.create(item=item, mechanism=mechanism.name, action=action, sent_at=now)
+    ref = ItemRef.of(item)
+    try:
+        observation = mechanism.cancel(ref) if action == "cancel" else mechanism.inspect(ref)
+    except Exception as exc:  # an adapter bug must not leave the attempt open or stop a sweep
+        log.exception("%s %s of item %s raised", mechanism.name, action, item_id)
+        observation = Observation(Seen.UNREACHABLE, remote_status=type(exc).__name__, message=str(exc)[:300])
+    _attempt_close(attempt.pk, observation)
+    return _apply(
+        item_id=item_id,
+        mechanism=mechanism,
+        observation=observation,
+        actor=actor,
+        now=now,
+        action=action,
+        attempt_id=attempt.pk,
+    )
+
+
+def _choose_action(item: WorkItem, mechanism: Mechanism) -> str:
+    if item.cancel_requested_at is None or not mechanism.can(Capability.CANCEL):
+        return "inspect"
+    if item.state not in (S.RUNNING, S.AWAITING_RECONCILIATION):
+        return "inspect"
+    # One answered cancel is the cancel: later passes only read back, so a repeated pass (a
+    # duplicate job, a retry after a lost read-back) has no second effect on the remote side.
+    answered = CancellationAttempt.objects.filter(item=item, action="cancel", ok=True).exists()
+    if answered and mechanism.cancel_is_final(ItemRef.of(item)):
+        return "inspect"
+    return "cancel"
+
+
+def _attempt_close(attempt_id: int, observation: Observation) -> None:
+    answered = observation.seen not in (Seen.UNREACHABLE,)
+    CancellationAttempt.objects.filter(pk=attempt_id).update(
+        answered_at=timezone.now(),
+        ok=answered,
+        observed_status=(observation.remote_status or str(observation.seen))[:64],
+        detail={
+            "seen": str(observation.seen),
+            "message": observation.message,
+            "cancel_sent": observation.cancel_sent,
+            **observation.detail,
+        },
+    )
+
+
+def _apply(
+    *,
+    item_id: int,
+    mechanism: Mechanism,
+    observation: Observation,
+    actor: str,
+    now: datetime,
+    action: str,
+    attempt_id: int,
+) -> Result:
+    item = WorkItem.objects.get(pk=item_id)
+    progress: dict[str, Any] = dict(item.evidence.get("reconcile") or {})
+    since = item.cancel_requested_at or _parse(progress.get("since")) or now
+    progress.setdefault("since", since.isoformat())
+    facts = engine.ItemFacts(
+        state=item.state,
+        cancel_requested=item.cancel_requested_at is not None,
+        since=since,
+        failures=int(progress.get("failures", 0)),
+        cancelled_at=item.finished_at if item.state == S.CANCELLED else None,
+        investigate_by_default_hours=float(settings.STOPDESK["INVESTIGATE_BY_HOURS"]),
+    )
+    plan = engine.decide(facts, observation, now, mechanism.settings)
+    progress["failures"] = plan.failures
+    evidence = {
+        **plan.evidence,
+        "mechanism": mechanism.name,
+        "action": action,
+        "attempt": attempt_id,
+        "at": now.isoformat(),
+        **({"detail": observation.detail} if observation.detail else {}),
+    }
+    if observation.record is not None:
+        _attach(item_id, observation, actor)
+
+    if plan.late_result is not None:
+        _late_result(item_id=item_id, reported=plan.late_result, actor=actor, outcome=plan.outcome, evidence=evidence)
+        _schedule(item_id=item_id, next_check_at=None, progress=progress)
+    elif plan.to_state in (S.COMPLETED, S.FAILED):
+        item_finish(
+            item_id=item_id,
+            succeeded=plan.to_state == S.COMPLETED,
+            actor=actor,
+            outcome=plan.outcome,
+            evidence=evidence,
+        )
+        _schedule(item_id=item_id, next_check_at=None, progress=progress)
+    elif plan.to_state is not None:
+        extra: dict[str, Any] = {"next_check_at": plan.next_check_at}
+        if plan.investigate_by is not None:
+            extra["investigate_by"] = plan.investigate_by
+        try:
+            item_transition(
+                item_id=item_id,
+                to_state=plan.to_state,
+                actor=actor,
+                outcome=plan.outcome,
+                evidence={**evidence, "reconcile": progress},
+                message=plan.reason,
+                kind="reconciled" if plan.to_state in SETTLED else "transition",
+                **extra,
+            )
+        except IllegalTransition as exc:
+            # Someone settled it between our read and our write (the worker reported, a person
+            # resolved it). Theirs stands; ours is kept as evidence on the attempt.
+            log.info("item %s: %s", item_id, exc)
+            _schedule(item_id=item_id, next_check_at=None)
+    else:
+        _schedule(item_id=item_id, next_check_at=plan.next_check_at, progress=progress)
+    item.refresh_from_db()
+    return Result(item_id, action, str(observation.seen), item.state)
+
+
+def _attach(item_id: int, observation: Observation, actor: str) -> None:
+    fact = observation.record
+    assert fact is not None
+    item_attach_record(
+        item_id=item_id,
+        system=fact.system,
+        record_id=fact.record_id,
+        effect=fact.effect,
+        actor=actor,
+        version=fact.version,
+        reversible=fact.reversible,
+        reversal=fact.reversal,
+        link=fact.link,
+    )
+
+
+def _late_result(*, item_id: int, reported: str, actor: str, outcome: str, evidence: dict[str, Any]) -> None:
+    if reported in (S.COMPLETED, S.FAILED):
+        # item_finish keeps the recorded state and turns the contradiction into an event + review.
+        item_finish(item_id=item_id, succeeded=reported == S.COMPLETED, actor=actor, outcome=outcome, evidence=evidence)
+        return
+    with transaction.atomic():
+        item = WorkItem.objects.select_for_update().get(pk=item_id)
+        if item.state == reported:
+            return
+        WorkItem.objects.filter(pk=item_id).update(
+            needs_review=True,
+            evidence={**item.evidence, "late_result": {"reported": reported, "outcome": outcome, **evidence}},
+        )
+        event_record(
+            kind="late_result",
+            actor=actor,
+            item=item,
+            from_state=item.state,
+            to_state=item.state,
+            message=f"Reported {reported} after the item was recorded {item.state}; review required.",
+            data={"reported": reported, "evidence": evidence},
+        )
+
+
+def _schedule(*, item_id: int, next_check_at: datetime | None, progress: dict[str, Any] | None = None) -> None:
+    """Set the next check (or none). Not a state change, so no event; the attempt row is the record."""
+    with transaction.atomic():
+        item = WorkItem.objects.select_for_update().only("evidence").get(pk=item_id)
+        fields: dict[str, Any] = {"next_check_at": next_check_at}
+        if progress is not None:
+            fields["evidence"] = {**item.evidence, "reconcile": progress}
+        WorkItem.objects.filter(pk=item_id).update(**fields)
+
+
+def _parse(value: Any) -> datetime | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(value)
+
+
+# --- many items --------------------------------------------------------------------------------
+
+
+def items_reconcile_many(
+    *, item_ids: list[int], concurrency: int, actor: str = ACTOR, now: datetime | None = None, claimed: bool = False
+) -> list[Result]:
+    """Reconcile items with `concurrency` threads. Each thread has its own database connection
+    and closes it at its end. One item's failure is logged and never stops the others."""
+    import queue
+    import threading
+
+    work: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for item_id in item_ids:
+        work.put(item_id)
+    results: list[Result] = []
+    lock = threading.Lock()
+
+    def run() -> None:
+        try:
+            while True:
+                try:
+                    item_id = work.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    result = item_reconcile(item_id=item_id, actor=actor, now=now, claimed=claimed)
+                except Exception:
+                    log.exception("reconciling item %s failed", item_id)
+                    result = Result(item_id, "error", "", "")
+                with lock:
+                    results.append(result)
+        finally:
+            connection.close()
+
+    if concurrency <= 1 or len(item_ids) <= 1:
+        for item_id in item_ids:
+            try:
+                results.append(item_reconcile(item_id=item_id, actor=actor, now=now, claimed=claimed))
+            except Exception:
+                log.exception("reconciling item %s failed", item_id)
+                results.append(Result(item_id, "error", "", ""))
+        return results
+    threads = [threading.Thread(target=run, name=f"reconcile-{n}") for n in range(min(concurrency, len(item_ids)))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+# --- the sweep ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    claimed: int
+    errors: int
+    flagged_overdue: int
+    results: tuple[Result, ...]
+
+
+def sweep_once(*, now: datetime | None = None, batch: int | None = None, concurrency: int | None = None) -> SweepReport:
+    """One bounded pass: claim due items (SKIP LOCKED), reconcile them, flag overdue uncertain
+    items. Tests call this directly; Celery beat calls it through `reconcile.sweep`."""
+    now = now or timezone.now()
+    cfg = settings.STOPDESK
+    ids = items_claim_due(now=now, limit=batch or int(cfg.get("SWEEP_BATCH", 200)))
+    results = items_reconcile_many(
+        item_ids=ids, concurrency=concurrency or int(cfg.get("SWEEP_CONCURRENCY", 8)), now=now, claimed=True
+    )
+    errors = [r for r in results if r.action == "error"]
+    for result in errors:
+        # Let the item come back later rather than wait for the claim to run out.
+        _schedule(item_id=result.item_id, next_check_at=now + timedelta(seconds=60))
+    flagged = items_flag_overdue(now=now)
+    return SweepReport(claimed=len(ids), errors=len(errors), flagged_overdue=flagged, results=tuple(results))
+
+
+def items_flag_overdue(*, now: datetime | None = None) -> int:
+    """Uncertain items past their investigate-by deadline go to the top of the review queue."""
+    now = now or timezone.now()
+    return items_move(  # type: ignore[return-value]
+        where=Q(investigate_by__lt=now, needs_review=False),
+        from_states=(S.UNCERTAIN,),
+        to_state=None,
+        actor="system:sweep",
+        kind="investigation_overdue",
+        message="Uncertain past its investigate-by deadline; flagged for review.",
+        sets={"needs_review": True},
+    )

@@ -1,0 +1,69 @@
+"""Real sandbox parties on loopback for the reconcile tests, and small helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from reconcile.mechanisms import registry
+from reconcile.sandbox.crm import CRM
+from reconcile.sandbox.mcp_server import MCPToolServer
+from reconcile.sandbox.openai_standin import OpenAIStandin
+from reconcile.sandbox.outbox import Outbox
+from reconcile.sandbox.server import BackgroundServer
+
+
+@pytest.fixture(autouse=True)
+def _fresh_adapters() -> Iterator[None]:
+    registry.reset()
+    yield
+    registry.reset()
+
+
+@pytest.fixture
+def openai_party() -> Iterator[tuple[OpenAIStandin, str]]:
+    party = OpenAIStandin(queue_s=0.02, run_s=30.0, flip_after_s=0.2)
+    with BackgroundServer(party.app, name="openai") as server:
+        yield party, server.url + "/v1"
+
+
+@pytest.fixture
+def mcp_party() -> Iterator[tuple[MCPToolServer, str]]:
+    party = MCPToolServer(default_seconds=2.0, poll_interval_ms=50)
+    with BackgroundServer(party.app, name="mcp") as server:
+        yield party, server.url + "/mcp"
+
+
+@pytest.fixture
+def crm_party() -> Iterator[tuple[CRM, str]]:
+    party = CRM()
+    with BackgroundServer(party.app, name="crm") as server:
+        yield party, server.url
+
+
+@pytest.fixture
+def outbox_party() -> Iterator[tuple[Outbox, str]]:
+    party = Outbox()
+    with BackgroundServer(party.app, name="outbox") as server:
+        yield party, server.url
+
+
+class Clock:
+    """A controllable clock: the services take `now`, so deadlines pass without sleeping."""
+
+    def __init__(self) -> None:
+        self.now = timezone.now()
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+    def __call__(self):  # type: ignore[no-untyped-def]
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
