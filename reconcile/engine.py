@@ -42,6 +42,7 @@ class ItemFacts:
     failures: int = 0  # consecutive unanswered checks, for backoff
     cancelled_at: datetime | None = None  # when `cancelled` was recorded, for the flip watch
     investigate_by_default_hours: float = 24.0
+    submitted_at: datetime | None = None  # when an external action was sent, if it was
 
 
 @dataclass(frozen=True)
@@ -67,9 +68,18 @@ def decide(facts: ItemFacts, observation: Observation, now: datetime, cfg: Mecha
     if facts.state not in IN_FLIGHT:
         return _settled(facts, observation, now, cfg, evidence)
 
+    if (
+        seen == Seen.NO_EFFECT
+        and facts.submitted_at is not None
+        and now < facts.submitted_at + timedelta(seconds=cfg.call_timeout_s)
+    ):
+        # "Not found" while our own request may still be on its way is not yet an answer.
+        seen = Seen.RUNNING
     if seen in _SETTLING:
         to_state = _SETTLING[seen]
-        watch = to_state == S.CANCELLED and seen == Seen.CANCELLED and cfg.recheck_after_cancelled_s > 0
+        if seen == Seen.NO_EFFECT and not facts.cancel_requested:
+            to_state = S.FAILED  # it did not take effect, and nobody asked it to stop
+        watch = to_state == S.CANCELLED and cfg.recheck_after_cancelled_s > 0
         return Plan(
             to_state=to_state,
             next_check_at=now + timedelta(seconds=_watch_step(cfg)) if watch else None,
@@ -162,7 +172,9 @@ def _outcome(seen: Seen, observation: Observation, facts: ItemFacts) -> str:
     if seen == Seen.CANCELLED:
         return "cancelled; confirmed by read-back"
     if seen == Seen.NO_EFFECT:
-        return observation.message or "stopped; it had no effect"
+        return observation.message or (
+            "stopped; it had no effect" if facts.cancel_requested else "it did not take effect"
+        )
     if seen == Seen.COMPLETED and facts.cancel_requested:
         return "completed anyway; the cancel did not take effect"
     if seen == Seen.FAILED:

@@ -120,7 +120,9 @@ class Mechanism:
     def __init__(self, settings: MechanismSettings | None = None) -> None:
         self.settings = settings or self.defaults
 
-    def can(self, capability: Capability) -> bool:
+    def can(self, capability: Capability, item: ItemRef | None = None) -> bool:
+        """Whether this adapter can do `capability` (for `item`, when it depends on what the
+        item declared, e.g. an HTTP operation with or without a cancel endpoint)."""
         return capability in self.capabilities
 
     def cancel(self, item: ItemRef) -> Observation:

@@ -130,7 +130,7 @@ def item_reconcile(*, item_id: int, actor: str = ACTOR, now: datetime | None = N
 
 
 def _choose_action(item: WorkItem, mechanism: Mechanism) -> str:
-    if item.cancel_requested_at is None or not mechanism.can(Capability.CANCEL):
+    if item.cancel_requested_at is None or not mechanism.can(Capability.CANCEL, ItemRef.of(item)):
         return "inspect"
     if item.state not in (S.RUNNING, S.AWAITING_RECONCILIATION):
         return "inspect"
@@ -178,6 +178,7 @@ def _apply(
         failures=int(progress.get("failures", 0)),
         cancelled_at=item.finished_at if item.state == S.CANCELLED else None,
         investigate_by_default_hours=float(settings.STOPDESK["INVESTIGATE_BY_HOURS"]),
+        submitted_at=item.submitted_at,
     )
     plan = engine.decide(facts, observation, now, mechanism.settings)
     progress["failures"] = plan.failures
