@@ -3,5 +3,6 @@ from django.urls import include, path
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("api/v1/", include("stopdesk.api.urls")),
     path("", include("stopdesk.views.urls")),
 ]

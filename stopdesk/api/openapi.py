@@ -1,0 +1,122 @@
+"""The OpenAPI 3.1 document, built from the same operation table and models the views use."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from django.http import HttpRequest, JsonResponse
+from pydantic import TypeAdapter
+
+from stopdesk.api.views import OPERATIONS
+from stopdesk.client import types
+
+REF = "#/components/schemas/{model}"
+ANSWERS = ("TaskInfo", "TaskDetail", "ItemInfo", "RecordInfo", "StopInfo", "HeartbeatInfo")
+ERROR_TEXT = {
+    400: "Malformed JSON, or a body that is not an object (error malformed_json).",
+    401: "Missing, unknown or revoked token.",
+    404: "Unknown id, or one that belongs to another runtime.",
+    409: "task_stopped (Stop was requested; the item is cancelled) or illegal_transition (naming `state`).",
+    413: "The body is larger than 64 KiB.",
+    422: "A missing, unknown or invalid field, named in `field`.",
+}
+ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["error", "detail"],
+    "properties": {
+        "error": {"type": "string"},
+        "detail": {"type": "string"},
+        "field": {"type": ["string", "null"]},
+        "state": {"type": ["string", "null"], "description": "The item's current state (409)."},
+    },
+}
+
+
+def _schema(adapter: TypeAdapter[Any], components: dict[str, Any], mode: str) -> dict[str, Any]:
+    schema = adapter.json_schema(ref_template=REF, mode=mode)  # type: ignore[arg-type]
+    components.update(schema.pop("$defs", {}))
+    return schema
+
+
+@functools.cache
+def document() -> dict[str, Any]:
+    components: dict[str, Any] = {"Error": ERROR_SCHEMA}
+    for name in ANSWERS:
+        components[name] = _schema(TypeAdapter(getattr(types, name)), components, "serialization")
+    paths: dict[str, Any] = {}
+    for op in OPERATIONS:
+        parameters: list[dict[str, Any]] = [
+            {
+                "name": name,
+                "in": "path",
+                "required": True,
+                "schema": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
+            }
+            for name in ("task_id", "item_id")
+            if "{" + name + "}" in op.path
+        ]
+        if op.replayable:
+            parameters.append(
+                {
+                    "name": "Idempotency-Key",
+                    "in": "header",
+                    "required": False,
+                    "description": "Repeating the request with the same key returns the first answer.",
+                    "schema": {"type": "string", "minLength": 1, "maxLength": 200},
+                }
+            )
+        operation: dict[str, Any] = {
+            "operationId": op.name,
+            "summary": op.summary.split("\n")[0],
+            "description": op.summary,
+            "parameters": parameters,
+            "responses": {
+                str(op.status): {
+                    "description": "OK",
+                    "content": {"application/json": {"schema": {"$ref": REF.format(model=op.returns)}}},
+                },
+                **{
+                    str(code): {
+                        "description": ERROR_TEXT[code],
+                        "content": {"application/json": {"schema": {"$ref": REF.format(model="Error")}}},
+                    }
+                    for code in op.errors
+                },
+            },
+        }
+        if op.body is not None:
+            body = _schema(TypeAdapter(op.body), components, "validation")
+            components[op.body.__name__] = body
+            required = bool(body.get("required"))
+            operation["requestBody"] = {
+                "required": required,
+                "content": {"application/json": {"schema": {"$ref": REF.format(model=op.body.__name__)}}},
+            }
+        paths.setdefault(op.path, {})[op.method.lower()] = operation
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "stopdesk runtime API",
+            "version": "1",
+            "description": "Agents report their work and pass the cancellation boundary. Every error has the shape "
+            '{"error": code, "detail": text, "field": name?}.',
+        },
+        "servers": [{"url": "/api/v1"}],
+        "security": [{"bearer": []}],
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "A runtime token from `manage.py create_runtime_token`.",
+                }
+            },
+        },
+    }
+
+
+def openapi_json(request: HttpRequest) -> JsonResponse:
+    return JsonResponse(document(), json_dumps_params={"indent": 1})

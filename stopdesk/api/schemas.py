@@ -1,0 +1,157 @@
+"""Request bodies: one strict model per endpoint. The same models validate the in-process
+LocalRuntime's arguments and give the OpenAPI document its request schemas."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.core.validators import URLValidator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import ValidationError as PydanticValidationError
+
+from stopdesk.client.errors import InvalidRequest
+from stopdesk.states import Effect, Kind
+
+MAX_ID = 2**63 - 1
+MAX_JSON_DEPTH = 16
+
+
+def _storable(value: str) -> str:
+    # PostgreSQL text cannot hold NUL, and a lone surrogate cannot be encoded as UTF-8: both would
+    # otherwise fail inside the database as a 500 instead of a 422 naming the field.
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode (no lone surrogates)") from None
+    return value
+
+
+def _json_object(value: dict[str, Any]) -> dict[str, Any]:
+    def walk(node: Any, depth: int) -> None:
+        if depth > MAX_JSON_DEPTH:
+            raise ValueError(f"is nested deeper than {MAX_JSON_DEPTH} levels")
+        if isinstance(node, str):
+            _storable(node)
+        elif isinstance(node, float) and not math.isfinite(node):
+            raise ValueError("must not contain NaN or Infinity")
+        elif isinstance(node, dict):
+            for key, child in node.items():
+                _storable(str(key))
+                walk(child, depth + 1)
+        elif isinstance(node, list):
+            for child in node:
+                walk(child, depth + 1)
+
+    walk(value, 0)
+    return value
+
+
+def _url(value: str) -> str:
+    if value:
+        try:
+            URLValidator(schemes=["http", "https"])(value)
+        except DjangoValidationError:
+            raise ValueError("must be an http(s) URL") from None
+    return value
+
+
+def Text(max_length: int, min_length: int = 0) -> Any:
+    return Annotated[str, StringConstraints(min_length=min_length, max_length=max_length), AfterValidator(_storable)]
+
+
+JsonObject = Annotated[dict[str, Any], AfterValidator(_json_object)]
+Id = Annotated[int, Field(ge=1, le=MAX_ID)]
+Lease = Annotated[int, Field(ge=1, le=86_400, description="Seconds before a silent worker is presumed lost.")]
+KindName = Literal["model_request", "local_worker", "remote_tool", "external_operation"]
+EffectName = Literal["created", "updated", "sent", "deleted", "archived"]
+assert set(KindName.__args__) == set(Kind.values) and set(EffectName.__args__) == set(Effect.values)  # type: ignore[attr-defined]
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    @classmethod
+    def parse(cls, data: Any) -> Any:
+        """Validate, or raise InvalidRequest naming the first bad field."""
+        try:
+            return cls.model_validate(data)
+        except PydanticValidationError as exc:
+            raise invalid_request(exc) from None
+
+
+def invalid_request(exc: PydanticValidationError) -> InvalidRequest:
+    error = exc.errors(include_url=False)[0]
+    field = ".".join(str(part) for part in error["loc"]) or None
+    kind = error["type"]
+    if kind == "missing":
+        return InvalidRequest(f"{field} is required.", code="missing_field", field=field)
+    if kind == "extra_forbidden":
+        return InvalidRequest(f"{field} is not a field of this request.", code="unknown_field", field=field)
+    message = str(error["msg"]).removeprefix("Value error, ")
+    return InvalidRequest(f"{field}: {message}" if field else message, code="invalid_field", field=field)
+
+
+class CreateTask(Body):
+    title: Text(200, 1)  # type: ignore[valid-type]
+
+
+class RegisterItem(Body):
+    kind: KindName
+    noun: Text(40, 1)  # type: ignore[valid-type]
+    noun_plural: Text(40) = ""  # type: ignore[valid-type]
+    mechanism: Text(32, 1) = "manual"  # type: ignore[valid-type]
+    handle: Text(200) = ""  # type: ignore[valid-type]
+    label: Text(200) = ""  # type: ignore[valid-type]
+    parent: Id | None = Field(None, description="Another item of the same task.")
+    idempotency_key: Text(200) = ""  # type: ignore[valid-type]
+    detail: JsonObject | None = None
+
+
+class Start(Body):
+    worker: Text(200) = ""  # type: ignore[valid-type]
+    lease_seconds: Lease | None = None
+
+
+class Heartbeat(Body):
+    lease_seconds: Lease | None = None
+
+
+class Submit(Body):
+    idempotency_key: Text(200, 1) = Field(  # type: ignore[valid-type]
+        description="The key the external call carries, recorded before it goes out."
+    )
+    worker: Text(200) = ""  # type: ignore[valid-type]
+    lease_seconds: Lease | None = None
+
+
+class AttachRecord(Body):
+    system: Text(64, 1)  # type: ignore[valid-type]
+    record_id: Text(200, 1)  # type: ignore[valid-type]
+    effect: EffectName
+    version: Text(200) = ""  # type: ignore[valid-type]
+    reversible: bool = False
+    reversal: Text(64) = ""  # type: ignore[valid-type]
+    link: Annotated[str, StringConstraints(max_length=500), AfterValidator(_storable), AfterValidator(_url)] = ""
+
+
+class Finish(Body):
+    status: Literal["completed", "failed"]
+    detail: Text(200) = ""  # type: ignore[valid-type]
+    evidence: JsonObject | None = None
+
+
+class MarkUncertain(Body):
+    detail: Text(200) = ""  # type: ignore[valid-type]
+    evidence: JsonObject | None = None
+
+
+class Cancel(Body):
+    detail: Text(200) = ""  # type: ignore[valid-type]
+
+
+class RequestStop(Body):
+    reason: Text(2000) = ""  # type: ignore[valid-type]

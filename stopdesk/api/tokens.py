@@ -1,0 +1,49 @@
+"""Issuing and revoking runtime tokens, for the management commands and the admin. A token is shown
+once: only its hash is stored. Each act is an audit event."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from stopdesk.models import Runtime
+from stopdesk.services.events import event_record
+
+
+def runtime_create(*, name: str, actor: str) -> tuple[Runtime, str]:
+    """A new runtime and its token (the only time the token is seen)."""
+    if Runtime.objects.filter(name=name).exists():
+        raise ValueError(f"Runtime {name!r} exists; rotate its token to get a new one.")
+    runtime = Runtime(name=name)
+    return runtime, runtime_rotate(runtime=runtime, actor=actor)
+
+
+def runtime_rotate(*, runtime: Runtime, actor: str) -> str:
+    """Give the runtime (saved or not) a new token; the old one stops working at once. A rotated
+    token is active even if the old one had been revoked."""
+    with transaction.atomic():
+        token = runtime.issue_token()
+        runtime.revoked_at = None
+        runtime.save()
+        event_record(
+            kind="runtime_token_issued",
+            actor=actor,
+            message=f"Token {runtime.token_prefix}... for {runtime.name}",
+            data={"runtime": runtime.pk, "prefix": runtime.token_prefix},
+        )
+    return token
+
+
+def runtime_revoke(*, runtime: Runtime, actor: str) -> bool:
+    """Revoke the runtime's token at once. False if it was already revoked."""
+    with transaction.atomic():
+        revoked = Runtime.objects.filter(pk=runtime.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+        if revoked:
+            event_record(
+                kind="runtime_token_revoked",
+                actor=actor,
+                message=f"Token of {runtime.name} revoked",
+                data={"runtime": runtime.pk, "prefix": runtime.token_prefix},
+            )
+    runtime.refresh_from_db()
+    return bool(revoked)

@@ -1,0 +1,275 @@
+"""The endpoints. Each one: authenticate, validate, call one LocalRuntime method inside one
+transaction, answer JSON. Every refusal has the same shape and writes nothing; the one exception is
+the boundary's refusal (409 task_stopped), whose cancellation of the item *is* the record and is
+committed."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import wraps
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from stopdesk.api import schemas
+from stopdesk.api.auth import authenticate
+from stopdesk.api.errors import error_response, server_error
+from stopdesk.client.errors import (
+    InvalidRequest,
+    MalformedRequest,
+    MethodNotAllowed,
+    NotFound,
+    PayloadTooLarge,
+    StopdeskError,
+    StopRequested,
+)
+from stopdesk.runtime import LocalRuntime
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 64 * 1024
+_ID = re.compile(r"[1-9][0-9]{0,18}")
+
+
+@dataclass(frozen=True)
+class Operation:
+    """What the OpenAPI document says about an endpoint; the view is built from the same facts."""
+
+    name: str
+    method: str
+    path: str  # OpenAPI template, e.g. /items/{item_id}/start
+    summary: str
+    body: type[schemas.Body] | None
+    returns: str
+    status: int
+    errors: tuple[int, ...]
+    replayable: bool
+    view: Callable[..., HttpResponse]
+
+
+OPERATIONS: list[Operation] = []
+
+
+def endpoint(
+    method: str,
+    path: str,
+    *,
+    body: type[schemas.Body] | None = None,
+    returns: str,
+    status: int = 200,
+    conflicts: bool = False,
+    replayable: bool = True,
+) -> Callable[..., Any]:
+    def register(fn: Callable[..., Any]) -> Callable[..., HttpResponse]:
+        @csrf_exempt
+        @wraps(fn)
+        def view(request: HttpRequest, **path_ids: str) -> HttpResponse:
+            try:
+                return _serve(request, fn, method, body, replayable and method == "POST", path_ids, status)
+            except StopdeskError as exc:
+                return error_response(exc)
+            except Exception:
+                log.exception("runtime API %s %s failed", request.method, request.path)
+                return server_error()
+
+        errors = [401]
+        if method == "POST":
+            errors += [400, 413, 422]
+        if "{" in path:
+            errors.append(404)
+        if conflicts:
+            errors.append(409)
+        OPERATIONS.append(
+            Operation(
+                fn.__name__,
+                method,
+                path,
+                (fn.__doc__ or "").strip(),
+                body,
+                returns,
+                status,
+                tuple(sorted(errors)),
+                replayable and method == "POST",
+                view,
+            )
+        )
+        return view
+
+    return register
+
+
+def _serve(
+    request: HttpRequest,
+    fn: Callable[..., Any],
+    method: str,
+    body: type[schemas.Body] | None,
+    replayable: bool,
+    path_ids: dict[str, str],
+    status: int,
+) -> HttpResponse:
+    if request.method != method:
+        raise MethodNotAllowed(f"Use {method} here.", allow=[method])
+    runtime = authenticate(request)
+    ids = {name: _path_id(value, name) for name, value in path_ids.items()}
+    key = _request_key(request) if replayable else None
+    args = body.parse(_read_json(request)) if body is not None else None
+    sd = LocalRuntime(runtime=runtime)
+    for attempt in (1, 2):
+        refused: StopRequested | None = None
+        try:
+            with transaction.atomic():
+                try:
+                    result = fn(sd, args, key, **ids)
+                except StopRequested as exc:
+                    # Committed on purpose: the boundary cancelled the item, and that is the record.
+                    refused = exc
+            break
+        except IntegrityError:
+            # A concurrent request won a unique key (Idempotency-Key, external record). Everything
+            # was rolled back; once more sees its committed result.
+            if attempt == 2:
+                raise
+    if refused is not None:
+        raise refused
+    return JsonResponse(result.to_json(), status=status)
+
+
+def _path_id(value: str, name: str) -> int:
+    # Ids outside bigint would fail inside PostgreSQL; they cannot exist, so they are unknown.
+    if not _ID.fullmatch(value) or int(value) > schemas.MAX_ID:
+        raise NotFound(f"No {name.removesuffix('_id')} {value}.")
+    return int(value)
+
+
+def _request_key(request: HttpRequest) -> str | None:
+    key = request.headers.get("Idempotency-Key")
+    if key is None:
+        return None
+    if not 1 <= len(key) <= 200 or "\x00" in key:
+        raise InvalidRequest("Idempotency-Key must be 1 to 200 characters.", field="Idempotency-Key")
+    return key
+
+
+def _read_json(request: HttpRequest) -> dict[str, Any]:
+    try:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        declared = 0
+    if declared > MAX_BODY_BYTES:
+        raise PayloadTooLarge(f"The body is larger than {MAX_BODY_BYTES} bytes.")
+    raw = request.body
+    if len(raw) > MAX_BODY_BYTES:
+        raise PayloadTooLarge(f"The body is larger than {MAX_BODY_BYTES} bytes.")
+    if not raw.strip():
+        return {}
+    try:
+        data = json.loads(raw, parse_constant=_no_constants)
+    except (ValueError, RecursionError) as exc:
+        raise MalformedRequest(f"The body is not valid JSON: {str(exc)[:120]}") from None
+    if not isinstance(data, dict):
+        raise MalformedRequest("The body must be a JSON object.")
+    return data
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+# Endpoints: (runtime, validated body, Idempotency-Key, path ids) -> an answer from stopdesk.client.types.
+
+
+@endpoint("POST", "/tasks", body=schemas.CreateTask, returns="TaskInfo", status=201)
+def create_task(sd: LocalRuntime, args: schemas.CreateTask, key: str | None) -> Any:
+    """Create a task owned by this runtime."""
+    return sd.create_task(args.title, request_key=key)
+
+
+@endpoint("GET", "/tasks/{task_id}", returns="TaskDetail")
+def get_task(sd: LocalRuntime, args: None, key: None, task_id: int) -> Any:
+    """A task with its counts by state, its items (the first 1,000) and its summary sentence."""
+    return sd.get_task(task_id)
+
+
+@endpoint("POST", "/tasks/{task_id}/items", body=schemas.RegisterItem, returns="ItemInfo", status=201)
+def register(sd: LocalRuntime, args: schemas.RegisterItem, key: str | None, task_id: int) -> Any:
+    """Register a work item before dispatching it. Allowed after Stop, but such an item can never start."""
+    return sd.register(task_id, **args.model_dump(), request_key=key)
+
+
+@endpoint("POST", "/tasks/{task_id}/stop", body=schemas.RequestStop, returns="StopInfo", replayable=False)
+def request_stop(sd: LocalRuntime, args: schemas.RequestStop, key: None, task_id: int) -> Any:
+    """Request Stop. Idempotent: every call returns the task's one stop request (`created` only the first time)."""
+    return sd.request_stop(task_id, reason=args.reason)
+
+
+@endpoint("GET", "/items/{item_id}", returns="ItemInfo")
+def get_item(sd: LocalRuntime, args: None, key: None, item_id: int) -> Any:
+    """One work item."""
+    return sd.get_item(item_id)
+
+
+@endpoint("POST", "/items/{item_id}/start", body=schemas.Start, returns="ItemInfo", conflicts=True)
+def start(sd: LocalRuntime, args: schemas.Start, key: str | None, item_id: int) -> Any:
+    """The boundary before starting queued work: 409 task_stopped once Stop was requested (the item is then
+    cancelled); 409 illegal_transition naming the state if the item is not queued."""
+    return sd.start(item_id, worker=args.worker, lease_seconds=args.lease_seconds, request_key=key)
+
+
+@endpoint(
+    "POST",
+    "/items/{item_id}/heartbeat",
+    body=schemas.Heartbeat,
+    returns="HeartbeatInfo",
+    conflicts=True,
+    replayable=False,
+)
+def heartbeat(sd: LocalRuntime, args: schemas.Heartbeat, key: None, item_id: int) -> Any:
+    """Extend a running item's lease; `stop_requested` says whether to stop between steps."""
+    return sd.heartbeat(item_id, lease_seconds=args.lease_seconds, raise_on_stop=False)
+
+
+@endpoint("POST", "/items/{item_id}/submit", body=schemas.Submit, returns="ItemInfo", conflicts=True)
+def submit(sd: LocalRuntime, args: schemas.Submit, key: str | None, item_id: int) -> Any:
+    """The boundary before an external action, recording its idempotency key before the call goes out
+    (from queued, or from running before the item's first submission)."""
+    return sd.submit(
+        item_id,
+        idempotency_key=args.idempotency_key,
+        worker=args.worker,
+        lease_seconds=args.lease_seconds,
+        request_key=key,
+    )
+
+
+@endpoint(
+    "POST", "/items/{item_id}/records", body=schemas.AttachRecord, returns="RecordInfo", status=201, conflicts=True
+)
+def attach_record(sd: LocalRuntime, args: schemas.AttachRecord, key: str | None, item_id: int) -> Any:
+    """Attach an external record (system, record id, version, effect, reversibility, link) to an item that
+    passed the boundary. Attaching the same record again updates its version."""
+    return sd.attach_record(item_id, **args.model_dump(), request_key=key)
+
+
+@endpoint("POST", "/items/{item_id}/finish", body=schemas.Finish, returns="ItemInfo", conflicts=True)
+def finish(sd: LocalRuntime, args: schemas.Finish, key: str | None, item_id: int) -> Any:
+    """Report completed or failed. A result for an item Stop already settled is kept as a late result (an event,
+    and the item flagged for review), never written over the recorded outcome."""
+    return sd.finish(item_id, status=args.status, detail=args.detail, evidence=args.evidence, request_key=key)
+
+
+@endpoint("POST", "/items/{item_id}/uncertain", body=schemas.MarkUncertain, returns="ItemInfo", conflicts=True)
+def mark_uncertain(sd: LocalRuntime, args: schemas.MarkUncertain, key: str | None, item_id: int) -> Any:
+    """The external call's outcome is unknown: uncertain, with an investigate-by deadline and a review."""
+    return sd.mark_uncertain(item_id, detail=args.detail, evidence=args.evidence, request_key=key)
+
+
+@endpoint("POST", "/items/{item_id}/cancel", body=schemas.Cancel, returns="ItemInfo", conflicts=True)
+def cancel(sd: LocalRuntime, args: schemas.Cancel, key: str | None, item_id: int) -> Any:
+    """The worker stopped between steps (after a heartbeat said Stop), or a queued item will not be dispatched."""
+    return sd.cancel(item_id, detail=args.detail, request_key=key)

@@ -1,0 +1,53 @@
+"""stopdesk's runtime client: report an agent's work and obey its Stop from any process.
+
+    from stopdesk.client import Client, StopRequested
+
+    with Client("http://127.0.0.1:8000", token) as sd:
+        task = sd.create_task("Analyse invoices")
+        item = sd.register(task.id, kind="local_worker", noun="draft")
+        try:
+            sd.start(item.id)          # the boundary: raises StopRequested after a stop
+        except StopRequested:
+            return
+        ...
+        sd.finish(item.id, status="completed")
+
+`AsyncClient` has the same methods, awaited; `stopdesk.runtime.LocalRuntime` has the same methods
+in-process. This package imports nothing from Django: it needs only httpx.
+"""
+
+from stopdesk.client.action import AsyncExternalAction, ExternalAction
+from stopdesk.client.aio import AsyncClient
+from stopdesk.client.errors import (
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    PayloadTooLarge,
+    ServerError,
+    StopdeskError,
+    StopRequested,
+    Unauthorized,
+)
+from stopdesk.client.sync import Client
+from stopdesk.client.types import HeartbeatInfo, ItemInfo, RecordInfo, StopInfo, TaskDetail, TaskInfo
+
+__all__ = [
+    "AsyncClient",
+    "AsyncExternalAction",
+    "Client",
+    "Conflict",
+    "ExternalAction",
+    "HeartbeatInfo",
+    "InvalidRequest",
+    "ItemInfo",
+    "NotFound",
+    "PayloadTooLarge",
+    "RecordInfo",
+    "ServerError",
+    "StopInfo",
+    "StopRequested",
+    "StopdeskError",
+    "TaskDetail",
+    "TaskInfo",
+    "Unauthorized",
+]

@@ -1,0 +1,184 @@
+"""The asynchronous HTTP client: the same methods as Client, awaited."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Literal
+
+import httpx
+
+from stopdesk.client import calls
+from stopdesk.client.action import AsyncExternalAction
+from stopdesk.client.calls import Call
+from stopdesk.client.transport import api_base, backoff, headers_for, read_answer, should_retry
+from stopdesk.client.types import HeartbeatInfo, ItemInfo, RecordInfo, StopInfo, TaskDetail, TaskInfo
+
+
+class AsyncClient:
+    """Talks to stopdesk's runtime API with a bearer token, from asyncio. Method names and arguments match
+    `stopdesk.runtime.LocalRuntime`, so agent code can switch between the two.
+
+    Every write carries an Idempotency-Key (generated unless you pass `request_key`), so a retry
+    after a lost answer gets the first answer back instead of doing the work twice.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        worker: str = "",
+        timeout: float = 10.0,
+        retries: int = 3,
+        backoff_seconds: float = 0.2,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.worker = worker
+        self.retries = retries
+        self.backoff_seconds = backoff_seconds
+        self._own_http = http is None
+        self.http = http or httpx.AsyncClient(timeout=timeout)
+        self.base = api_base(base_url)
+        self.http.headers["Authorization"] = f"Bearer {token}"
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._own_http:
+            await self.http.aclose()
+
+    async def _run[T](self, call: Call[T]) -> T:
+        attempt = 0
+        while True:
+            try:
+                response = await self.http.request(
+                    call.method, self.base + call.path, json=call.body, headers=headers_for(call)
+                )
+            except httpx.TransportError as exc:
+                if not should_retry(call, attempt, self.retries, error=exc):
+                    raise
+            else:
+                if not should_retry(call, attempt, self.retries, status=response.status_code):
+                    return read_answer(call, response)
+            await asyncio.sleep(backoff(attempt, self.backoff_seconds))
+            attempt += 1
+
+    # Tasks
+    async def create_task(self, title: str, *, request_key: str | None = None) -> TaskInfo:
+        return await self._run(calls.create_task(title, request_key))
+
+    async def get_task(self, task_id: int) -> TaskDetail:
+        return await self._run(calls.get_task(task_id))
+
+    async def request_stop(self, task_id: int, *, reason: str = "") -> StopInfo:
+        return await self._run(calls.request_stop(task_id, reason))
+
+    # Items
+    async def register(
+        self,
+        task_id: int,
+        *,
+        kind: str,
+        noun: str,
+        noun_plural: str = "",
+        mechanism: str = "manual",
+        handle: str = "",
+        label: str = "",
+        parent: int | None = None,
+        idempotency_key: str = "",
+        detail: dict[str, Any] | None = None,
+        request_key: str | None = None,
+    ) -> ItemInfo:
+        fields = {
+            "kind": kind,
+            "noun": noun,
+            "noun_plural": noun_plural,
+            "mechanism": mechanism,
+            "handle": handle,
+            "label": label,
+            "parent": parent,
+            "idempotency_key": idempotency_key,
+            "detail": detail,
+        }
+        return await self._run(calls.register(task_id, fields, request_key))
+
+    async def get_item(self, item_id: int) -> ItemInfo:
+        return await self._run(calls.get_item(item_id))
+
+    async def start(self, item_id: int, *, worker: str | None = None, lease_seconds: int | None = None) -> ItemInfo:
+        fields = {"worker": self.worker if worker is None else worker, "lease_seconds": lease_seconds}
+        return await self._run(calls.start(item_id, fields, None))
+
+    async def heartbeat(
+        self, item_id: int, *, lease_seconds: int | None = None, raise_on_stop: bool = True
+    ) -> HeartbeatInfo:
+        return await self._run(calls.heartbeat(item_id, {"lease_seconds": lease_seconds}, raise_on_stop))
+
+    async def submit(
+        self, item_id: int, *, idempotency_key: str, worker: str | None = None, lease_seconds: int | None = None
+    ) -> ItemInfo:
+        fields = {
+            "idempotency_key": idempotency_key,
+            "worker": self.worker if worker is None else worker,
+            "lease_seconds": lease_seconds,
+        }
+        return await self._run(calls.submit(item_id, fields, None))
+
+    async def attach_record(
+        self,
+        item_id: int,
+        *,
+        system: str,
+        record_id: str,
+        effect: str,
+        version: str = "",
+        reversible: bool = False,
+        reversal: str = "",
+        link: str = "",
+        request_key: str | None = None,
+    ) -> RecordInfo:
+        fields = {
+            "system": system,
+            "record_id": record_id,
+            "effect": effect,
+            "version": version,
+            "reversible": reversible,
+            "reversal": reversal,
+            "link": link,
+        }
+        return await self._run(calls.attach_record(item_id, fields, request_key))
+
+    async def finish(
+        self,
+        item_id: int,
+        *,
+        status: Literal["completed", "failed"] | str = "completed",
+        detail: str = "",
+        evidence: dict[str, Any] | None = None,
+    ) -> ItemInfo:
+        return await self._run(calls.finish(item_id, {"status": status, "detail": detail, "evidence": evidence}, None))
+
+    async def mark_uncertain(
+        self, item_id: int, *, detail: str = "", evidence: dict[str, Any] | None = None
+    ) -> ItemInfo:
+        return await self._run(calls.mark_uncertain(item_id, {"detail": detail, "evidence": evidence}, None))
+
+    async def cancel(self, item_id: int, *, detail: str = "") -> ItemInfo:
+        return await self._run(calls.cancel(item_id, {"detail": detail}, None))
+
+    def external_action(
+        self,
+        item_id: int,
+        *,
+        idempotency_key: str,
+        worker: str | None = None,
+        failures: tuple[type[BaseException], ...] = (),
+        complete: bool = True,
+    ) -> AsyncExternalAction:
+        return AsyncExternalAction(
+            self, item_id, idempotency_key=idempotency_key, worker=worker, failures=failures, complete=complete
+        )

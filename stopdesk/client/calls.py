@@ -1,0 +1,91 @@
+"""One description per endpoint, shared by the sync and the async client: method, path, body, how
+to read the answer, and whether a retry is safe."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from stopdesk.client.types import HeartbeatInfo, ItemInfo, RecordInfo, StopInfo, TaskDetail, TaskInfo
+
+
+@dataclass(frozen=True)
+class Call[T]:
+    method: str
+    path: str
+    body: dict[str, Any] | None
+    parse: Callable[[Any], T]
+    # Safe to send again after an answer was lost: a read, an operation that is idempotent by
+    # nature (stop, heartbeat), or a write carrying an Idempotency-Key the server replays.
+    safe: bool
+    key: str | None = None
+    raise_on_stop: bool = False
+
+
+def _post[T](
+    path: str,
+    body: dict[str, Any],
+    parse: Callable[[Any], T],
+    key: str | None,
+    *,
+    keyed: bool = True,
+    safe: bool = False,
+) -> Call[T]:
+    header = (key or uuid.uuid4().hex) if keyed else None
+    return Call("POST", path, _compact(body), parse, safe=safe or header is not None, key=header)
+
+
+def _compact(body: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if v is not None}
+
+
+def create_task(title: str, key: str | None) -> Call[TaskInfo]:
+    return _post("/tasks", {"title": title}, TaskInfo.from_json, key)
+
+
+def get_task(task_id: int) -> Call[TaskDetail]:
+    return Call("GET", f"/tasks/{int(task_id)}", None, TaskDetail.from_json, safe=True)
+
+
+def get_item(item_id: int) -> Call[ItemInfo]:
+    return Call("GET", f"/items/{int(item_id)}", None, ItemInfo.from_json, safe=True)
+
+
+def register(task_id: int, fields: dict[str, Any], key: str | None) -> Call[ItemInfo]:
+    return _post(f"/tasks/{int(task_id)}/items", fields, ItemInfo.from_json, key)
+
+
+def start(item_id: int, fields: dict[str, Any], key: str | None) -> Call[ItemInfo]:
+    return _post(f"/items/{int(item_id)}/start", fields, ItemInfo.from_json, key)
+
+
+def submit(item_id: int, fields: dict[str, Any], key: str | None) -> Call[ItemInfo]:
+    return _post(f"/items/{int(item_id)}/submit", fields, ItemInfo.from_json, key)
+
+
+def heartbeat(item_id: int, fields: dict[str, Any], raise_on_stop: bool) -> Call[HeartbeatInfo]:
+    call = _post(f"/items/{int(item_id)}/heartbeat", fields, HeartbeatInfo.from_json, None, keyed=False, safe=True)
+    return Call(call.method, call.path, call.body, call.parse, safe=True, raise_on_stop=raise_on_stop)
+
+
+def attach_record(item_id: int, fields: dict[str, Any], key: str | None) -> Call[RecordInfo]:
+    return _post(f"/items/{int(item_id)}/records", fields, RecordInfo.from_json, key)
+
+
+def finish(item_id: int, fields: dict[str, Any], key: str | None) -> Call[ItemInfo]:
+    return _post(f"/items/{int(item_id)}/finish", fields, ItemInfo.from_json, key)
+
+
+def mark_uncertain(item_id: int, fields: dict[str, Any], key: str | None) -> Call[ItemInfo]:
+    return _post(f"/items/{int(item_id)}/uncertain", fields, ItemInfo.from_json, key)
+
+
+def cancel(item_id: int, fields: dict[str, Any], key: str | None) -> Call[ItemInfo]:
+    return _post(f"/items/{int(item_id)}/cancel", fields, ItemInfo.from_json, key)
+
+
+def request_stop(task_id: int, reason: str) -> Call[StopInfo]:
+    # Stop is idempotent by nature: every repeat returns the same stop request.
+    return _post(f"/tasks/{int(task_id)}/stop", {"reason": reason}, StopInfo.from_json, None, keyed=False, safe=True)

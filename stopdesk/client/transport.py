@@ -1,0 +1,60 @@
+"""Retry policy and answer handling shared by the sync and async clients."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import httpx
+
+from stopdesk.client.calls import Call
+from stopdesk.client.errors import ServerError, StopRequested, error_from_response
+
+API_PREFIX = "/api/v1"
+RETRY_STATUSES = frozenset({502, 503, 504})
+
+
+def api_base(base_url: str) -> str:
+    base = base_url.rstrip("/")
+    return base if base.endswith(API_PREFIX) else base + API_PREFIX
+
+
+def headers_for(call: Call[Any]) -> dict[str, str]:
+    return {"Idempotency-Key": call.key} if call.key else {}
+
+
+def should_retry(
+    call: Call[Any], attempt: int, retries: int, *, error: Exception | None = None, status: int | None = None
+) -> bool:
+    """Retry only when the request cannot do its work twice: it never left (connect failures), or
+    the server will replay the first answer (reads, idempotent operations, Idempotency-Key)."""
+    if attempt >= retries:
+        return False
+    if isinstance(error, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
+        return True
+    if error is not None:
+        return call.safe and isinstance(error, httpx.TransportError)
+    return call.safe and status in RETRY_STATUSES
+
+
+def backoff(attempt: int, base: float) -> float:
+    return base * (2**attempt) * (0.5 + random.random())
+
+
+def read_answer[T](call: Call[T], response: httpx.Response) -> T:
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if response.status_code >= 400:
+        raise error_from_response(response.status_code, body)
+    if not isinstance(body, dict):
+        raise ServerError(f"HTTP {response.status_code} without a JSON object.", code="bad_response")
+    result = call.parse(body)
+    if call.raise_on_stop and body.get("stop_requested"):
+        raise StopRequested(
+            "Stop was requested; stop between steps and report with cancel().",
+            item=body.get("item"),
+            state=body.get("state"),
+        )
+    return result
