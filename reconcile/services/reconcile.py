@@ -32,7 +32,9 @@ log = logging.getLogger(__name__)
 S = ItemState
 
 # Swept states. `cancelled` is here for the flip watch; it is due only while next_check_at is set.
-SWEPT = (S.RUNNING, S.AWAITING_RECONCILIATION, S.UNCERTAIN, S.CANCELLED)
+# Completed and failed are here because a worker may settle an item while a check is scheduled;
+# the pass then only clears the schedule.
+SWEPT = (S.RUNNING, S.AWAITING_RECONCILIATION, S.UNCERTAIN, S.CANCELLED, S.COMPLETED, S.FAILED)
 ACTOR = "system:reconcile"
 
 

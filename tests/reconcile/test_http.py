@@ -82,7 +82,7 @@ def send_mail(item, base, key="mail-1", timeout_s=None):  # type: ignore[no-unty
 
 
 def test_accepted_action_records_the_record_id_and_version(fast, crm_party):
-    party, base = crm_party
+    _party, base = crm_party
     item = registered(make_task())
     submitted = create_record(item, base)
     assert submitted.accepted
