@@ -1,0 +1,61 @@
+"""Compensations, escalations and drills in the admin: read-only, the services decide."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+
+from reconcile.models import Compensation, DrillResult, DrillRun, Escalation
+from stopdesk.admin import ReadOnlyAdmin
+
+
+@admin.register(Compensation)
+class CompensationAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "action",
+        "external_record",
+        "state",
+        "expected_version",
+        "observed_version",
+        "proposed_by",
+        "approved_by",
+        "rejected_by",
+        "proposed_at",
+        "finished_at",
+    )
+    list_filter = ("state", "action", "external_record__system")
+    search_fields = ("=id", "external_record__record_id", "note", "reason", "error")
+    list_select_related = ("external_record", "proposed_by", "approved_by", "rejected_by")
+
+
+@admin.register(Escalation)
+class EscalationAdmin(ReadOnlyAdmin):
+    list_display = ("id", "item", "compensation", "to", "by", "reason", "at", "closed_at")
+    list_filter = (("closed_at", admin.EmptyFieldListFilter), "to")
+    search_fields = ("reason", "to__username", "by__username")
+    list_select_related = ("item", "compensation", "to", "by")
+
+
+class DrillResultInline(admin.TabularInline):
+    model = DrillResult
+    extra = 0
+    can_delete = False
+    fields = ("drill", "mechanism", "expected", "observed", "passed", "task")
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
+
+
+@admin.register(DrillRun)
+class DrillRunAdmin(ReadOnlyAdmin):
+    list_display = ("id", "started_at", "finished_at", "target", "passed")
+    list_filter = ("passed", "target")
+    inlines = (DrillResultInline,)
+
+
+@admin.register(DrillResult)
+class DrillResultAdmin(ReadOnlyAdmin):
+    list_display = ("id", "run", "drill", "mechanism", "passed")
+    list_filter = ("passed", "mechanism", "drill")
+    search_fields = ("drill", "observed", "expected")

@@ -1,0 +1,195 @@
+"""Audit in the Django admin. Ledger rows are read-only here: every write goes through
+`stopdesk.services`, so the admin can look but not change. Audit events cannot be added, changed
+or deleted by anyone, superusers included."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from django.contrib import admin
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
+
+from stopdesk.models import (
+    ApiIdempotency,
+    CancellationAttempt,
+    Event,
+    ExternalRecord,
+    Runtime,
+    StopRequest,
+    Task,
+    WorkItem,
+)
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Look, never write: the services are the only writers of the ledger."""
+
+    show_full_result_count = False
+    list_per_page = 50
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Task)
+class TaskAdmin(ReadOnlyAdmin):
+    list_display = ("id", "title", "owner", "runtime", "created_at", "stop_requested_at", "settled_at", "timeline_link")
+    list_filter = (("stop_requested_at", admin.EmptyFieldListFilter), "runtime", "created_at")
+    search_fields = ("title", "=id")
+    date_hierarchy = "created_at"
+    list_select_related = ("owner", "runtime")
+
+    @admin.display(description="Timeline")
+    def timeline_link(self, task: Task) -> str:
+        return format_html('<a href="{}">timeline</a>', reverse("admin:stopdesk_task_timeline", args=[task.pk]))
+
+    def get_urls(self) -> list[Any]:
+        timeline = self.admin_site.admin_view(self.timeline_view)
+        return [path("<int:task_id>/timeline/", timeline, name="stopdesk_task_timeline"), *super().get_urls()]
+
+    def timeline_view(self, request: HttpRequest, task_id: int) -> HttpResponse:
+        """Every event of one task in order: transitions, decisions, stops, compensation."""
+        task = get_object_or_404(Task, pk=task_id)
+        if not self.has_view_permission(request, task):
+            from django.core.exceptions import PermissionDenied
+
+            raise PermissionDenied
+        events = Event.objects.filter(task=task).select_related("item").order_by("at", "id")
+        kind = request.GET.get("kind", "")
+        if kind:
+            events = events.filter(kind=kind)
+        page = Paginator(events, 200).get_page(request.GET.get("page"))
+        kinds = Event.objects.filter(task=task).values_list("kind", flat=True).distinct().order_by("kind")
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": f"Timeline of task #{task.pk}: {task.title}",
+            "task": task,
+            "page": page,
+            "kinds": kinds,
+            "kind": kind,
+        }
+        return TemplateResponse(request, "admin/stopdesk/task/timeline.html", context)
+
+
+class ExternalRecordInline(admin.TabularInline):
+    model = ExternalRecord
+    extra = 0
+    can_delete = False
+    fields = ("system", "record_id", "version", "effect", "reversible", "reversal", "link", "recorded_at")
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class AttemptInline(admin.TabularInline):
+    model = CancellationAttempt
+    extra = 0
+    can_delete = False
+    fields = ("sent_at", "mechanism", "action", "answered_at", "ok", "observed_status", "detail")
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(WorkItem)
+class WorkItemAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "task",
+        "noun",
+        "kind",
+        "mechanism",
+        "state",
+        "handle",
+        "investigate_by",
+        "needs_review",
+        "updated_at",
+    )
+    list_filter = ("state", "kind", "mechanism", "needs_review")
+    search_fields = ("=id", "handle", "idempotency_key", "label", "noun", "task__title")
+    list_select_related = ("task",)
+    raw_id_fields = ("task", "parent")
+    inlines = (ExternalRecordInline, AttemptInline)
+
+
+@admin.register(ExternalRecord)
+class ExternalRecordAdmin(ReadOnlyAdmin):
+    list_display = ("id", "system", "record_id", "version", "effect", "reversible", "reversal", "item", "recorded_at")
+    list_filter = ("system", "effect", "reversible")
+    search_fields = ("record_id", "system", "item__task__title")
+    list_select_related = ("item",)
+
+
+@admin.register(StopRequest)
+class StopRequestAdmin(ReadOnlyAdmin):
+    list_display = (
+        "task",
+        "requested_at",
+        "actor",
+        "reason",
+        "queued_cancelled",
+        "dispatched",
+        "duplicates",
+        "fanout_done_at",
+    )
+    list_filter = ("requested_at",)
+    search_fields = ("task__title", "actor", "reason")
+    list_select_related = ("task",)
+
+
+@admin.register(CancellationAttempt)
+class CancellationAttemptAdmin(ReadOnlyAdmin):
+    list_display = ("id", "item", "mechanism", "action", "sent_at", "answered_at", "ok", "observed_status")
+    list_filter = ("mechanism", "action", "ok")
+    search_fields = ("observed_status", "=item__id")
+    list_select_related = ("item",)
+
+
+@admin.register(Event)
+class EventAdmin(ReadOnlyAdmin):
+    """Append-only for everyone. has_*_permission answer False before the superuser shortcut
+    is consulted, so a superuser cannot add, change or delete an event here either."""
+
+    list_display = ("at", "task", "item_id", "kind", "actor", "from_state", "to_state", "message")
+    list_filter = ("kind", "to_state", "at")
+    search_fields = ("actor", "message", "=task__id", "=item__id")
+    list_select_related = ("task",)
+    date_hierarchy = "at"
+    actions = None
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        return {}
+
+
+@admin.register(ApiIdempotency)
+class ApiIdempotencyAdmin(ReadOnlyAdmin):
+    list_display = ("runtime", "endpoint", "key", "status", "created_at")
+    list_filter = ("runtime", "status")
+    search_fields = ("key", "endpoint")
+
+
+# The runtime API's admin (token issuance) lives with the API; register a plain view of runtimes
+# only until that module exists.
+if importlib.util.find_spec("stopdesk.admin_runtime") is not None:
+    importlib.import_module("stopdesk.admin_runtime")
+elif not admin.site.is_registered(Runtime):
+
+    @admin.register(Runtime)
+    class RuntimeAdmin(ReadOnlyAdmin):
+        list_display = ("name", "token_prefix", "created_at", "revoked_at")
+        search_fields = ("name", "token_prefix")

@@ -1,0 +1,80 @@
+"""Fixtures for the pages: the cast in their roles, clients signed in as each, the sandbox CRM
+as a real server on loopback, and Celery jobs run eagerly."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from django.core.cache import cache
+from django.test import Client
+
+from reconcile.sandbox.crm import CRM
+from reconcile.sandbox.server import BackgroundServer
+from stopdesk.permissions import roles_ensure
+
+GROUPS = {"operator": "operators", "reviewer": "reviewers", "approver": "approvers", "approver2": "approvers"}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache() -> Iterator[None]:
+    # The sign-in rate limit counts in the cache; one test's wrong passwords must not lock out the next.
+    cache.clear()
+    yield
+    cache.clear()
+
+
+@pytest.fixture
+def roles(cast):  # type: ignore[no-untyped-def]
+    """The cast, each in their group (a flushed test database has no migration data, so ensure it)."""
+    from django.contrib.auth.models import Group
+
+    roles_ensure()
+    for name, group in GROUPS.items():
+        cast[name].groups.add(Group.objects.get(name=group))
+    return cast
+
+
+@pytest.fixture
+def as_user(roles):  # type: ignore[no-untyped-def]
+    """as_user("reviewer") -> a Client signed in as that person (no recent password entry)."""
+
+    def make(name: str, **kwargs) -> Client:  # type: ignore[no-untyped-def]
+        client = Client(**kwargs)
+        client.force_login(roles[name])
+        return client
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def crm_server() -> Iterator[tuple[CRM, BackgroundServer]]:
+    party = CRM()
+    with BackgroundServer(party.app, name="crm") as server:
+        yield party, server
+
+
+@pytest.fixture
+def crm(crm_server, settings):  # type: ignore[no-untyped-def]
+    """The sandbox CRM, reset, with STOPDESK_SYSTEMS pointing at it."""
+    party, server = crm_server
+    party.reset()
+    settings.STOPDESK_SYSTEMS = {**settings.STOPDESK_SYSTEMS, "crm": {"base_url": server.url, "timeout": 5.0}}
+    return party
+
+
+@pytest.fixture
+def eager() -> Iterator[None]:
+    from stopdesk.celery import app
+
+    before = app.conf.task_always_eager
+    app.conf.task_always_eager = True
+    yield
+    app.conf.task_always_eager = before
+
+
+HTMX = {"HTTP_HX_REQUEST": "true"}
+
+
+def htmx(target: str) -> dict[str, str]:
+    return {**HTMX, "HTTP_HX_TARGET": target}

@@ -1,0 +1,151 @@
+"""The task list and the task page: full pages, their htmx fragments, Stop, and live polling."""
+
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from stopdesk.models import StopRequest, WorkItem
+from stopdesk.states import ItemState
+from tests.factories import make_item, make_task
+from tests.web.conftest import HTMX, htmx
+from tests.web.scenes import running_task, settle, uncertain_item
+
+pytestmark = pytest.mark.django_db
+S = ItemState
+
+
+def test_task_list_is_a_full_page_with_the_table(as_user):
+    running_task("Draft the Q3 supplier emails")
+    response = as_user("operator").get(reverse("task-list"))
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "<html" in html and 'id="task-table"' in html
+    assert "Draft the Q3 supplier emails" in html
+
+
+def test_task_list_htmx_returns_only_the_table_fragment(as_user):
+    running_task("Draft the Q3 supplier emails")
+    response = as_user("operator").get(reverse("task-list"), {"q": "supplier"}, **htmx("task-table"))
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert html.lstrip().startswith('<div id="task-table">') and "<html" not in html
+    assert "Draft the Q3 supplier emails" in html
+
+
+def test_task_list_filters_by_state_and_searches(as_user):
+    running = running_task("Running one")
+    stopped = make_task("Stopped one")
+    from stopdesk.services.stop import task_request_stop
+
+    task_request_stop(task_id=stopped.pk, actor="test", dispatch=lambda ids: None)
+    client = as_user("operator")
+    html = client.get(reverse("task-list"), {"status": "running"}).content.decode()
+    assert "Running one" in html and "Stopped one" not in html
+    html = client.get(reverse("task-list"), {"status": "stopped"}).content.decode()
+    assert "Stopped one" in html and "Running one" not in html
+    html = client.get(reverse("task-list"), {"q": str(running.pk)}).content.decode()
+    assert "Running one" in html
+
+
+def test_task_list_paginates(as_user):
+    for n in range(30):
+        make_task(f"Task number {n}")
+    client = as_user("operator")
+    first = client.get(reverse("task-list")).content.decode()
+    second = client.get(reverse("task-list"), {"page": 2}).content.decode()
+    assert "Page 1 of 2" in first and "Task number 29" in first
+    assert "Task number 0" in second and "Task number 29" not in second
+
+
+def test_task_page_shows_summary_groups_records_and_trail(as_user):
+    task = running_task()
+    uncertain_item(task)
+    html = as_user("operator").get(reverse("task-detail", args=[task.pk])).content.decode()
+    assert 'id="summary"' in html and 'aria-live="polite"' in html
+    assert "Running: 2 of 5 items finished." in html
+    assert 'id="group-running"' in html and 'id="group-queued"' in html and 'id="group-uncertain"' in html
+    assert "celery-7f3a" in html and "mcp-req-42" in html
+    # Still running: the summary polls.
+    assert 'hx-trigger="every 1s"' in html
+
+
+def test_task_page_summary_fragment_polls_until_settled_then_answers_286(as_user):
+    task = running_task()
+    client = as_user("operator")
+    response = client.get(reverse("task-detail", args=[task.pk]), **htmx("summary"))
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert html.lstrip().startswith('<p id="summary"') and "<html" not in html
+    # The other live parts come along out of band.
+    assert 'id="groups"' in html and 'id="stop-control"' in html and 'hx-swap-oob="true"' in html
+    for item in WorkItem.objects.filter(task=task, state__in=[S.QUEUED, S.RUNNING]):
+        if item.state == S.QUEUED:
+            from stopdesk.services.items import item_transition
+
+            item_transition(item_id=item.pk, to_state=S.CANCELLED, actor="test")
+        else:
+            settle(item.pk, S.COMPLETED)
+    response = client.get(reverse("task-detail", args=[task.pk]), **htmx("summary"))
+    assert response.status_code == 286
+    assert "every 1s" not in response.content.decode()
+
+
+def test_stop_has_a_confirmation_step(as_user):
+    task = running_task()
+    client = as_user("operator")
+    page = client.get(reverse("task-stop", args=[task.pk]))
+    assert page.status_code == 200 and "Stop this task?" in page.content.decode() and "<html" in page.content.decode()
+    fragment = client.get(reverse("task-stop", args=[task.pk]), **htmx("stop-control"))
+    html = fragment.content.decode()
+    assert html.lstrip().startswith('<div id="stop-control"') and "Stop this task?" in html
+    assert not StopRequest.objects.filter(task=task).exists()
+
+
+def test_stop_by_htmx_answers_stopping_at_once_and_a_second_click_gets_the_same_stop(as_user):
+    task = running_task()
+    client = as_user("operator")
+    response = client.post(reverse("task-stop", args=[task.pk]), {"reason": "wrong recipients"}, **htmx("stop-control"))
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert "Stopping…" in html and "wrong recipients" in html
+    assert 'id="summary"' in html and "Stopped new work." in html
+    second = as_user("operator").post(reverse("task-stop", args=[task.pk]), **htmx("stop-control"))
+    assert second.status_code == 200
+    stop = StopRequest.objects.get(task=task)
+    assert stop.duplicates == 1
+    assert "Asked again 1 time" in second.content.decode()
+    assert WorkItem.objects.filter(task=task, state=S.QUEUED).count() == 0
+
+
+def test_stop_without_htmx_redirects_to_the_task_page(as_user):
+    task = running_task()
+    response = as_user("operator").post(reverse("task-stop", args=[task.pk]))
+    assert response.status_code == 302 and response["Location"] == reverse("task-detail", args=[task.pk])
+    assert StopRequest.objects.filter(task=task).exists()
+
+
+def test_items_page_lists_one_state_paginated_with_fragment(as_user):
+    task = make_task("Many drafts")
+    for _ in range(60):
+        make_item(task, noun="draft")
+    client = as_user("operator")
+    full = client.get(reverse("task-items", args=[task.pk]), {"state": "queued"})
+    assert full.status_code == 200 and "60 items." in full.content.decode() and "Page 1 of 2" in full.content.decode()
+    fragment = client.get(reverse("task-items", args=[task.pk]), {"state": "queued", "page": 2}, **htmx("items-table"))
+    assert fragment.content.decode().lstrip().startswith('<div id="items-table">')
+
+
+def test_task_page_groups_show_a_bounded_number_of_rows(as_user):
+    task = make_task("Big one")
+    for _ in range(25):
+        make_item(task, noun="draft")
+    html = as_user("operator").get(reverse("task-detail", args=[task.pk])).content.decode()
+    assert html.count('class="item"') == 20
+    assert "All 25 queued items" in html
+
+
+def test_htmx_request_without_target_gets_the_full_page(as_user):
+    task = running_task()
+    response = as_user("operator").get(reverse("task-detail", args=[task.pk]), **HTMX)
+    assert "<html" in response.content.decode()
