@@ -173,6 +173,13 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
     "reap-stale-items": {"task": "stopdesk.reap_stale_items", "schedule": 30.0},
+    # Bounded batch of items awaiting reconciliation or due for a re-check (reconcile/services).
+    "reconcile-sweep": {"task": "reconcile.sweep", "schedule": 5.0},
+}
+# Per-mechanism timing (timeouts, deadline, backoff, re-check window after cancelled); the
+# defaults live in each adapter (reconcile/mechanisms/), these override them.
+STOPDESK_MECHANISMS: dict[str, dict] = {
+    "openai": {"options": {"base_url": os.environ.get("OPENAI_BASE_URL", ""), "api_key": os.environ.get("OPENAI_API_KEY", "")}},
 }
 
 # The ledger's own knobs.
