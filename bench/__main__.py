@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "stopdesk.settings")
+# Measure what production runs: DEBUG off (the debug cursor records every query).
+os.environ.setdefault("DEBUG", "0")
 
 
 def main() -> int:

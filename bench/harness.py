@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import psycopg
 
-BENCH_DB = os.environ.get("STOPDESK_BENCH_DB", "stopdesk_bench")
+# One database per run, so two benchmark runs on one machine cannot drop each other's.
+BENCH_DB = os.environ.get("STOPDESK_BENCH_DB", f"stopdesk_bench_{os.getpid()}")
 ADMIN_DSN = os.environ.get("STOPDESK_BENCH_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
@@ -37,7 +38,8 @@ class Figure:
         text = f"{self.name} {self.value:.4g} {self.unit}"
         if self.target is not None:
             sign = ">=" if self.higher_is_better else "<="
-            text += f"  (target {sign} {self.target:g}, ratio {self.ratio:.2f}, {'met' if self.met else 'MISSED'})"
+            ratio = "" if self.ratio is None else f", ratio {self.ratio:.2f}"
+            text += f"  (target {sign} {self.target:g}{ratio}, {'met' if self.met else 'MISSED'})"
         return text
 
 

@@ -32,9 +32,9 @@ def items_move(
 ) -> list[int] | int:
     """Move every item matching `where` and in one of `from_states` to `to_state` (None keeps the
     state and only sets columns). Returns the count, or the ids when asked."""
-    for state in from_states:
-        if to_state is not None and not can_move(state, to_state):
-            raise ValueError(f"{state} -> {to_state} is not an allowed move")
+    # One from-state per move, so each event can name it (RETURNING cannot see old values).
+    if to_state is not None and (len(from_states) != 1 or not can_move(from_states[0], to_state)):
+        raise ValueError(f"{from_states} -> {to_state} is not one allowed move")
     columns = dict(sets or {})
     if to_state is not None:
         columns["state"] = to_state
@@ -48,7 +48,9 @@ def items_move(
 
 
 def _move_postgres(selection, from_states, to_state, columns, actor, kind, message, return_ids):  # type: ignore[no-untyped-def]
-    select_sql, select_params = selection.query.sql_with_params()
+    # The filter is applied to the updated table itself. As `id IN (subquery)`, a stale row
+    # estimate let the planner pick a nested loop that was quadratic in the item count.
+    where_sql, where_params = selection.query.get_compiler(connection=connection).compile(selection.query.where)
     assignments, params = [], []
     for name, value in columns.items():
         if value is NOW:
@@ -57,19 +59,19 @@ def _move_postgres(selection, from_states, to_state, columns, actor, kind, messa
             assignments.append(f"{name} = %s")
             params.append(value)
     sql = f"""
-        WITH old AS (SELECT id, state FROM stopdesk_workitem WHERE id IN ({select_sql}) FOR UPDATE),
-        moved AS (
-            UPDATE stopdesk_workitem w SET {", ".join(assignments)}
-            FROM old WHERE w.id = old.id AND w.state IN ({", ".join(["%s"] * len(from_states))})
-            RETURNING w.id, w.task_id, w.state, w.updated_at, old.state AS old_state
+        WITH moved AS (
+            UPDATE stopdesk_workitem SET {", ".join(assignments)}
+            WHERE {where_sql}
+            RETURNING id, task_id, state, updated_at
         ),
         events AS (
             INSERT INTO stopdesk_event (at, task_id, item_id, kind, actor, from_state, to_state, message, data)
-            SELECT updated_at, task_id, id, %s, %s, old_state, state, %s, '{{}}'::jsonb FROM moved
+            SELECT updated_at, task_id, id, %s, %s, COALESCE(%s::text, state), state, %s, '{{}}'::jsonb FROM moved
         )
         SELECT {"id" if return_ids else "count(*)"} FROM moved
     """
-    all_params = [*select_params, *params, *from_states, kind, actor, message]
+    from_state = from_states[0] if to_state is not None else None
+    all_params = [*params, *where_params, kind, actor, from_state, message]
     with connection.cursor() as cursor:
         cursor.execute(sql, all_params)
         rows = cursor.fetchall()

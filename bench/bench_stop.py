@@ -1,0 +1,184 @@
+"""Stop and the boundary on PostgreSQL (issue: the operational ledger).
+
+stop.boundary_ms       committing the stop request, 10,000 queued + 1,000 running items (and 100,000)
+stop.queued_cancel_ms  cancelling the queued items with their events (the fan-out transaction)
+stop.statements        SQL statements in that fan-out, at both sizes: must not grow
+boundary.starts_per_s  item starts per second from 4 concurrent workers, one round trip each
+celery_revoke.leaked / stopdesk.leaked   task bodies that ran after a stop, worker restarted in between
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from bench.harness import Figure
+
+ROOT = Path(__file__).resolve().parents[1]
+STARTS_PER_WORKER = 2500
+WORKERS = 4
+CELERY_TASKS = 1000
+
+
+def _seed(queued: int, running: int):  # type: ignore[no-untyped-def]
+    """Bulk-load a task. Seeding writes rows directly: it is set-up, not a state change."""
+    from django.utils import timezone
+
+    from stopdesk.models import Task, WorkItem
+    from stopdesk.states import ItemState, Kind
+
+    task = Task.objects.create(title=f"bench {queued}+{running}")
+    now = timezone.now()
+    rows = [WorkItem(task=task, kind=Kind.MODEL_REQUEST, noun="draft") for _ in range(queued)]
+    rows += [
+        WorkItem(task=task, kind=Kind.LOCAL_WORKER, noun="export", state=ItemState.RUNNING, started_at=now,
+                 lease_until=now + timezone.timedelta(minutes=10))
+        for _ in range(running)
+    ]
+    WorkItem.objects.bulk_create(rows, batch_size=5000)
+    return task
+
+
+def _stop_figures(queued: int, running: int, suffix: str) -> list[Figure]:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from stopdesk.services.stop import _commit_stop_request, stop_fanout
+
+    task = _seed(queued, running)
+    started = time.perf_counter()
+    stop_request, created = _commit_stop_request(task_id=task.pk, actor="bench", by=None, reason="bench")
+    boundary_ms = (time.perf_counter() - started) * 1000
+    assert created
+    with CaptureQueriesContext(connection) as queries:
+        started = time.perf_counter()
+        ids = stop_fanout(stop_request_id=stop_request.pk, actor="bench", dispatch=lambda ids: None)
+        cancel_ms = (time.perf_counter() - started) * 1000
+    assert len(ids) == running
+    return [
+        Figure(f"stop.boundary_ms{suffix}", boundary_ms, "ms", target=20),
+        Figure(f"stop.queued_cancel_ms{suffix}", cancel_ms, "ms", target=250 if not suffix else None),
+        Figure(f"stop.statements{suffix}", len(queries), "statements"),
+    ]
+
+
+def _starts_per_second() -> list[Figure]:
+    from django.db import connection, connections
+    from django.test.utils import CaptureQueriesContext
+
+    from stopdesk.models import WorkItem
+    from stopdesk.services.boundary import item_start
+
+    task = _seed(WORKERS * STARTS_PER_WORKER + 1, 0)
+    ids = list(WorkItem.objects.filter(task=task).values_list("id", flat=True))
+    probe = ids.pop()
+    with CaptureQueriesContext(connection) as queries:
+        item_start(item_id=probe, actor="bench")
+    gate = threading.Barrier(WORKERS + 1)
+
+    def work(chunk: list[int]) -> None:
+        item_start(item_id=chunk[0], actor="bench")  # open the connection before the clock starts
+        gate.wait()
+        for item_id in chunk[1:]:
+            item_start(item_id=item_id, actor="bench")
+        connections.close_all()
+
+    threads = [threading.Thread(target=work, args=(ids[i::WORKERS],)) for i in range(WORKERS)]
+    for t in threads:
+        t.start()
+    gate.wait()
+    started = time.perf_counter()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - started
+    rate = (len(ids) - WORKERS) / elapsed
+    return [
+        Figure("boundary.starts_per_s", rate, "starts/s", target=2000, higher_is_better=True),
+        Figure("boundary.round_trips_per_start", len(queries), "statements", target=1),
+    ]
+
+
+class _Worker:
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.log = log
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "stopdesk", "worker", "--pool=prefork", "-c", "2", "-n",
+             "bench@local", "--without-mingle", "--without-gossip", "-I", "bench.celery_tasks", "-l", "info"],
+            cwd=ROOT, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        deadline = time.monotonic() + 60
+        while "ready." not in log.read_text(errors="replace"):
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError(f"worker did not start:\n{log.read_text()[-2000:]}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        import signal
+
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        self.proc.wait(timeout=60)
+
+
+def _leak_race() -> list[Figure]:
+    """Same 1,000 queued tasks, both ways: a worker that is online but not consuming receives the
+    stop (a revoke broadcast, or stopdesk's Stop), is restarted, and the new worker drains the queue.
+    """
+    import redis
+    from django.db import transaction
+
+    from bench import celery_tasks
+    from stopdesk.celery import app
+    from stopdesk.models import Task
+    from stopdesk.services.stop import task_request_stop
+    from stopdesk.workers import dispatch
+
+    broker = os.environ.get("STOPDESK_BENCH_REDIS_URL", "redis://127.0.0.1:6379/10")
+    redis.Redis.from_url(broker).flushdb()
+    app.conf.broker_url = broker
+    folder = Path(tempfile.mkdtemp(prefix="stopdesk-bench-"))
+    env = {**os.environ, "CELERY_BROKER_URL": broker, "PYTHONPATH": str(ROOT)}
+    results = {}
+    try:
+        for mode in ("celery_revoke", "stopdesk"):
+            worker = _Worker(env, folder / f"{mode}-1.log")
+            app.control.cancel_consumer("celery", destination=["bench@local"], reply=True, timeout=5)
+            if mode == "celery_revoke":
+                ids = [celery_tasks.plain_mark.apply_async(args=[str(folder), n]).id for n in range(CELERY_TASKS)]
+                replies = app.control.revoke(ids, reply=True, timeout=5)
+                assert replies, "the worker did not acknowledge the revoke"
+            else:
+                task = Task.objects.create(title="bench leak")
+                with transaction.atomic():
+                    for _ in range(CELERY_TASKS):
+                        dispatch(celery_tasks.ledger_mark, task=task, noun="draft", actor="bench", args=[str(folder)])
+                task_request_stop(task_id=task.pk, actor="bench", dispatch=lambda ids: None)
+            worker.stop()
+            worker = _Worker(env, folder / f"{mode}-2.log")
+            deadline = time.monotonic() + 120
+            client = redis.Redis.from_url(broker)
+            while client.llen("celery") and time.monotonic() < deadline:
+                time.sleep(0.2)
+            time.sleep(2)
+            worker.stop()
+            prefix = "plain-" if mode == "celery_revoke" else "ledger-"
+            results[mode] = len(list(folder.glob(f"{prefix}*")))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return [
+        Figure("celery_revoke.leaked", results["celery_revoke"], f"of {CELERY_TASKS} bodies ran"),
+        Figure("stopdesk.leaked", results["stopdesk"], f"of {CELERY_TASKS} bodies ran", target=0),
+    ]
+
+
+def run() -> list[Figure]:
+    figures = _stop_figures(10_000, 1_000, "")
+    figures += _stop_figures(100_000, 1_000, "@100k")
+    figures += _starts_per_second()
+    figures += _leak_race()
+    return figures
