@@ -43,7 +43,7 @@ def task_summary(task: Task) -> str:
         .annotate(n=Count("item", distinct=True))
         .order_by("item__noun", "effect")
     )
-    return compose(list(rows), list(effects), stopped=task.is_stopped)
+    return compose([dict(r) for r in rows], [dict(e) for e in effects], stopped=task.is_stopped)
 
 
 def compose(rows: list[dict], effects: list[dict], *, stopped: bool) -> str:  # type: ignore[type-arg]

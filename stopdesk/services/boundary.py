@@ -13,6 +13,7 @@ read-then-write inside one transaction is serialised against Stop the same way.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -85,7 +86,14 @@ def item_submit(
 def _pass(*, item_id: int, actor: str, worker: str, lease_seconds: int | None, submit: bool, key: str) -> None:
     lease = lease_seconds or settings.STOPDESK["LEASE_SECONDS"]
     if is_postgres():
-        params = {"item": item_id, "actor": actor, "worker": worker, "lease": lease, "submit": submit, "key": key}
+        params: dict[str, Any] = {
+            "item": item_id,
+            "actor": actor,
+            "worker": worker,
+            "lease": lease,
+            "submit": submit,
+            "key": key,
+        }
         with connection.cursor() as cursor:
             # One statement, so one round trip, and atomic on its own under autocommit.
             cursor.execute(_BOUNDARY_SQL, params)

@@ -14,8 +14,8 @@ class ClockNow(Func):
     template = "CLOCK_TIMESTAMP()"
     output_field = DateTimeField()
 
-    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
-        return "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')", []
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, tuple[Any, ...]]:  # type: ignore[override]
+        return "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')", ()
 
 
 def is_postgres() -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import transaction
 from django.db.models import F, Q
@@ -30,7 +31,7 @@ def task_request_stop(
     *,
     task_id: int,
     actor: str,
-    by: object | None = None,
+    by: Any = None,
     reason: str = "",
     dispatch: Callable[[list[int]], None] | None = None,
 ) -> StopOutcome:
@@ -44,7 +45,7 @@ def task_request_stop(
     return StopOutcome(stop_request, created=True, dispatched=tuple(ids))
 
 
-def _commit_stop_request(*, task_id: int, actor: str, by: object | None, reason: str) -> tuple[StopRequest, bool]:
+def _commit_stop_request(*, task_id: int, actor: str, by: Any, reason: str) -> tuple[StopRequest, bool]:
     with transaction.atomic():
         # Lock the task row first: FOR NO KEY UPDATE waits for every start holding the boundary's
         # SHARE lock to commit, and blocks new ones, while leaving foreign-key checks (KEY SHARE)
