@@ -5,11 +5,17 @@ from celery.signals import worker_ready
 from django.db import close_old_connections
 
 from stopdesk.services.reaper import items_reap_stale
+from stopdesk.services.stop import stops_resume_fanout
 
 
 @shared_task(name="stopdesk.reap_stale_items", time_limit=60)
 def reap_stale_items() -> int:
     return items_reap_stale()
+
+
+@shared_task(name="stopdesk.resume_stop_fanouts", time_limit=120)
+def resume_stop_fanouts() -> int:
+    return len(stops_resume_fanout())
 
 
 @worker_ready.connect
@@ -19,3 +25,4 @@ def reap_on_worker_start(sender: object = None, **_: object) -> None:
     close_old_connections()
     hostname = getattr(sender, "hostname", "") or ""
     items_reap_stale(actor=f"system:worker-start:{hostname}", worker=hostname)
+    stops_resume_fanout()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
@@ -121,3 +122,23 @@ def dispatch_cancellations(item_ids: list[int]) -> None:
     with app.producer_or_acquire() as producer:
         for item_id in item_ids:
             app.send_task("reconcile.cancel_item", args=[item_id], producer=producer)
+
+
+def stops_resume_fanout(
+    *,
+    older_than_seconds: int = 30,
+    actor: str = "system:stop-resumer",
+    dispatch: Callable[[list[int]], None] | None = None,
+) -> list[int]:
+    """Finish the fan-out of stop requests whose process died between committing the request and
+    cancelling the queued items. The request itself already holds the boundary; this only makes
+    sure the queued items are recorded cancelled and the in-flight ones get their jobs."""
+    cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
+    pending = StopRequest.objects.filter(fanout_done_at__isnull=True, requested_at__lt=cutoff).values_list(
+        "pk", flat=True
+    )
+    resumed = []
+    for stop_request_id in pending:
+        stop_fanout(stop_request_id=stop_request_id, actor=actor, dispatch=dispatch)
+        resumed.append(stop_request_id)
+    return resumed
