@@ -4,3 +4,11 @@ from django.apps import AppConfig
 class StopdeskConfig(AppConfig):
     name = "stopdesk"
     verbose_name = "stopdesk ledger"
+
+    def ready(self) -> None:
+        from django.db.models.signals import post_save
+
+        from stopdesk.logs import log_event
+
+        # Every audit event also becomes a log line carrying its task and item ids.
+        post_save.connect(log_event, sender="stopdesk.Event", dispatch_uid="stopdesk.logs.log_event")

@@ -10,7 +10,8 @@ import socket
 import sys
 from pathlib import Path
 
-import dj_database_url
+from stopdesk import config
+from stopdesk.logs import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("STOPDESK_DATA_DIR", BASE_DIR / "var"))
@@ -26,9 +27,10 @@ def _reachable(host: str, port: int) -> bool:
         return False
 
 
-SECRET_KEY = os.environ.get("SECRET_KEY") or "dev-only-insecure-key-not-for-production"
+# Each of these raises config.ConfigError (one readable line, no traceback) when it is wrong.
+SECRET_KEY = config.secret_key(production=PRODUCTION)
 DEBUG = os.environ.get("DEBUG", "0" if PRODUCTION else "1") == "1"
-ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",") if h]
+ALLOWED_HOSTS = config.allowed_hosts(production=PRODUCTION)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -44,6 +46,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -74,12 +77,12 @@ TEMPLATES = [
 
 _default_pg = "postgres://postgres@127.0.0.1:5432/stopdesk"
 if os.environ.get("DATABASE_URL"):
-    DATABASES = {"default": dj_database_url.parse(os.environ["DATABASE_URL"])}
+    DATABASES = {"default": config.database(os.environ["DATABASE_URL"])}
 elif TESTING and _reachable("127.0.0.1", 5432):
-    DATABASES = {"default": dj_database_url.parse(_default_pg)}
+    DATABASES = {"default": config.database(_default_pg)}
 else:
     DATA_DIR.mkdir(parents=True, exist_ok=True)
-    DATABASES = {"default": dj_database_url.parse(f"sqlite:///{DATA_DIR / 'stopdesk.sqlite3'}")}
+    DATABASES = {"default": config.database(f"sqlite:///{DATA_DIR / 'stopdesk.sqlite3'}")}
 
 _db = DATABASES["default"]
 if _db["ENGINE"].endswith("sqlite3"):
@@ -110,7 +113,9 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = DATA_DIR / "staticfiles"
+STATIC_ROOT = Path(os.environ.get("STOPDESK_STATIC_ROOT", DATA_DIR / "staticfiles"))
+# whitenoise serves STATIC_ROOT (filled by collectstatic); without one, straight from the finders.
+WHITENOISE_USE_FINDERS = DEBUG or TESTING
 
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "/"
@@ -138,6 +143,7 @@ if PRODUCTION:
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_SSL_REDIRECT = os.environ.get("STOPDESK_SSL_REDIRECT", "1") == "1"
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]  # health checks come over plain HTTP from inside
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SECURE_HSTS_SECONDS = int(os.environ.get("STOPDESK_HSTS_SECONDS", "31536000"))
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
@@ -154,7 +160,7 @@ STOPDESK_REAUTH_SECONDS = int(os.environ.get("STOPDESK_REAUTH_SECONDS", "300"))
 # filesystem transport, so a real worker process runs with no broker installed.
 _default_redis = "redis://127.0.0.1:6379/0"
 if os.environ.get("CELERY_BROKER_URL"):
-    CELERY_BROKER_URL = os.environ["CELERY_BROKER_URL"]
+    CELERY_BROKER_URL = config.broker_url(os.environ["CELERY_BROKER_URL"])
 elif TESTING and _reachable("127.0.0.1", 6379):
     CELERY_BROKER_URL = os.environ.get("STOPDESK_TEST_REDIS_URL", "redis://127.0.0.1:6379/9")
 else:
@@ -171,6 +177,8 @@ CELERY_TASK_TIME_LIMIT = 15 * 60
 CELERY_TASK_SOFT_TIME_LIMIT = 14 * 60
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# The demo agent (stopdesk/demo) is not an app of its own; its tasks are registered here.
+CELERY_IMPORTS = ("stopdesk.demo.agent",)
 CELERY_BEAT_SCHEDULE = {
     "reap-stale-items": {"task": "stopdesk.reap_stale_items", "schedule": 30.0},
     # Bounded batch of items awaiting reconciliation or due for a re-check (reconcile/services).
@@ -196,15 +204,13 @@ STOPDESK_SYSTEMS = {
     "outbox": {"base_url": os.environ.get("STOPDESK_OUTBOX_URL", "http://127.0.0.1:8766"), "timeout": 10.0},
 }
 
+# The MCP tool server the demo agent calls (the sandbox's, under `manage.py up`).
+STOPDESK_MCP_URL = os.environ.get("STOPDESK_MCP_URL", "http://127.0.0.1:8764/mcp")
+
 # The sign-in rate limit counts in this cache. Per process by default; set STOPDESK_CACHE_URL
 # (redis://...) so every web process shares one count.
 if os.environ.get("STOPDESK_CACHE_URL"):
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": os.environ["STOPDESK_CACHE_URL"]}}
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "WARNING")},
-}
+# One line per record with the task and item it is about: JSON in production, key=value here.
+LOGGING = logging_config(production=PRODUCTION, level=os.environ.get("LOG_LEVEL", "WARNING"))

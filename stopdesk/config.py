@@ -1,0 +1,183 @@
+"""Configuration from the environment, and the checks that turn a bad one into one readable line.
+
+Settings call the parsers below; a mistake raises `ConfigError`, a `SystemExit` whose message names
+what to fix, so `manage.py`, gunicorn and Celery exit with that line instead of a traceback.
+`preflight()` is the start-up check that the database and the broker answer: `manage.py up`,
+`python -m stopdesk web|worker|beat` and the compose services run it before anything else.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+PREFIX = "stopdesk: configuration error: "
+DATABASE_SCHEMES = ("postgres", "postgresql", "pgsql", "sqlite")
+BROKER_SCHEMES = ("redis", "rediss", "amqp", "amqps", "pyamqp", "filesystem", "memory", "sentinel")
+MIN_SECRET_KEY = 32
+
+
+class ConfigError(SystemExit):
+    """Exit status 1 and one line on stderr: Python prints an uncaught SystemExit's message as it is."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+        super().__init__(PREFIX + message)
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable URL>"
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{parts.port}" if _port(parts) else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _port(parts: Any) -> int | None:
+    try:
+        return parts.port  # type: ignore[no-any-return]
+    except ValueError:
+        return None
+
+
+def secret_key(*, production: bool) -> str:
+    value = os.environ.get("SECRET_KEY", "")
+    if production and not value:
+        raise ConfigError(
+            'SECRET_KEY is not set; production mode (STOPDESK_ENV=production) needs a random key of 50 characters, e.g. from `python -c "import secrets; print(secrets.token_urlsafe(50))"`.'
+        )
+    if production and len(value) < MIN_SECRET_KEY:
+        raise ConfigError(
+            f"SECRET_KEY is {len(value)} characters long; production mode needs at least {MIN_SECRET_KEY}."
+        )
+    return value or "dev-only-insecure-key-not-for-production"
+
+
+def allowed_hosts(*, production: bool) -> list[str]:
+    default = "" if production else "127.0.0.1,localhost,testserver"
+    hosts = [h.strip() for h in os.environ.get("ALLOWED_HOSTS", default).split(",") if h.strip()]
+    if production and not hosts:
+        raise ConfigError(
+            "ALLOWED_HOSTS is not set; production mode needs the host names the site is served on, comma-separated (e.g. ALLOWED_HOSTS=stopdesk.example.com)."
+        )
+    return hosts
+
+
+def database(url: str) -> dict[str, Any]:
+    """Parse DATABASE_URL: postgres://USER:PASSWORD@HOST:5432/NAME, or sqlite:////ABSOLUTE/PATH."""
+    import dj_database_url
+
+    expected = "postgres://USER:PASSWORD@HOST:5432/NAME or sqlite:////ABSOLUTE/PATH"
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    if scheme not in DATABASE_SCHEMES:
+        raise ConfigError(f"DATABASE_URL {redact(url)!r} is not a database URL stopdesk can use; expected {expected}.")
+    try:
+        config = dict(dj_database_url.parse(url))
+    except ValueError:
+        raise ConfigError(
+            f"DATABASE_URL {redact(url)!r} cannot be parsed (is the port a number, the password URL-quoted?); expected {expected}."
+        ) from None
+    if not config.get("NAME"):
+        raise ConfigError(f"DATABASE_URL {redact(url)!r} names no database; expected {expected}.")
+    return config
+
+
+def broker_url(url: str) -> str:
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    if scheme.split("+", 1)[0] not in BROKER_SCHEMES:
+        raise ConfigError(
+            f"CELERY_BROKER_URL {redact(url)!r} is not a broker URL; expected redis://HOST:6379/0 or amqp://USER:PASSWORD@HOST:5672//."
+        )
+    return url
+
+
+# --- start-up: do the database and the broker answer? -------------------------------------------
+
+
+def check_database(timeout_s: float = 5.0) -> str | None:
+    """None when the database answers, else one line saying what to fix."""
+    from django.conf import settings
+    from django.db import connections
+    from django.db.utils import Error
+
+    db = settings.DATABASES["default"]
+    where = _where(db)
+    conn = connections["default"]
+    if db["ENGINE"].endswith("postgresql"):
+        # A refused or black-holed port fails fast here; libpq's own timeout is per address.
+        host, port = db.get("HOST") or "127.0.0.1", int(db.get("PORT") or 5432)
+        if not host.startswith("/") and (error := _tcp(host, port, timeout_s)):
+            return f"cannot reach the database at {where} ({error}); check DATABASE_URL and that PostgreSQL is running."
+    try:
+        conn.ensure_connection()
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except Error as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"cannot use the database at {where} ({reason}); check DATABASE_URL."
+    finally:
+        conn.close()
+    return None
+
+
+def check_broker(timeout_s: float = 5.0) -> str | None:
+    """None when the Celery broker accepts a connection, else one line saying what to fix."""
+    from django.conf import settings
+
+    url = settings.CELERY_BROKER_URL
+    if url.startswith("filesystem://"):
+        folders: dict[str, str] = settings.CELERY_BROKER_TRANSPORT_OPTIONS
+        for key in ("data_folder_in", "data_folder_out", "processed_folder"):
+            try:
+                os.makedirs(folders[key], exist_ok=True)
+            except OSError as exc:
+                return f"cannot create the local broker folder {folders[key]} ({exc.strerror}); set STOPDESK_DATA_DIR to a writable folder."
+        return None
+    from stopdesk.celery import app
+
+    try:
+        with app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, timeout=timeout_s)
+    except Exception as exc:  # kombu raises the transport's own errors; all mean "not reachable"
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"cannot reach the Celery broker at {redact(url)} ({reason}); check CELERY_BROKER_URL and that the broker is running."
+    return None
+
+
+def preflight(*, database: bool = True, broker: bool = True) -> None:
+    """Raise ConfigError with the first problem found."""
+    for wanted, check in ((database, check_database), (broker, check_broker)):
+        if wanted and (problem := check()):
+            raise ConfigError(problem)
+
+
+def _where(db: dict[str, Any]) -> str:
+    if db["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{db['NAME']}"
+    user = db.get("USER") or ""
+    return f"postgres://{user + '@' if user else ''}{db.get('HOST') or 'localhost'}:{db.get('PORT') or 5432}/{db.get('NAME')}"
+
+
+def _tcp(host: str, port: int, timeout_s: float) -> str | None:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return None
+    except socket.gaierror:
+        return f"unknown host {host!r}"
+    except TimeoutError:
+        return f"no answer from {host}:{port} within {timeout_s:.0f}s"
+    except OSError as exc:
+        return f"{exc.strerror or type(exc).__name__} at {host}:{port}"
+
+
+def fail(message: str) -> None:
+    """Print one configuration line and exit, for entry points that are not inside settings."""
+    print(PREFIX + message, file=sys.stderr)
+    raise SystemExit(2)

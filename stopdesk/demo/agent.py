@@ -1,0 +1,1 @@
+"""placeholder: the demo agent's Celery tasks land here."""
