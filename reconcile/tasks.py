@@ -2,6 +2,7 @@
 
 from celery import shared_task
 
+from reconcile import tasks_compensation  # noqa: F401  (autodiscovery imports only this module)
 from reconcile.services.cancel import item_cancel
 from reconcile.services.reconcile import sweep_once
 

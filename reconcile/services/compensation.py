@@ -155,15 +155,19 @@ def compensation_execute(*, compensation_id: int) -> Compensation:
         compensation = Compensation.objects.select_related("external_record__item").get(pk=compensation_id)
         if compensation.state != C.APPROVED:
             return compensation
-        _move(
-            compensation,
-            (C.APPROVED,),
-            C.RUNNING,
-            "system:compensation",
-            "compensation_started",
-            "Reading the record's current version.",
-            started_at=timezone.now(),
-        )
+        try:
+            # The claim: exactly one caller moves it from approved to running.
+            _move(
+                compensation,
+                (C.APPROVED,),
+                C.RUNNING,
+                "system:compensation",
+                "compensation_started",
+                "Reading the record's current version.",
+                started_at=timezone.now(),
+            )
+        except CompensationRefused:
+            return compensation  # another worker claimed it between our read and our update
     record = compensation.external_record
     compensator = compensator_for(record.system)
     expected = normalize_version(compensation.expected_version)
@@ -271,6 +275,8 @@ def _enqueue_execution(compensation_id: int) -> None:
     from stopdesk.celery import app
 
     if app.conf.task_always_eager:
+        # A web process never started a worker, so autodiscovery has not run yet.
+        app.loader.import_default_modules()
         app.tasks[EXECUTE_TASK].apply(args=[compensation_id])
     else:
         app.send_task(EXECUTE_TASK, args=[compensation_id])

@@ -17,6 +17,12 @@ GROUPS = {"operator": "operators", "reviewer": "reviewers", "approver": "approve
 
 
 @pytest.fixture(autouse=True)
+def _fast_passwords(settings) -> None:  # type: ignore[no-untyped-def]
+    # The cast's passwords are hashed per test; PBKDF2's deliberate slowness is not under test here.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
 def _fresh_cache() -> Iterator[None]:
     # The sign-in rate limit counts in the cache; one test's wrong passwords must not lock out the next.
     cache.clear()
