@@ -71,6 +71,9 @@ def test_cancelling_the_awaiting_scope_interrupts_slow_write_and_its_finally_run
         async with Client(server.url + MCP_PATH, mode=mode) as client:
             with anyio.move_on_after(0.3) as scope:
                 await client.call_tool("slow_write", {"key": "crm-note", "value": "x", "seconds": 2})
+            # Keep the session open, so the interruption is the cancel's doing and not
+            # the session teardown's.
+            await anyio.sleep(0.3)
             return scope.cancelled_caught
 
     assert anyio.run(cancelled_call) is True
