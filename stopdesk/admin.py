@@ -172,9 +172,6 @@ class EventAdmin(ReadOnlyAdmin):
     date_hierarchy = "at"
     actions = None
 
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        return {}
-
 
 @admin.register(ApiIdempotency)
 class ApiIdempotencyAdmin(ReadOnlyAdmin):

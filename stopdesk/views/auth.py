@@ -59,15 +59,12 @@ class RateLimitedLoginView(LoginView):
             return _too_many(request)
         return super().post(request, *args, **kwargs)
 
+    # Signing in does not count as re-authentication: an approval always asks for the password
+    # on its own, so walking away from a signed-in browser cannot approve anything.
+
     def form_invalid(self, form: Any) -> HttpResponse:
         attempt_failed(self.request, self.request.POST.get("username", ""))
         return super().form_invalid(form)
-
-    def form_valid(self, form: Any) -> HttpResponse:
-        response = super().form_valid(form)
-        # Signing in is a fresh password entry too.
-        self.request.session[REAUTH_SESSION_KEY] = time.time()
-        return response
 
 
 def reauthenticated_at(request: HttpRequest) -> Any:
