@@ -55,6 +55,25 @@ def item_claim(*, item_id: int, now: datetime | None = None) -> bool:
     return won == 1
 
 
+def items_claim(*, item_ids: list[int], now: datetime | None = None) -> list[int]:
+    """Claim the given items that are due (or never scheduled), in one statement. Returns the ids won."""
+    now = now or timezone.now()
+    won: list[int] = []
+    for start in range(0, len(item_ids), 1000):
+        chunk = item_ids[start : start + 1000]
+        with transaction.atomic():
+            due = list(
+                WorkItem.objects.select_for_update(skip_locked=True)
+                .filter(Q(next_check_at__isnull=True) | Q(next_check_at__lte=now), pk__in=chunk, state__in=SWEPT)
+                .values_list("id", flat=True)
+            )
+            WorkItem.objects.filter(pk__in=due).update(
+                next_check_at=now + timedelta(seconds=claim_seconds()), check_count=F("check_count") + 1
+            )
+        won.extend(due)
+    return sorted(won)
+
+
 _CLAIM_SQL = """
 UPDATE stopdesk_workitem SET next_check_at = %(until)s, check_count = check_count + 1
 WHERE id IN (
@@ -138,7 +157,7 @@ def _choose_action(item: WorkItem, mechanism: Mechanism) -> str:
         return "inspect"
     # One answered cancel is the cancel: later passes only read back, so a repeated pass (a
     # duplicate job, a retry after a lost read-back) has no second effect on the remote side.
-    answered = CancellationAttempt.objects.filter(item=item, action="cancel", ok=True).exists()
+    answered = bool((item.evidence.get("reconcile") or {}).get("cancel_answered"))
     if answered and mechanism.cancel_is_final(ItemRef.of(item)):
         return "inspect"
     return "cancel"
@@ -184,6 +203,8 @@ def _apply(
     )
     plan = engine.decide(facts, observation, now, mechanism.settings)
     progress["failures"] = plan.failures
+    if action == "cancel" and observation.cancel_sent:
+        progress["cancel_answered"] = True
     evidence = {
         **plan.evidence,
         "mechanism": mechanism.name,
@@ -229,8 +250,7 @@ def _apply(
             _schedule(item_id=item_id, next_check_at=None)
     else:
         _schedule(item_id=item_id, next_check_at=plan.next_check_at, progress=progress)
-    item.refresh_from_db()
-    return Result(item_id, action, str(observation.seen), item.state)
+    return Result(item_id, action, str(observation.seen), plan.to_state or item.state)
 
 
 def _attach(item_id: int, observation: Observation, actor: str) -> None:
