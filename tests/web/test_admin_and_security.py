@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -137,7 +138,7 @@ def test_create_demo_users_puts_people_in_their_groups(django_user_model, settin
     from django.core.management import call_command
 
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-    call_command("create_demo_users", stdout=open(os.devnull, "w"))
+    call_command("create_demo_users", stdout=io.StringIO())
     assert django_user_model.objects.get(username="operator").has_perm("stopdesk.stop_task")
     assert django_user_model.objects.get(username="approver2").has_perm("reconcile.approve_compensation")
     assert not django_user_model.objects.get(username="reviewer").has_perm("reconcile.approve_compensation")
