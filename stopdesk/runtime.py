@@ -396,16 +396,23 @@ class LocalRuntime:
                 seen = ApiIdempotency.objects.filter(runtime=self.runtime, key=key, endpoint=operation).first()
                 if seen is not None:
                     return kind.from_json(seen.body)
-                result = produce()
-                ApiIdempotency.objects.create(
-                    runtime=self.runtime, key=key, endpoint=operation, status=200, body=result.to_json()
-                )
-                return result
+                try:
+                    result = produce()
+                except StopRequested as exc:
+                    # The boundary's cancellation is the record: leave the block normally so that
+                    # it commits (an exception through it would roll it back), then refuse.
+                    refused = exc
+                else:
+                    ApiIdempotency.objects.create(
+                        runtime=self.runtime, key=key, endpoint=operation, status=200, body=result.to_json()
+                    )
+                    return result
         except IntegrityError:
             if nested:
                 raise
             seen = ApiIdempotency.objects.get(runtime=self.runtime, key=key, endpoint=operation)
             return kind.from_json(seen.body)
+        raise refused
 
 
 def _parse(model: type[BaseModel], **values: Any) -> Any:
