@@ -133,10 +133,10 @@ def check_broker(timeout_s: float = 5.0) -> str | None:
 
     url = settings.CELERY_BROKER_URL
     if url.startswith("filesystem://"):
-        folders: dict[str, str] = settings.CELERY_BROKER_TRANSPORT_OPTIONS
+        folders: dict[str, Any] = settings.CELERY_BROKER_TRANSPORT_OPTIONS
         for key in ("data_folder_in", "data_folder_out", "processed_folder"):
             try:
-                os.makedirs(folders[key], exist_ok=True)
+                os.makedirs(str(folders[key]), exist_ok=True)
             except OSError as exc:
                 return f"cannot create the local broker folder {folders[key]} ({exc.strerror}); set STOPDESK_DATA_DIR to a writable folder."
         return None

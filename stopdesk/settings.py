@@ -164,7 +164,7 @@ if os.environ.get("CELERY_BROKER_URL"):
 elif TESTING and _reachable("127.0.0.1", 6379):
     CELERY_BROKER_URL = os.environ.get("STOPDESK_TEST_REDIS_URL", "redis://127.0.0.1:6379/9")
 else:
-    CELERY_BROKER_URL = "filesystem://"
+    CELERY_BROKER_URL = "filesystem://localhost//"  # a host name, or kombu warns on every connection
     _queue_dir = DATA_DIR / "broker"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_queue_dir),
