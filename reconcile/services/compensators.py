@@ -80,7 +80,7 @@ class CRMCompensator:
         self.system = system
 
     def _client(self) -> httpx.Client:
-        conf = settings.STOPDESK_SYSTEMS[self.system]
+        conf: dict[str, Any] = settings.STOPDESK_SYSTEMS[self.system]
         return httpx.Client(base_url=conf["base_url"], timeout=conf.get("timeout", 10.0))
 
     def actions(self, record: ExternalRecord) -> list[Action]:

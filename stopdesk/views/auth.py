@@ -76,7 +76,7 @@ def reauthenticated_at(request: HttpRequest) -> Any:
 
 def reauth_fresh(request: HttpRequest) -> bool:
     stamp = request.session.get(REAUTH_SESSION_KEY)
-    return bool(stamp) and time.time() - stamp <= settings.STOPDESK_REAUTH_SECONDS
+    return stamp is not None and time.time() - stamp <= settings.STOPDESK_REAUTH_SECONDS
 
 
 def reauth_check_password(request: HttpRequest, password: str) -> bool:

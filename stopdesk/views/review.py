@@ -8,7 +8,7 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth import get_user_model
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
@@ -27,6 +27,7 @@ from reconcile.services.review import OUTCOMES, ReviewRefused, item_escalate, it
 from stopdesk import permissions as perms
 from stopdesk.services.errors import IllegalTransition
 from stopdesk.states import ItemState
+from stopdesk.views import HtmxHttpRequest
 from stopdesk.views.auth import reauth_check_password, reauth_fresh, reauthenticated_at
 from stopdesk.views.selectors import SECTIONS, now, review_queue
 
@@ -41,7 +42,7 @@ def _int(value: Any, default: int = 1) -> int:
 
 
 @perms.require(*perms.REVIEW_ANY)
-def queue(request: HttpRequest) -> HttpResponse:
+def queue(request: HtmxHttpRequest) -> HttpResponse:
     pages = {key: _int(request.GET.get(key)) for key in SECTIONS}
     target = request.htmx.target if request.htmx else None
     if target in QUEUE_FRAGMENTS:
@@ -51,7 +52,7 @@ def queue(request: HttpRequest) -> HttpResponse:
     return render(request, "review/queue.html", _queue_context(request, review_queue(pages), pages))
 
 
-def _queue_context(request: HttpRequest, sections: dict, pages: dict) -> dict:  # type: ignore[type-arg]
+def _queue_context(request: HtmxHttpRequest, sections: dict, pages: dict) -> dict:  # type: ignore[type-arg]
     user = request.user
     return {
         "s": sections,
@@ -63,7 +64,7 @@ def _queue_context(request: HttpRequest, sections: dict, pages: dict) -> dict:  
     }
 
 
-def _form_page(request: HttpRequest, template: str, context: dict, status: int = 200) -> HttpResponse:  # type: ignore[type-arg]
+def _form_page(request: HtmxHttpRequest, template: str, context: dict, status: int = 200) -> HttpResponse:  # type: ignore[type-arg]
     """A form page: the whole page, or for htmx only the `action-panel` it is loaded into."""
     if request.htmx and request.htmx.target == "action-panel":
         template += "#action-panel"
@@ -82,7 +83,7 @@ def _people() -> Any:
 
 @require_http_methods(["GET", "POST"])
 @perms.require(perms.RESOLVE)
-def item_resolve_view(request: HttpRequest, item_id: int) -> HttpResponse:
+def item_resolve_view(request: HtmxHttpRequest, item_id: int) -> HttpResponse:
     item = perms.item_for(request.user, item_id)
     context: dict[str, Any] = {"item": item, "outcomes": [(o, ItemState(o).label) for o in OUTCOMES], "error": ""}
     if request.method == "POST":
@@ -104,7 +105,7 @@ def item_resolve_view(request: HttpRequest, item_id: int) -> HttpResponse:
 
 @require_http_methods(["GET", "POST"])
 @perms.require(perms.RESOLVE)
-def item_extend_view(request: HttpRequest, item_id: int) -> HttpResponse:
+def item_extend_view(request: HtmxHttpRequest, item_id: int) -> HttpResponse:
     item = perms.item_for(request.user, item_id)
     context: dict[str, Any] = {"item": item, "error": "", "now": now()}
     if request.method == "POST":
@@ -129,7 +130,7 @@ def item_extend_view(request: HttpRequest, item_id: int) -> HttpResponse:
 
 @require_http_methods(["GET", "POST"])
 @perms.require(perms.RESOLVE)
-def item_escalate_view(request: HttpRequest, item_id: int) -> HttpResponse:
+def item_escalate_view(request: HtmxHttpRequest, item_id: int) -> HttpResponse:
     item = perms.item_for(request.user, item_id)
     people = _people().exclude(pk=request.user.pk)
     context: dict[str, Any] = {"item": item, "people": people, "error": "", "action": request.path}
@@ -149,7 +150,7 @@ def item_escalate_view(request: HttpRequest, item_id: int) -> HttpResponse:
 
 @require_http_methods(["GET", "POST"])
 @perms.require(perms.PROPOSE)
-def record_propose_view(request: HttpRequest, record_id: int) -> HttpResponse:
+def record_propose_view(request: HtmxHttpRequest, record_id: int) -> HttpResponse:
     record = perms.record_for(request.user, record_id)
     actions = compensation_actions(record)
     context: dict[str, Any] = {"record": record, "actions": actions, "error": ""}
@@ -170,7 +171,9 @@ def record_propose_view(request: HttpRequest, record_id: int) -> HttpResponse:
 
 
 @perms.require(*perms.REVIEW_ANY)
-def compensation_detail(request: HttpRequest, compensation_id: int, error: str = "", status: int = 200) -> HttpResponse:
+def compensation_detail(
+    request: HtmxHttpRequest, compensation_id: int, error: str = "", status: int = 200
+) -> HttpResponse:
     compensation = perms.compensation_for(request.user, compensation_id)
     user = request.user
     context = {
@@ -194,7 +197,7 @@ def compensation_detail(request: HttpRequest, compensation_id: int, error: str =
 
 @require_POST
 @perms.require(perms.APPROVE)
-def compensation_approve_view(request: HttpRequest, compensation_id: int) -> HttpResponse:
+def compensation_approve_view(request: HtmxHttpRequest, compensation_id: int) -> HttpResponse:
     compensation = perms.compensation_for(request.user, compensation_id)
     password = request.POST.get("password", "")
     if password and not reauth_check_password(request, password):
@@ -213,7 +216,7 @@ def compensation_approve_view(request: HttpRequest, compensation_id: int) -> Htt
 
 @require_POST
 @perms.require(perms.APPROVE)
-def compensation_reject_view(request: HttpRequest, compensation_id: int) -> HttpResponse:
+def compensation_reject_view(request: HtmxHttpRequest, compensation_id: int) -> HttpResponse:
     compensation = perms.compensation_for(request.user, compensation_id)
     try:
         compensation_reject(compensation_id=compensation.pk, by=request.user, reason=request.POST.get("reason", ""))
@@ -225,7 +228,7 @@ def compensation_reject_view(request: HttpRequest, compensation_id: int) -> Http
 
 @require_POST
 @perms.require(perms.PROPOSE, perms.APPROVE)
-def compensation_escalate_view(request: HttpRequest, compensation_id: int) -> HttpResponse:
+def compensation_escalate_view(request: HtmxHttpRequest, compensation_id: int) -> HttpResponse:
     compensation = perms.compensation_for(request.user, compensation_id)
     person = _people().exclude(pk=request.user.pk).filter(pk=_int(request.POST.get("to"), 0)).first()
     try:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.core.paginator import Paginator
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
 from django.views.decorators.http import require_http_methods
@@ -12,6 +12,7 @@ from stopdesk import permissions as perms
 from stopdesk.services.events import actor_for
 from stopdesk.services.stop import task_request_stop
 from stopdesk.states import ItemState
+from stopdesk.views import HtmxHttpRequest
 from stopdesk.views.selectors import (
     GROUP_ORDER,
     TASK_STATUSES,
@@ -24,21 +25,14 @@ from stopdesk.views.selectors import (
 POLL_SETTLED = 286  # htmx stops polling on this status
 
 
-def _page_number(request: HttpRequest, name: str = "page") -> int:
-    try:
-        return max(1, int(request.GET.get(name, "1")))
-    except ValueError:
-        return 1
-
-
 @perms.require(perms.VIEW)
-def task_list(request: HttpRequest) -> HttpResponse:
+def task_list(request: HtmxHttpRequest) -> HttpResponse:
     status = request.GET.get("status", "")
     q = request.GET.get("q", "").strip()[:200]
     tasks = tasks_listing(perms.tasks_for(request.user), status=status, q=q)
     page = Paginator(tasks, 25).get_page(request.GET.get("page"))
     for task in page.object_list:
-        task.status = task_status(task)
+        task.status = task_status(task)  # type: ignore[attr-defined]
     context = {"page": page, "status": status, "q": q, "statuses": TASK_STATUSES}
     template = "tasks/list.html"
     if request.htmx and request.htmx.target == "task-table":
@@ -46,7 +40,7 @@ def task_list(request: HttpRequest) -> HttpResponse:
     return render(request, template, context)
 
 
-def _task_context(request: HttpRequest, task_id: int, *, confirm: bool = False) -> dict:  # type: ignore[type-arg]
+def _task_context(request: HtmxHttpRequest, task_id: int, *, confirm: bool = False) -> dict:  # type: ignore[type-arg]
     task = perms.task_for(request.user, task_id)
     return {
         "o": task_overview(task),
@@ -56,7 +50,7 @@ def _task_context(request: HttpRequest, task_id: int, *, confirm: bool = False) 
     }
 
 
-def _live(request: HttpRequest, context: dict, primary: str) -> HttpResponse:  # type: ignore[type-arg]
+def _live(request: HtmxHttpRequest, context: dict, primary: str) -> HttpResponse:  # type: ignore[type-arg]
     """The fragment htmx asked for, plus the other live parts out of band, so one poll keeps the
     summary, the Stop control and the groups consistent with each other."""
     parts = [render_to_string(f"tasks/detail.html#{primary}", context, request)]
@@ -68,7 +62,7 @@ def _live(request: HttpRequest, context: dict, primary: str) -> HttpResponse:  #
 
 
 @perms.require(perms.VIEW)
-def task_detail(request: HttpRequest, task_id: int) -> HttpResponse:
+def task_detail(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
     context = _task_context(request, task_id)
     if request.htmx and request.htmx.target in ("summary", "stop-control", "groups"):
         return _live(request, context, request.htmx.target)
@@ -77,7 +71,7 @@ def task_detail(request: HttpRequest, task_id: int) -> HttpResponse:
 
 @require_http_methods(["GET", "POST"])
 @perms.require(perms.STOP)
-def task_stop(request: HttpRequest, task_id: int) -> HttpResponse:
+def task_stop(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
     """GET is the confirmation step; POST is Stop. A repeated POST (a second click, a second
     browser) gets the same stop request back: task_request_stop is idempotent."""
     if request.method == "GET":
@@ -97,7 +91,7 @@ def task_stop(request: HttpRequest, task_id: int) -> HttpResponse:
 
 
 @perms.require(perms.VIEW)
-def task_items(request: HttpRequest, task_id: int) -> HttpResponse:
+def task_items(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
     task = perms.task_for(request.user, task_id)
     state = request.GET.get("state", "")
     if state not in ItemState.values:
