@@ -14,6 +14,7 @@ Bound to a `Runtime`, it sees and changes only that runtime's tasks (another's t
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
@@ -36,10 +37,11 @@ from stopdesk.services.items import (
     item_transition,
     task_create,
 )
-from stopdesk.services.stop import task_request_stop
+from stopdesk.services.stop import dispatch_cancellations, task_request_stop
 from stopdesk.states import ItemState
 from stopdesk.summary import task_summary
 
+log = logging.getLogger(__name__)
 S = ItemState
 ITEMS_IN_DETAIL = 1000
 
@@ -88,8 +90,9 @@ class LocalRuntime:
         the call that made it."""
         args = schemas.RequestStop.parse({"reason": reason})
         task = self._task(task_id)
-        kwargs: dict[str, Any] = {"dispatch": self.dispatch} if self.dispatch is not None else {}
-        outcome = task_request_stop(task_id=task.pk, actor=self.actor, reason=args.reason, **kwargs)
+        outcome = task_request_stop(
+            task_id=task.pk, actor=self.actor, reason=args.reason, dispatch=self.dispatch or _dispatch_or_log
+        )
         return stop_info(outcome.stop_request, created=outcome.created)
 
     # Items
@@ -413,6 +416,18 @@ class LocalRuntime:
             seen = ApiIdempotency.objects.get(runtime=self.runtime, key=key, endpoint=operation)
             return kind.from_json(seen.body)
         raise refused
+
+
+def _dispatch_or_log(item_ids: list[int]) -> None:
+    """Queue the cancellation jobs after Stop commits. If the broker is down, the stop still stands
+    and the runtime is told so: the items carry cancel_requested_at and a due next_check_at, and the
+    reconcile sweep picks them up from the database."""
+    try:
+        dispatch_cancellations(item_ids)
+    except Exception:
+        log.exception(
+            "Stop committed, but queueing %d cancellation job(s) failed; the sweep will find them", len(item_ids)
+        )
 
 
 def _parse(model: type[BaseModel], **values: Any) -> Any:

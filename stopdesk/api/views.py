@@ -65,13 +65,14 @@ def endpoint(
     status: int = 200,
     conflicts: bool = False,
     replayable: bool = True,
+    atomic: bool = True,
 ) -> Callable[..., Any]:
     def register(fn: Callable[..., Any]) -> Callable[..., HttpResponse]:
         @csrf_exempt
         @wraps(fn)
         def view(request: HttpRequest, **path_ids: str) -> HttpResponse:
             try:
-                return _serve(request, fn, method, body, replayable and method == "POST", path_ids, status)
+                return _serve(request, fn, method, body, replayable and method == "POST", path_ids, status, atomic)
             except StopdeskError as exc:
                 return error_response(exc)
             except Exception:
@@ -112,6 +113,7 @@ def _serve(
     replayable: bool,
     path_ids: dict[str, str],
     status: int,
+    atomic: bool,
 ) -> HttpResponse:
     if request.method != method:
         raise MethodNotAllowed(f"Use {method} here.", allow=[method])
@@ -120,6 +122,8 @@ def _serve(
     key = _request_key(request) if replayable else None
     args = body.parse(_read_json(request)) if body is not None else None
     sd = LocalRuntime(runtime=runtime)
+    if not atomic:
+        return JsonResponse(fn(sd, args, key, **ids).to_json(), status=status)
     for attempt in (1, 2):
         refused: StopRequested | None = None
         try:
@@ -202,7 +206,9 @@ def register(sd: LocalRuntime, args: schemas.RegisterItem, key: str | None, task
     return sd.register(task_id, **args.model_dump(), request_key=key)
 
 
-@endpoint("POST", "/tasks/{task_id}/stop", body=schemas.RequestStop, returns="StopInfo", replayable=False)
+# Stop keeps its own transactions: the request commits first (so it is durable at once), then the
+# fan-out; see stopdesk.services.stop.
+@endpoint("POST", "/tasks/{task_id}/stop", body=schemas.RequestStop, returns="StopInfo", replayable=False, atomic=False)
 def request_stop(sd: LocalRuntime, args: schemas.RequestStop, key: None, task_id: int) -> Any:
     """Request Stop. Idempotent: every call returns the task's one stop request (`created` only the first time)."""
     return sd.request_stop(task_id, reason=args.reason)
