@@ -1,0 +1,78 @@
+"""Agent code the drills run: a Celery job with steps, each step an external action of its own
+that passes the boundary (`http_submit`). Imported by the drill runner, and by real workers in the
+fault tests (`celery worker -I reconcile.drills.agent`)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from celery import shared_task
+
+from stopdesk.services.errors import TaskStopped
+from stopdesk.states import Kind
+from stopdesk.workers import LedgerTask, StopRequested
+
+
+def crm_declaration(base: str) -> dict[str, Any]:
+    return {
+        "system": "crm",
+        "effect": "created",
+        "lookup_url": base + "/records?idempotency_key={idempotency_key}",
+        "record_url": base + "/records/{record_id}",
+        "reverse": {"action": "archive", "url": base + "/records/{record_id}/archive"},
+    }
+
+
+def outbox_declaration(base: str) -> dict[str, Any]:
+    return {
+        "system": "outbox",
+        "effect": "sent",
+        "lookup_url": base + "/messages?idempotency_key={idempotency_key}",
+        "record_url": base + "/messages/{record_id}",
+    }
+
+
+def crm_step(*, parent_id: int, task_id: int, crm_url: str, key: str, actor: str) -> None:
+    """One external action as its own child item: registered, then through the boundary."""
+    from reconcile.mechanisms.http import http_submit
+    from stopdesk.services.items import item_register
+
+    decl = crm_declaration(crm_url)
+    sub = item_register(
+        task=task_id,
+        parent=parent_id,
+        kind=Kind.EXTERNAL_OPERATION,
+        noun="record",
+        actor=actor,
+        mechanism="http",
+        detail={"http": decl},
+    )
+    http_submit(
+        item_id=sub.pk, actor=actor, idempotency_key=key, url=crm_url + "/records", json={"name": key}, declaration=decl
+    )
+
+
+@shared_task(base=LedgerTask, bind=True, name="reconcile.drills.steps")
+def drill_steps(  # type: ignore[no-untyped-def]
+    self, crm_url: str, steps: int, step_s: float, slow_s: float = 0.0, *, item_id: int
+) -> str:
+    from stopdesk.models import WorkItem
+
+    task_id = WorkItem.objects.values_list("task_id", flat=True).get(pk=item_id)
+    for n in range(steps):
+        self.raise_if_stopped()
+        if n == 0 and slow_s:
+            time.sleep(slow_s)  # a step that never looks at the ledger: slower than every timeout
+        try:
+            crm_step(
+                parent_id=item_id,
+                task_id=task_id,
+                crm_url=crm_url,
+                key=f"drill-{item_id}-{n}",
+                actor=f"celery:{self.name}",
+            )
+        except TaskStopped as exc:
+            raise StopRequested() from exc
+        time.sleep(step_s)
+    return "done"
