@@ -142,7 +142,10 @@ def response_create(
     from stopdesk.services.boundary import item_start
 
     item = WorkItem.objects.get(pk=item_id)
-    if item.state == "queued":
+    if item.state != "running":
+        # Queued, or already cancelled by Stop's set-based update: the boundary decides, and it
+        # raises TaskStopped once Stop was requested. Passing it only for queued items let a
+        # create go out for an item Stop had cancelled (the before_dispatch drill).
         item_start(item_id=item_id, actor=actor)
     metadata = {**params.pop("metadata", {}), "stopdesk_item": str(item_id), "stopdesk_task": str(item.task_id)}
     cfg = get_settings()
