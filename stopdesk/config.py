@@ -143,7 +143,7 @@ def check_broker(timeout_s: float = 5.0) -> str | None:
     from stopdesk.celery import app
 
     try:
-        with app.connection_for_write() as conn:
+        with app.connection_for_write(url) as conn:
             conn.ensure_connection(max_retries=1, timeout=timeout_s)
     except Exception as exc:  # kombu raises the transport's own errors; all mean "not reachable"
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -113,8 +113,9 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = Path(os.environ.get("STOPDESK_STATIC_ROOT", DATA_DIR / "staticfiles"))
-# whitenoise serves STATIC_ROOT (filled by collectstatic); without one, straight from the finders.
+# whitenoise serves STATIC_ROOT, filled by collectstatic (the image does it at build time); in
+# development and tests there is none and it serves straight from the finders.
+STATIC_ROOT = os.environ.get("STOPDESK_STATIC_ROOT") or (str(DATA_DIR / "staticfiles") if PRODUCTION else None)
 WHITENOISE_USE_FINDERS = DEBUG or TESTING
 
 LOGIN_URL = "login"

@@ -1,0 +1,59 @@
+"""The production entry point: `python -m stopdesk {check,migrate,web,worker,beat}`.
+
+Each command first checks the configuration and that the database and the broker answer, and
+exits with one readable line when they do not; then it replaces itself with the real server
+(gunicorn, `celery worker`, `celery beat`), so signals from the container reach it directly.
+
+Environment: DATABASE_URL, CELERY_BROKER_URL, SECRET_KEY, ALLOWED_HOSTS, STOPDESK_ENV=production,
+OPENAI_API_KEY / OPENAI_BASE_URL; PORT (8000), WEB_CONCURRENCY (2), WORKER_CONCURRENCY (8).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+USAGE = "usage: python -m stopdesk {check,migrate,web,worker,beat} [extra arguments for the server]"
+
+
+def _exec(argv: list[str]) -> None:
+    sys.stdout.flush()
+    os.execvp(argv[0], argv)  # noqa: S606 - fixed programs, arguments from the operator
+
+
+def main(argv: list[str]) -> None:
+    if not argv or argv[0] not in ("check", "migrate", "web", "worker", "beat"):
+        print(USAGE, file=sys.stderr)
+        raise SystemExit(2)
+    command, extra = argv[0], argv[1:]
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "stopdesk.settings")
+    import django
+
+    django.setup()  # a bad setting raises config.ConfigError here: one line, exit status 1
+    from stopdesk import config
+
+    config.preflight(broker=command != "migrate")
+    python = sys.executable
+    if command == "check":
+        print("stopdesk: configuration ok; the database and the broker answer.")
+    elif command == "migrate":
+        _exec([python, "-m", "django", "migrate", "--noinput", *extra])
+    elif command == "web":
+        _exec([
+            python, "-m", "gunicorn", "stopdesk.wsgi:application",
+            "--bind", f"0.0.0.0:{os.environ.get('PORT', '8000')}",
+            "--worker-class", "gthread", "--workers", os.environ.get("WEB_CONCURRENCY", "2"), "--threads", "8",
+            "--access-logfile", "-", "--no-control-socket", *extra,
+        ])  # fmt: skip
+    elif command == "worker":
+        _exec([
+            python, "-m", "celery", "-A", "stopdesk", "worker",
+            "--concurrency", os.environ.get("WORKER_CONCURRENCY", "8"), "--loglevel", "INFO", *extra,
+        ])  # fmt: skip
+    elif command == "beat":
+        schedule = os.environ.get("STOPDESK_BEAT_SCHEDULE", "/tmp/celerybeat-schedule")  # noqa: S108
+        _exec([python, "-m", "celery", "-A", "stopdesk", "beat", "--schedule", schedule, "--loglevel", "INFO", *extra])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,50 @@
+"""The production shape: docker-compose.yml parses and every service has a health check."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.run.helpers import ROOT
+
+SERVICES = {"web", "worker", "beat", "db", "redis"}
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def test_compose_names_every_service_with_a_health_check(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert set(services) >= SERVICES
+    for name, service in services.items():
+        check = service.get("healthcheck")
+        assert check and check.get("test"), f"{name} has no health check"
+        assert check["test"][0] in ("CMD", "CMD-SHELL"), name
+
+
+def test_app_services_share_one_database_and_one_broker_and_wait_for_them(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    for name in ("web", "worker", "beat"):
+        env = services[name]["environment"]
+        assert env["DATABASE_URL"].startswith("postgres://") and "@db:5432/" in env["DATABASE_URL"], name
+        assert env["CELERY_BROKER_URL"].startswith("redis://redis:6379"), name
+        depends = services[name]["depends_on"]
+        assert depends["db"]["condition"] == "service_healthy", name
+        assert depends["redis"]["condition"] == "service_healthy", name
+    assert "healthz" in " ".join(services["web"]["healthcheck"]["test"])
+
+
+def test_data_lives_in_named_volumes(compose: dict[str, Any]) -> None:
+    volumes = set(compose["volumes"])
+    mounted = {m.split(":", 1)[0] for s in ("db", "redis") for m in compose["services"][s]["volumes"]}
+    assert mounted <= volumes and len(mounted) == 2
+
+
+def test_the_image_runs_the_entry_point_that_checks_configuration() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert 'ENTRYPOINT ["python", "-m", "stopdesk"]' in dockerfile
+    assert "collectstatic" in dockerfile

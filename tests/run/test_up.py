@@ -1,0 +1,134 @@
+"""`make run`'s entry point, `manage.py up`, as a new user would start it: a real subprocess on a free
+port with an empty data folder. It must serve the login page, run a demo task, and on Ctrl-C stop
+everything within a bound, leaving no process behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from stopdesk.launcher import free_port
+from tests.run.helpers import PYTHON, ROOT, clean_env, processes_with
+
+pytestmark = pytest.mark.slow
+
+START_WITHIN_S = 90
+STOP_WITHIN_S = 20
+
+
+class Up:
+    def __init__(self, data_dir: Path, port: int, *, by_flag: bool = False) -> None:
+        self.data_dir, self.port = data_dir, port
+        self.marker = f"STOPDESK_DATA_DIR={data_dir}"
+        self.lines: list[str] = []
+        args = ["manage.py", "up", "--port", str(port), "--sandbox-port", "0", "--pace", "5"]
+        env = clean_env(data_dir)
+        if by_flag:
+            args += ["--data-dir", str(data_dir)]
+            env["STOPDESK_DATA_DIR"] = str(data_dir.parent / "elsewhere")
+        self.proc = subprocess.Popen(
+            [PYTHON, *args],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_for(self, text: str, within_s: float) -> bool:
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            if text in self.output:
+                return True
+            if self.proc.poll() is not None:
+                return False
+            time.sleep(0.2)
+        return False
+
+    def query(self, sql: str) -> list[tuple]:
+        with sqlite3.connect(self.data_dir / "stopdesk.sqlite3", timeout=10) as db:
+            return db.execute(sql).fetchall()
+
+    def kill_everything(self) -> None:
+        """Cleanup after a failed assertion: nothing may outlive the test."""
+        for pid, _ in processes_with(self.marker):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+@pytest.fixture
+def up(tmp_path: Path, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    started = Up(tmp_path / "data", free_port(), by_flag=getattr(request, "param", False))
+    yield started
+    started.kill_everything()
+
+
+def test_up_serves_the_login_page_runs_the_demo_task_and_stops_cleanly(up: Up) -> None:
+    assert up.wait_for("Press Ctrl-C to stop everything.", START_WITHIN_S), up.output
+    base = f"http://127.0.0.1:{up.port}"
+    assert f"Open       {base}/" in up.output
+    assert "Sign in    admin / " in up.output
+
+    login = httpx.get(f"{base}/login/", timeout=10)
+    assert login.status_code == 200
+    assert 'name="password"' in login.text
+    health = httpx.get(f"{base}/healthz", timeout=10)
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+    assert httpx.get(f"{base}/static/stopdesk/app.css", timeout=10).status_code == 200
+
+    # The demo task exists and its agent is really running in the worker.
+    assert up.query("SELECT title FROM stopdesk_task") == [("Invoice analysis: ACME batch 42",)]
+    deadline = time.monotonic() + 30
+    states: list[tuple] = []
+    while time.monotonic() < deadline:
+        states = up.query("SELECT noun, state FROM stopdesk_workitem ORDER BY id")
+        if ("agent run", "running") in states and sum(1 for s in states if s[0] == "draft") == 2:
+            break
+        time.sleep(0.3)
+    assert ("agent run", "running") in states, states
+    assert [s for s in states if s[0] == "draft"] == [("draft", "running"), ("draft", "running")]
+    assert processes_with(up.marker), "the web server and the worker run with the data folder in their environment"
+
+    up.proc.send_signal(signal.SIGINT)  # what Ctrl-C in the terminal sends
+    started = time.monotonic()
+    assert up.proc.wait(STOP_WITHIN_S) == 0
+    took = time.monotonic() - started
+    up.reader.join(5)
+    assert "Stopped." in up.output
+    assert processes_with(up.marker) == [], f"left behind after {took:.1f}s"
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{base}/healthz", timeout=2)
+
+
+@pytest.mark.parametrize("up", [True], indirect=True, ids=["data-dir-flag"])
+def test_up_takes_its_data_folder_from_the_flag_and_stops_cleanly_on_sigterm(up: Up) -> None:
+    assert up.wait_for("Press Ctrl-C to stop everything.", START_WITHIN_S), up.output
+    assert (up.data_dir / "stopdesk.sqlite3").exists()
+    assert not (up.data_dir.parent / "elsewhere" / "stopdesk.sqlite3").exists()
+    up.proc.send_signal(signal.SIGTERM)
+    assert up.proc.wait(STOP_WITHIN_S) == 0
+    assert processes_with(up.marker) == []
