@@ -76,12 +76,12 @@ def decide(facts: ItemFacts, observation: Observation, now: datetime, cfg: Mecha
         # "Not found" while our own request may still be on its way is not yet an answer.
         seen = Seen.RUNNING
     if seen in _SETTLING:
-        to_state = _SETTLING[seen]
+        settles_to: str = _SETTLING[seen]
         if seen == Seen.NO_EFFECT and not facts.cancel_requested:
-            to_state = S.FAILED  # it did not take effect, and nobody asked it to stop
-        watch = to_state == S.CANCELLED and cfg.recheck_after_cancelled_s > 0
+            settles_to = S.FAILED  # it did not take effect, and nobody asked it to stop
+        watch = settles_to == S.CANCELLED and cfg.recheck_after_cancelled_s > 0
         return Plan(
-            to_state=to_state,
+            to_state=settles_to,
             next_check_at=now + timedelta(seconds=_watch_step(cfg)) if watch else None,
             outcome=_outcome(seen, observation, facts),
             reason=f"{seen} read back from the remote side",

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -77,13 +77,13 @@ class Group:
         self.stopped = asyncio.Event()
         self._started: list[asyncio.Task[None]] = []
 
-    def start(self, item_id: int, body: Callable[[Child], Awaitable[Any]]) -> Child:
+    def start(self, item_id: int, body: Callable[[Child], Coroutine[Any, Any, Any]]) -> Child:
         child = Child(item_id, self.actor)
         self.children.append(child)
         self._started.append(asyncio.create_task(self._run(child, body), name=f"stopdesk-child-{item_id}"))
         return child
 
-    async def _run(self, child: Child, body: Callable[[Child], Awaitable[Any]]) -> None:
+    async def _run(self, child: Child, body: Callable[[Child], Coroutine[Any, Any, Any]]) -> None:
         from stopdesk.services.boundary import item_start
         from stopdesk.services.errors import IllegalTransition, TaskStopped
 

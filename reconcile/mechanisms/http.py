@@ -196,15 +196,15 @@ def http_submit(
     item_record_detail(item_id=item_id, detail={"http": decl})
     item_submit(item_id=item_id, idempotency_key=idempotency_key, actor=actor)
     timeout = timeout_s if timeout_s is not None else mechanism_settings("http").call_timeout_s
+    response: httpx.Response | None = None
     try:
         with httpx.Client(timeout=timeout) as http:
             response = http.request(
                 method, url, json=json, headers={**(headers or {}), "Idempotency-Key": idempotency_key}
             )
-    except httpx.HTTPError as exc:
-        response, error = None, type(exc).__name__
-    else:
         error = "" if response.status_code < 500 else f"HTTP {response.status_code}"
+    except httpx.HTTPError as exc:
+        error = type(exc).__name__
     if response is not None and response.status_code < 300:
         fact = record_fact(_declaration({"http": decl}), response)
         item_attach_record(

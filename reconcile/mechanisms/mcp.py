@@ -1,1 +1,298 @@
-"""placeholder"""
+"""MCP tool calls through the official `mcp` SDK, and their cancellation.
+
+Plain calls (`mcp_call_tool`): the call runs in a cancel scope watched against the ledger; Stop
+cancels the scope and the SDK sends `notifications/cancelled`. No response follows a cancelled
+call, so a read-only tool ends `cancelled` and any other tool ends `uncertain`: the server may
+well have finished the work (reference servers do). Annotations are hints from the server and are
+recorded as evidence of why the item ended as it did.
+
+Task-augmented calls (protocol 2025-11-25, `mcp_start_task`): the task id is the item's handle;
+Stop sends `tasks/cancel` and reads the final status back with `tasks/get` (-32602 on cancel means
+"already terminal or unknown": look it up). The SDK types these messages but does not dispatch
+them, so they go over the SDK's own session: tasks/get and tasks/cancel through
+`ClientSession.send_request`, and the task-augmented tools/call through the session's dispatcher,
+because `send_request` validates every tools/call answer as a CallToolResult and would reject the
+CreateTaskResult.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+
+from reconcile.mechanisms.base import Capability, ItemRef, Mechanism, MechanismSettings, Observation, Seen
+from reconcile.mechanisms.registry import register
+
+log = logging.getLogger(__name__)
+INVALID_PARAMS = -32602
+TASK_STATUS = {
+    "working": Seen.RUNNING,
+    "input_required": Seen.RUNNING,
+    "completed": Seen.COMPLETED,
+    "failed": Seen.FAILED,
+    "cancelled": Seen.CANCELLED,
+}
+LEDGER_FINAL = {"completed": Seen.COMPLETED, "failed": Seen.FAILED, "cancelled": Seen.CANCELLED}
+
+
+@asynccontextmanager
+async def connect(url: str, *, timeout_s: float) -> AsyncIterator[Client]:
+    # The 2025-11-25 handshake: tasks are part of that revision (they left the core spec in
+    # 2026-07-28), and it is what servers that implement them speak.
+    async with Client(url, mode="legacy", read_timeout_seconds=timeout_s) as client:
+        yield client
+
+
+def annotations_of(tool: types.Tool) -> dict[str, Any]:
+    hints = tool.annotations
+    # The spec's defaults when a hint is absent: not read-only, destructive, not idempotent, open world.
+    return {
+        "readOnlyHint": bool(hints and hints.read_only_hint),
+        "destructiveHint": True if hints is None or hints.destructive_hint is None else hints.destructive_hint,
+        "idempotentHint": bool(hints and hints.idempotent_hint),
+        "openWorldHint": True if hints is None or hints.open_world_hint is None else hints.open_world_hint,
+    }
+
+
+async def _describe(client: Client, url: str, tool: str) -> dict[str, Any]:
+    listing = await client.list_tools()
+    found = next((t for t in listing.tools if t.name == tool), None)
+    if found is None:
+        raise LookupError(f"{url} has no tool {tool!r}")
+    caps = client.server_capabilities
+    return {
+        "server": url,
+        "server_name": client.server_info.name if client.server_info else "",
+        "tool": tool,
+        "protocol_version": client.protocol_version,
+        "annotations": annotations_of(found),
+        "task_support": (found.execution.task_support if found.execution else None) or "forbidden",
+        "server_tasks": bool(getattr(caps, "tasks", None)),
+    }
+
+
+async def _db(fn: Any, /, **kwargs: Any) -> Any:
+    from reconcile.mechanisms.aio import _db as run_in_thread
+
+    return await run_in_thread(fn, **kwargs)
+
+
+async def _pass_boundary(item_id: int, actor: str, facts: dict[str, Any]) -> None:
+    from reconcile.services.handles import item_record_detail
+    from stopdesk.services.boundary import item_start, item_submit
+
+    await _db(item_record_detail, item_id=item_id, detail={"mcp": facts})
+    if facts["annotations"]["readOnlyHint"]:
+        await _db(item_start, item_id=item_id, actor=actor, worker="mcp")
+    else:
+        # A call that may change the world is an external action: submitted_at marks it.
+        await _db(item_submit, item_id=item_id, idempotency_key=f"mcp-item-{item_id}", actor=actor, worker="mcp")
+
+
+async def mcp_call_tool(
+    *,
+    item_id: int,
+    url: str,
+    tool: str,
+    arguments: dict[str, Any] | None = None,
+    actor: str,
+    poll_s: float = 0.5,
+    timeout_s: float = 300.0,
+) -> types.CallToolResult | None:
+    """Agent side: record server, tool, protocol version and annotations; pass the boundary; call
+    the tool while watching the ledger; cancel the call on Stop. Returns the result, or None when
+    the call was cancelled (the item is then recorded cancelled or uncertain)."""
+    from stopdesk.services.items import item_finish, item_heartbeat, item_transition
+    from stopdesk.states import ItemState
+
+    result: list[types.CallToolResult] = []
+    refused: Exception | None = None
+    async with connect(url, timeout_s=timeout_s) as client:
+        facts = await _describe(client, url, tool)
+        try:
+            await _pass_boundary(item_id, actor, facts)
+        except Exception as exc:  # raised after the session closes, not wrapped in its task group
+            refused = exc
+        stopped = anyio.Event()
+
+        async def call(scope: anyio.CancelScope) -> None:
+            result.append(await client.call_tool(tool, arguments or {}))
+            scope.cancel()
+
+        async def watch(scope: anyio.CancelScope) -> None:
+            while True:
+                await anyio.sleep(poll_s)
+                if await _db(item_heartbeat, item_id=item_id):
+                    stopped.set()
+                    scope.cancel()  # the SDK sends notifications/cancelled for the call
+                    return
+
+        if refused is None:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call, tg.cancel_scope)
+                tg.start_soon(watch, tg.cancel_scope)
+
+    if refused is not None:
+        raise refused
+    if result:
+        outcome = result[0]
+        text = " ".join(getattr(c, "text", "") for c in outcome.content)[:200]
+        await _db(item_finish, item_id=item_id, succeeded=not outcome.is_error, actor=actor, outcome=text or "done")
+        return outcome
+    read_only = facts["annotations"]["readOnlyHint"]
+    evidence = {"annotations": facts["annotations"], "notification": "notifications/cancelled sent by the SDK"}
+    await _db(
+        item_transition,
+        item_id=item_id,
+        to_state=ItemState.CANCELLED if read_only else ItemState.UNCERTAIN,
+        actor=actor,
+        outcome="cancelled; read-only tool"
+        if read_only
+        else "cancelled call; no answer follows and no status lookup exists",
+        evidence=evidence,
+        allowed_from=frozenset({ItemState.RUNNING}),
+    )
+    return None
+
+
+async def _raw_request(client: Client, method: str, params: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    session = client.session
+    data: dict[str, Any] = {"method": method, "params": params}
+    opts: dict[str, Any] = {"timeout": timeout_s}
+    session._stamp(data, opts)  # type: ignore[arg-type]  # the negotiated version's headers
+    return await session._dispatcher.send_raw_request(method, data.get("params"), opts)  # type: ignore[arg-type]
+
+
+async def _start_task(
+    url: str, tool: str, arguments: dict[str, Any], ttl_ms: int | None, item_id: int, actor: str, timeout_s: float
+) -> tuple[str, dict[str, Any]]:
+    async with connect(url, timeout_s=timeout_s) as client:
+        facts = await _describe(client, url, tool)
+        if not facts["server_tasks"] or facts["task_support"] not in ("optional", "required"):
+            raise ValueError(f"{tool!r} on {url} cannot run as a task")
+        try:
+            await _pass_boundary(item_id, actor, facts)
+        except Exception as exc:  # raised after the session closes, not wrapped in its task group
+            return "", {"refused": exc}
+        params: dict[str, Any] = {
+            "name": tool,
+            "arguments": arguments,
+            "task": {} if ttl_ms is None else {"ttl": ttl_ms},
+        }
+        answer = await _raw_request(client, "tools/call", params, timeout_s)
+        task = types.CreateTaskResult.model_validate(answer, by_name=False).task
+        return task.task_id, {**facts, "task_status": task.status, "ttl_ms": task.ttl}
+
+
+def mcp_start_task(
+    *, item_id: int, url: str, tool: str, arguments: dict[str, Any] | None = None, actor: str, ttl_ms: int | None = None
+) -> str:
+    """Agent side: start a task-augmented tool call and store the task id as the item's handle
+    before anything else. Returns the task id. Raises TaskStopped if Stop came first."""
+    from reconcile.mechanisms.registry import mechanism_settings
+    from reconcile.services.handles import item_record_handle
+
+    timeout = mechanism_settings("mcp").call_timeout_s
+    task_id, facts = anyio.run(_start_task, url, tool, arguments or {}, ttl_ms, item_id, actor, timeout)
+    if "refused" in facts:
+        raise facts["refused"]
+    item_record_handle(item_id=item_id, handle=task_id, actor=actor, detail={"mcp": facts})
+    return task_id
+
+
+@register
+class McpToolCall(Mechanism):
+    name = "mcp"
+    capabilities = frozenset({Capability.CANCEL, Capability.INSPECT})
+    defaults = MechanismSettings(
+        call_timeout_s=10.0, deadline_s=300.0, backoff_initial_s=1.0, backoff_max_s=30.0, recheck_interval_s=2.0
+    )
+
+    def can(self, capability: Capability, item: ItemRef | None = None) -> bool:
+        if item is not None and capability == Capability.CANCEL:
+            return _is_task(item)  # a plain call is cancelled by its caller's scope, not from here
+        return capability in self.capabilities
+
+    def cancel(self, item: ItemRef) -> Observation:
+        if not _is_task(item):
+            return self.inspect(item)
+        return self._run(self._task_cancel, item)
+
+    def inspect(self, item: ItemRef) -> Observation:
+        if _is_task(item):
+            return self._run(self._task_get, item)
+        return _plain_call(item)
+
+    def _run(self, fn: Any, item: ItemRef) -> Observation:
+        try:
+            return anyio.run(fn, item)
+        except (OSError, TimeoutError, MCPError) as exc:
+            return Observation(Seen.UNREACHABLE, remote_status=type(exc).__name__, message=str(exc)[:200])
+        except Exception as exc:  # the transport wraps connection failures in exception groups
+            return Observation(Seen.UNREACHABLE, remote_status=type(exc).__name__, message=str(exc)[:200])
+
+    async def _task_cancel(self, item: ItemRef) -> Observation:
+        url = item.detail["mcp"]["server"]
+        async with connect(url, timeout_s=self.settings.call_timeout_s) as client:
+            cancel = "accepted"
+            try:
+                await client.session.send_request(
+                    types.CancelTaskRequest(params=types.CancelTaskRequestParams(task_id=item.handle)),
+                    types.CancelTaskResult,
+                )
+            except MCPError as exc:
+                if exc.error.code != INVALID_PARAMS:
+                    raise
+                cancel = "-32602; looked it up"  # already terminal, or unknown: the read-back says which
+            read_back = await self._get(client, item)
+        detail = {**read_back.detail, "cancel": cancel}
+        return Observation(read_back.seen, read_back.remote_status, read_back.message, detail, cancel_sent=True)
+
+    async def _task_get(self, item: ItemRef) -> Observation:
+        async with connect(item.detail["mcp"]["server"], timeout_s=self.settings.call_timeout_s) as client:
+            return await self._get(client, item)
+
+    async def _get(self, client: Client, item: ItemRef) -> Observation:
+        try:
+            task = await client.session.send_request(
+                types.GetTaskRequest(params=types.GetTaskRequestParams(task_id=item.handle)), types.GetTaskResult
+            )
+        except MCPError as exc:
+            if exc.error.code == INVALID_PARAMS:
+                return Observation(
+                    Seen.UNKNOWABLE,
+                    remote_status="-32602",
+                    message="The server no longer knows this task (expired or deleted).",
+                )
+            raise
+        detail = {"task_id": task.task_id, "status": task.status, "status_message": task.status_message}
+        return Observation(TASK_STATUS[task.status], remote_status=task.status, detail=detail)
+
+
+def _is_task(item: ItemRef) -> bool:
+    return bool(item.handle) and bool((item.detail.get("mcp") or {}).get("server_tasks"))
+
+
+def _plain_call(item: ItemRef) -> Observation:
+    """A plain call's caller records its end in the ledger; read it back from there."""
+    from django.utils import timezone
+
+    if item.state in LEDGER_FINAL:
+        return Observation(LEDGER_FINAL[item.state], remote_status=f"ledger: {item.state}")
+    if item.state == "running" and item.lease_until is not None and item.lease_until > timezone.now():
+        return Observation(Seen.RUNNING, remote_status="caller alive", message="The caller cancels its own call.")
+    annotations = (item.detail.get("mcp") or {}).get("annotations") or {}
+    if annotations.get("readOnlyHint"):
+        return Observation(Seen.NO_EFFECT, remote_status="caller gone", message="read-only tool; nothing to reconcile")
+    return Observation(
+        Seen.UNKNOWABLE,
+        remote_status="caller gone",
+        message="The call may have changed the world and MCP has no status lookup for plain calls.",
+    )
