@@ -28,7 +28,7 @@ from stopdesk.client.errors import Conflict, InvalidRequest, NotFound, StopReque
 from stopdesk.client.types import HeartbeatInfo, ItemInfo, RecordInfo, StopInfo, TaskDetail, TaskInfo
 from stopdesk.models import ApiIdempotency, ExternalRecord, Runtime, StopRequest, Task, WorkItem
 from stopdesk.services.boundary import item_start, item_submit
-from stopdesk.services.errors import IllegalTransition, TaskStopped
+from stopdesk.services.errors import IllegalTransition, TaskStopped, ToolNotReady
 from stopdesk.services.items import (
     item_attach_record,
     item_finish,
@@ -129,7 +129,10 @@ class LocalRuntime:
         def produce() -> ItemInfo:
             if args.parent is not None and not WorkItem.objects.filter(pk=args.parent, task=task).exists():
                 raise InvalidRequest("parent must be an item of the same task.", field="parent")
-            item = item_register(task=task, actor=self.actor, **args.model_dump(exclude={"detail"}), detail=args.detail)
+            with _ledger_errors():
+                item = item_register(
+                    task=task, actor=self.actor, **args.model_dump(exclude={"detail"}), detail=args.detail
+                )
             return item_info(item)
 
         return self._once(request_key, f"register:{task.pk}", ItemInfo, produce)
@@ -449,6 +452,8 @@ def _ledger_errors() -> Iterator[None]:
         raise StopRequested(str(exc), task=exc.task_id, item=exc.item_id) from exc
     except IllegalTransition as exc:
         raise Conflict(str(exc), state=exc.current, item=exc.item_id) from exc
+    except ToolNotReady as exc:
+        raise InvalidRequest(str(exc), code=exc.code, field="mechanism", tool=exc.tool, missing=exc.missing) from exc
 
 
 def task_info(task: Task) -> TaskInfo:

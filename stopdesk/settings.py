@@ -208,6 +208,11 @@ STOPDESK_SYSTEMS = {
 # The MCP tool server the demo agent calls (the sandbox's, under `manage.py up`).
 STOPDESK_MCP_URL = os.environ.get("STOPDESK_MCP_URL", "http://127.0.0.1:8764/mcp")
 
+# Tool readiness (reconcile/readiness.py): "enforce" refuses to register an item for a tool that
+# cannot account for its submitted work (no status lookup, or a failed latest drill); "warn" logs it.
+STOPDESK_READINESS_POLICY = os.environ.get("STOPDESK_READINESS_POLICY", "off")
+STOPDESK_READINESS_CHECK = "reconcile.readiness.registration_check"
+
 # The sign-in rate limit counts in this cache. Per process by default; set STOPDESK_CACHE_URL
 # (redis://...) so every web process shares one count.
 if os.environ.get("STOPDESK_CACHE_URL"):

@@ -23,3 +23,19 @@ class IllegalTransition(LedgerError):
         self.current = current
         self.wanted = wanted
         super().__init__(f"Item {item_id} is {current}; it cannot move to {wanted}.")
+
+
+class ToolNotReady(LedgerError):
+    """The readiness policy refused to register an item: its tool cannot account for the work
+    it would submit (a missing capability, or a failed latest drill)."""
+
+    code = "tool_not_ready"
+
+    def __init__(self, tool: str, missing: list[str], reasons: list[str] | None = None) -> None:
+        self.tool = tool
+        self.missing = missing
+        self.reasons = reasons or []
+        super().__init__(
+            f"Tool {tool} cannot account for its submitted work; missing: {', '.join(missing)}. "
+            "The readiness policy (STOPDESK_READINESS_POLICY) refuses items for it."
+        )

@@ -8,6 +8,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from django.utils.module_loading import import_string
 
 from stopdesk.models import ExternalRecord, Task, WorkItem
 from stopdesk.services.errors import IllegalTransition
@@ -43,6 +44,7 @@ def item_register(
     complete), but such an item can never pass the boundary."""
     if kind not in Kind.values:
         raise ValueError(f"Unknown kind {kind!r}; expected one of {', '.join(Kind.values)}.")
+    _readiness_check(mechanism=mechanism, kind=kind, detail=detail)
     task_id = task if isinstance(task, int) else task.pk
     parent_id = parent if isinstance(parent, int) or parent is None else parent.pk
     with transaction.atomic():
@@ -62,6 +64,16 @@ def item_register(
             kind="item_registered", actor=actor, item=item, to_state=item.state, data={"noun": noun, "kind": kind}
         )
     return item
+
+
+def _readiness_check(*, mechanism: str, kind: str, detail: dict[str, Any] | None) -> None:
+    """The readiness policy's hook (STOPDESK_READINESS_POLICY, off by default). The check lives
+    with the mechanisms (STOPDESK_READINESS_CHECK, a dotted path), loaded only when needed, so
+    the ledger does not import the reconcile app; it raises ToolNotReady to refuse."""
+    if getattr(settings, "STOPDESK_READINESS_POLICY", "off") == "off":
+        return
+    check = import_string(getattr(settings, "STOPDESK_READINESS_CHECK", "reconcile.readiness.registration_check"))
+    check(mechanism=mechanism, kind=kind, detail=detail)
 
 
 def item_transition(

@@ -2,6 +2,7 @@ from django.contrib.auth.views import LogoutView
 from django.urls import path
 from django.views.generic import RedirectView
 
+from reconcile.views_readiness import readiness_page
 from stopdesk.views import auth, review, tasks
 
 urlpatterns = [
@@ -14,6 +15,7 @@ urlpatterns = [
     path("tasks/<int:task_id>/stop/", tasks.task_stop, name="task-stop"),
     path("tasks/<int:task_id>/items/", tasks.task_items, name="task-items"),
     path("queue/", review.queue, name="review-queue"),
+    path("readiness/", readiness_page, name="readiness"),
     path("items/<int:item_id>/resolve/", review.item_resolve_view, name="item-resolve"),
     path("items/<int:item_id>/extend/", review.item_extend_view, name="item-extend"),
     path("items/<int:item_id>/escalate/", review.item_escalate_view, name="item-escalate"),

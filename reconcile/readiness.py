@@ -1,0 +1,196 @@
+"""Tool readiness: can a tool's stop path account for all the work it submits?
+
+A verdict comes from two kinds of evidence: what the adapter declares it can do (cancel, inspect,
+reverse; `Mechanism.can`, per item where it depends on the item's declaration), and how the
+tool did in its latest drill (`manage.py stopdrill`). A tool without a status lookup cannot tell
+what happened to an action whose answer was lost, so its submitted work cannot be accounted for;
+a tool whose latest drill failed has been seen to lose work or act after the boundary.
+
+The policy (`settings.STOPDESK_READINESS_POLICY`): "off" (default), "warn" (log a refusal that
+would have happened) or "enforce" (refuse to register the item: the agent's tool set is narrowed
+to the tools whose stop path can account for their work). The ledger calls
+`registration_check` through `settings.STOPDESK_READINESS_CHECK`, so it never imports this app.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+
+from reconcile.mechanisms import registry
+from reconcile.mechanisms.base import Capability, ItemRef, Mechanism
+from reconcile.models import DrillResult
+from stopdesk.services.errors import ToolNotReady
+
+log = logging.getLogger(__name__)
+
+READY = "ready"  # can inspect, and its latest drills passed
+LIMITED = "limited"  # can account for its work, but cannot ask it to stop (it runs to its end)
+UNTESTED = "untested"  # can account for its work on paper; no drill has run yet
+NOT_READY = "not_ready"  # cannot account for its submitted work, or failed its latest drill
+
+
+@dataclass(frozen=True)
+class DrillEvidence:
+    run_id: int
+    at: datetime | None
+    passed: int
+    failed: list[str]
+
+    @property
+    def total(self) -> int:
+        return self.passed + len(self.failed)
+
+
+@dataclass
+class Verdict:
+    tool: str
+    mechanism: str
+    cancel: bool
+    inspect: bool
+    reverse: bool
+    drill: DrillEvidence | None
+    status: str = UNTESTED
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def missing(self) -> list[str]:
+        return [r for r in self.reasons if r.startswith("missing")]
+
+
+def latest_drill(mechanism: str) -> DrillEvidence | None:
+    """The mechanism's rows from the latest drill run that included it."""
+    latest = DrillResult.objects.filter(mechanism=mechanism).order_by("-run_id").values("run_id").first()
+    if latest is None:
+        return None
+    rows = list(
+        DrillResult.objects.filter(mechanism=mechanism, run_id=latest["run_id"]).values(
+            "drill", "passed", "run__finished_at"
+        )
+    )
+    return DrillEvidence(
+        run_id=latest["run_id"],
+        at=rows[0]["run__finished_at"] if rows else None,
+        passed=sum(1 for r in rows if r["passed"]),
+        failed=sorted(r["drill"] for r in rows if not r["passed"]),
+    )
+
+
+def _ref(mechanism: str, kind: str = "", detail: dict[str, Any] | None = None) -> ItemRef:
+    return ItemRef(
+        id=0,
+        task_id=0,
+        kind=kind,
+        mechanism=mechanism,
+        handle="",
+        idempotency_key="",
+        state="queued",
+        detail=detail or {},
+    )
+
+
+def _can(adapter: Mechanism, capability: Capability, ref: ItemRef | None) -> bool:
+    if not adapter.can(capability, ref):
+        return False
+    if ref is not None and adapter.name == "http" and capability in (Capability.INSPECT, Capability.REVERSE):
+        # The HTTP adapter answers these per item only for cancel; what it can look up or reverse
+        # depends on the operation's declaration (on the item, or per system in settings).
+        decl = _http_declaration(ref.detail)
+        return bool(
+            decl.get("lookup_url") if capability == Capability.INSPECT else (decl.get("reverse") or {}).get("url")
+        )
+    return True
+
+
+def _http_declaration(detail: dict[str, Any]) -> dict[str, Any]:
+    declared = dict(detail.get("http") or {})
+    systems = registry.mechanism_settings("http").options.get("systems", {})
+    return {**systems.get(declared.get("system", ""), {}), **declared}
+
+
+def verdict_for(
+    mechanism: str, *, kind: str = "", detail: dict[str, Any] | None = None, tool: str | None = None
+) -> Verdict:
+    """The verdict for one tool: a mechanism, or (with `detail`) one registration of it."""
+    adapter = registry.get(mechanism)
+    ref = _ref(mechanism, kind, detail) if detail is not None else None
+    verdict = Verdict(
+        tool=tool or mechanism,
+        mechanism=mechanism,
+        cancel=_can(adapter, Capability.CANCEL, ref),
+        inspect=_can(adapter, Capability.INSPECT, ref),
+        reverse=_can(adapter, Capability.REVERSE, ref),
+        drill=latest_drill(mechanism),
+    )
+    if mechanism not in registry.names():
+        verdict.reasons.append(f"unknown mechanism: handled by the manual rule ({adapter.name})")
+    if not verdict.inspect:
+        verdict.reasons.append("missing capability: inspect (no status lookup, so a lost answer stays unknown)")
+    if verdict.drill is not None and verdict.drill.failed:
+        verdict.reasons.append(
+            f"missing a passing drill: failed {', '.join(verdict.drill.failed)} in drill run #{verdict.drill.run_id}"
+        )
+    if verdict.reasons and any(r.startswith("missing") for r in verdict.reasons):
+        verdict.status = NOT_READY
+    elif verdict.drill is None or verdict.drill.total == 0:
+        verdict.status = UNTESTED
+        verdict.reasons.append("no drill has run for it yet")
+    elif not verdict.cancel:
+        verdict.status = LIMITED
+        verdict.reasons.append("cannot ask the work to stop; it is reconciled after it ends")
+    else:
+        verdict.status = READY
+    return verdict
+
+
+def verdicts() -> list[Verdict]:
+    """Every registered mechanism, and each HTTP system declared in settings."""
+    found = [verdict_for(name) for name in registry.names()]
+    systems = registry.mechanism_settings("http").options.get("systems", {}) if "http" in registry.names() else {}
+    for system in sorted(systems):
+        found.append(verdict_for("http", detail={"http": {"system": system}}, tool=f"http:{system}"))
+    return found
+
+
+def policy() -> str:
+    mode = getattr(settings, "STOPDESK_READINESS_POLICY", "off")
+    if mode not in ("off", "warn", "enforce"):
+        raise ValueError(f"STOPDESK_READINESS_POLICY must be off, warn or enforce, not {mode!r}")
+    return str(mode)
+
+
+def registration_check(*, mechanism: str, kind: str, detail: dict[str, Any] | None, **_: Any) -> None:
+    """Called by `item_register` when the policy is not off. Raises ToolNotReady under "enforce"
+    when the tool cannot account for its submitted work."""
+    mode = policy()
+    if mode == "off":
+        return
+    tool = _tool_name(mechanism, detail or {})
+    verdict = verdict_for(mechanism, kind=kind, detail=detail or {}, tool=tool)
+    if verdict.status != NOT_READY:
+        return
+    missing = [_missing_name(r) for r in verdict.missing]
+    error = ToolNotReady(tool=tool, missing=missing, reasons=verdict.missing)
+    if mode == "enforce":
+        raise error
+    log.warning("readiness policy (warn): %s", error)
+
+
+def _missing_name(reason: str) -> str:
+    # "missing capability: inspect (...)" -> "inspect"; "missing a passing drill: ..." -> "a passing drill"
+    head, _, rest = reason.partition(":")
+    if head == "missing capability":
+        return rest.strip().split(" ")[0]
+    return head.removeprefix("missing ").strip()
+
+
+def _tool_name(mechanism: str, detail: dict[str, Any]) -> str:
+    if mechanism == "http":
+        system = (detail.get("http") or {}).get("system")
+        return f"http:{system}" if system else "http"
+    tool = (detail.get(mechanism) or {}).get("tool") if isinstance(detail.get(mechanism), dict) else None
+    return f"{mechanism}:{tool}" if tool else mechanism
