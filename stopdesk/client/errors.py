@@ -116,9 +116,9 @@ _BY_STATUS: dict[int, type[StopdeskError]] = {
 def error_from_response(status: int, body: Any) -> StopdeskError:
     """The exception for an error response (the client side of the mapping)."""
     if not isinstance(body, dict) or "error" not in body:
-        err = ServerError(f"HTTP {status} without the API's error body.", code="bad_response")
-        err.status = status
-        return err
+        bad = ServerError(f"HTTP {status} without the API's error body.", code="bad_response")
+        bad.status = status
+        return bad
     code = str(body.get("error"))
     detail = str(body.get("detail", ""))
     extra = {k: v for k, v in body.items() if k not in ("error", "detail", "field")}
