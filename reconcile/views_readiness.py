@@ -22,6 +22,7 @@ def readiness_page(request: HttpRequest) -> HttpResponse:
     verdicts = readiness.verdicts()
     for verdict in verdicts:
         verdict.pill = PILL[verdict.status]  # type: ignore[attr-defined]
+        verdict.label = verdict.status.replace("_", " ").capitalize()  # type: ignore[attr-defined]
     latest = DrillRun.objects.order_by("-pk").first()
     context = {
         "verdicts": verdicts,
