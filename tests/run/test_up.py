@@ -4,6 +4,7 @@ everything within a bound, leaving no process behind."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -71,10 +72,8 @@ class Up:
     def kill_everything(self) -> None:
         """Cleanup after a failed assertion: nothing may outlive the test."""
         for pid, _ in processes_with(self.marker):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(5)
