@@ -104,3 +104,29 @@ def item_escalate(*, item_id: int, to: Any, reason: str, by: Any) -> Escalation:
             data={"escalation": escalation.pk, "to": to.get_username()},
         )
     return escalation
+
+
+def item_acknowledge_late_result(*, item_id: int, note: str, by: Any) -> WorkItem:
+    """A report that contradicted a recorded outcome (a response that completed after it was
+    recorded cancelled, a worker reporting after Stop) was kept as an event and flagged. The
+    recorded state does not change: terminal states never do. The reviewer says what they found
+    and what follows (for example a compensation on the record), and the flag is cleared."""
+    _check(by)
+    if not note.strip():
+        raise ReviewRefused("Say what you found and what follows from it.")
+    with transaction.atomic():
+        item = WorkItem.objects.select_for_update().get(pk=item_id)
+        if not item.needs_review or item.state == S.UNCERTAIN:
+            raise ReviewRefused("This item has no late result waiting for review.")
+        WorkItem.objects.filter(pk=item_id).update(needs_review=False, updated_at=timezone.now())
+        event_record(
+            kind="late_result_acknowledged",
+            actor=actor_for(by),
+            item=item,
+            from_state=item.state,
+            to_state=item.state,
+            message=note.strip(),
+            data={"late_result": item.evidence.get("late_result", {})},
+        )
+    item.refresh_from_db()
+    return item

@@ -23,7 +23,14 @@ from reconcile.services.compensation import (
     compensation_propose,
     compensation_reject,
 )
-from reconcile.services.review import OUTCOMES, ReviewRefused, item_escalate, item_extend_deadline, item_resolve
+from reconcile.services.review import (
+    OUTCOMES,
+    ReviewRefused,
+    item_acknowledge_late_result,
+    item_escalate,
+    item_extend_deadline,
+    item_resolve,
+)
 from stopdesk import permissions as perms
 from stopdesk.services.errors import IllegalTransition
 from stopdesk.states import ItemState
@@ -31,7 +38,7 @@ from stopdesk.views import HtmxHttpRequest
 from stopdesk.views.auth import reauth_check_password, reauth_fresh, reauthenticated_at
 from stopdesk.views.selectors import SECTIONS, now, review_queue
 
-QUEUE_FRAGMENTS = ("uncertain", "reversals", "proposals", "escalations")
+QUEUE_FRAGMENTS = ("uncertain", "late", "reversals", "proposals", "escalations")
 
 
 def _int(value: Any, default: int = 1) -> int:
@@ -126,6 +133,22 @@ def item_extend_view(request: HtmxHttpRequest, item_id: int) -> HttpResponse:
         messages.success(request, f"Extended the deadline of {item.noun} #{item.pk} by {hours} hours.")
         return redirect("review-queue")
     return _form_page(request, "review/extend.html", context)
+
+
+@require_http_methods(["GET", "POST"])
+@perms.require(perms.RESOLVE)
+def item_acknowledge_view(request: HtmxHttpRequest, item_id: int) -> HttpResponse:
+    item = perms.item_for(request.user, item_id)
+    context: dict[str, Any] = {"item": item, "late": item.evidence.get("late_result", {}), "error": ""}
+    if request.method == "POST":
+        try:
+            item_acknowledge_late_result(item_id=item.pk, note=request.POST.get("note", ""), by=request.user)
+        except ReviewRefused as exc:
+            context.update(error=str(exc), values=request.POST)
+            return _form_page(request, "review/acknowledge.html", context, status=400)
+        messages.success(request, f"Reviewed the late result of {item.noun} #{item.pk}.")
+        return redirect("review-queue")
+    return _form_page(request, "review/acknowledge.html", context)
 
 
 @require_http_methods(["GET", "POST"])

@@ -196,8 +196,19 @@ def queue_escalated_compensations() -> QuerySet[Compensation]:
     )
 
 
+def queue_late_results() -> QuerySet[WorkItem]:
+    """Settled items a contradicting report arrived for after their outcome was recorded."""
+    return (
+        WorkItem.objects.filter(needs_review=True)
+        .exclude(state=S.UNCERTAIN)
+        .select_related("task")
+        .order_by("updated_at", "id")
+    )
+
+
 SECTIONS = {
     "uncertain": queue_uncertain,
+    "late": queue_late_results,
     "reversals": queue_reversals,
     "proposals": queue_proposals,
     "escalations": queue_escalations,

@@ -18,6 +18,7 @@ urlpatterns = [
     path("readiness/", readiness_page, name="readiness"),
     path("items/<int:item_id>/resolve/", review.item_resolve_view, name="item-resolve"),
     path("items/<int:item_id>/extend/", review.item_extend_view, name="item-extend"),
+    path("items/<int:item_id>/acknowledge/", review.item_acknowledge_view, name="item-acknowledge"),
     path("items/<int:item_id>/escalate/", review.item_escalate_view, name="item-escalate"),
     path("records/<int:record_id>/propose/", review.record_propose_view, name="record-propose"),
     path("compensations/<int:compensation_id>/", review.compensation_detail, name="compensation-detail"),
