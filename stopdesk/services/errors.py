@@ -15,6 +15,12 @@ class TaskStopped(LedgerError):
         super().__init__(f"Task {task_id} was stopped; item {item_id} was not started and is cancelled.")
 
 
+class RecordConflict(LedgerError):
+    """The external record is already the effect of another item; one effect has one cause."""
+
+    code = "record_conflict"
+
+
 class IllegalTransition(LedgerError):
     code = "illegal_transition"
 

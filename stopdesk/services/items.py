@@ -11,7 +11,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from stopdesk.models import ExternalRecord, Task, WorkItem
-from stopdesk.services.errors import IllegalTransition
+from stopdesk.services.errors import IllegalTransition, RecordConflict
 from stopdesk.services.events import event_record
 from stopdesk.services.sql import ClockNow
 from stopdesk.states import TERMINAL, ItemState, Kind, can_move
@@ -177,9 +177,14 @@ def item_attach_record(
     reversal: str = "",
     link: str = "",
 ) -> ExternalRecord:
-    """Report an effect in another system. Attaching the same record twice updates its version."""
+    """Report an effect in another system. Attaching the same record to the same item again
+    updates its version; attaching it to another item is refused (it would silently move an
+    effect, possibly across tasks)."""
     with transaction.atomic():
         item = WorkItem.objects.select_for_update().get(pk=item_id)
+        owner = ExternalRecord.objects.filter(system=system, record_id=record_id).values_list("item_id", flat=True)
+        if owner and owner[0] != item.pk:
+            raise RecordConflict(f"{system} {record_id} is already recorded as the effect of item {owner[0]}.")
         record, created = ExternalRecord.objects.update_or_create(
             system=system,
             record_id=record_id,

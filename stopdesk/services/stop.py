@@ -103,7 +103,10 @@ def stop_fanout(*, stop_request_id: int, actor: str, dispatch: Callable[[list[in
             queued_cancelled=cancelled, dispatched=len(in_flight), fanout_done_at=timezone.now()
         )
         send = dispatch or dispatch_cancellations
-        transaction.on_commit(lambda: send(in_flight))
+        # robust: the stop has committed whatever happens to the broker. If queuing fails, the
+        # items keep cancel_requested_at and a due next_check_at, and the reconcile sweep finds
+        # them; the caller must not be told the stop failed.
+        transaction.on_commit(lambda: send(in_flight), robust=True)
     return in_flight
 
 
