@@ -182,6 +182,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_IMPORTS = ("stopdesk.demo.agent",)
 CELERY_BEAT_SCHEDULE = {
     "reap-stale-items": {"task": "stopdesk.reap_stale_items", "schedule": 30.0},
+    "resume-stop-fanouts": {"task": "stopdesk.resume_stop_fanouts", "schedule": 30.0},
     # Bounded batch of items awaiting reconciliation or due for a re-check (reconcile/services).
     "reconcile-sweep": {"task": "reconcile.sweep", "schedule": 5.0},
 }

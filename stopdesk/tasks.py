@@ -8,12 +8,12 @@ from stopdesk.services.reaper import items_reap_stale
 from stopdesk.services.stop import stops_resume_fanout
 
 
-@shared_task(name="stopdesk.reap_stale_items", time_limit=60)
+@shared_task(name="stopdesk.reap_stale_items", time_limit=60, soft_time_limit=55)
 def reap_stale_items() -> int:
     return items_reap_stale()
 
 
-@shared_task(name="stopdesk.resume_stop_fanouts", time_limit=120)
+@shared_task(name="stopdesk.resume_stop_fanouts", time_limit=120, soft_time_limit=110)
 def resume_stop_fanouts() -> int:
     return len(stops_resume_fanout())
 
