@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 from typing import Any
 
 import anyio
@@ -26,10 +27,10 @@ from celery import shared_task
 from django.conf import settings
 
 from reconcile.mechanisms.http import http_submit
+from reconcile.mechanisms.mcp import mcp_call_tool
 from reconcile.mechanisms.openai import client_for, response_create
 from stopdesk.demo import sandbox
 from stopdesk.logs import log_context
-from stopdesk.services.boundary import item_start
 from stopdesk.services.errors import TaskStopped
 from stopdesk.services.items import item_finish, item_register
 from stopdesk.states import Kind
@@ -119,13 +120,25 @@ class InvoiceAnalysis:
             kind=Kind.REMOTE_TOOL, noun="lookup", mechanism="mcp", label="Look up ACME's open invoices (MCP)"
         )
         with log_context(item=item_id):
-            item_start(item_id=item_id, actor=self.actor)
             seconds = 0.2 if STAGES.index("tools") <= self.fast else max(1.0, self.pace / 3)
-            text = anyio.run(
-                _call_tool, settings.STOPDESK_MCP_URL, "slow_lookup", {"query": "ACME", "seconds": seconds}
+            # Through the MCP adapter: it records the server, tool, protocol and annotations,
+            # passes the boundary, and cancels the call if Stop arrives while it runs.
+            result = anyio.run(
+                partial(
+                    mcp_call_tool,
+                    item_id=item_id,
+                    url=settings.STOPDESK_MCP_URL,
+                    tool="slow_lookup",
+                    arguments={"query": "ACME", "seconds": seconds},
+                    actor=self.actor,
+                )
             )
-            item_finish(item_id=item_id, succeeded=True, actor=self.actor, outcome=f"looked up: {text}"[:200])
-        return text
+        if result is None:  # stopped during the call; the adapter recorded the item
+            self.celery_task.raise_if_stopped()
+            return ""
+        if result.is_error:
+            raise RuntimeError("tool slow_lookup answered an error")
+        return " ".join(getattr(part, "text", "") for part in result.content).strip()
 
     def create_record(self, lookup: str) -> str:
         crm = str(settings.STOPDESK_SYSTEMS["crm"]["base_url"]).rstrip("/")
@@ -202,16 +215,6 @@ class InvoiceAnalysis:
                     )
             if pending:
                 self.sleep(1.0)
-
-
-async def _call_tool(url: str, name: str, arguments: dict[str, Any]) -> str:
-    from mcp import Client
-
-    async with Client(url, mode="legacy") as client:
-        result = await client.call_tool(name, arguments)
-    if result.is_error:
-        raise RuntimeError(f"tool {name} answered an error")
-    return " ".join(getattr(part, "text", "") for part in result.content).strip()
 
 
 @shared_task(base=LedgerTask, bind=True, name="stopdesk.demo.invoice_analysis", time_limit=1800, soft_time_limit=1790)

@@ -86,7 +86,9 @@ def broker() -> Iterator[str]:
 def start_worker(pg_dsn: str, broker: str, tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
     workers: list[Worker] = []
 
-    def start(name: str = "w1@test", lease_seconds: int = 3, ready: bool = True) -> Worker:
+    def start(
+        name: str = "w1@test", lease_seconds: int = 3, ready: bool = True, extra_env: dict[str, str] | None = None
+    ) -> Worker:
         env = {
             **os.environ,
             "DATABASE_URL": pg_dsn,
@@ -94,6 +96,7 @@ def start_worker(pg_dsn: str, broker: str, tmp_path: Path) -> Iterator:  # type:
             "STOPDESK_HEARTBEAT_SECONDS": "1",
             "STOPDESK_LEASE_SECONDS": str(lease_seconds),
             "PYTHONPATH": str(ROOT),
+            **(extra_env or {}),
         }
         env.pop("STOPDESK_TESTING", None)
         worker = Worker(name, env, tmp_path / f"{name.replace('@', '_')}-{len(workers)}.log")
