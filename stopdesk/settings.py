@@ -172,7 +172,12 @@ else:
         "data_folder_out": str(_queue_dir),
         "processed_folder": str(DATA_DIR / "broker-processed"),
         "store_processed": False,
+        # Fan-out exchanges (revoke broadcasts) are kept here; the default is ./control in the cwd.
+        "control_folder": str(DATA_DIR / "broker-control"),
     }
+    # Every process that talks to the folder broker (web, worker, a shell) needs them to exist.
+    for _folder in (_queue_dir, DATA_DIR / "broker-processed", DATA_DIR / "broker-control"):
+        _folder.mkdir(parents=True, exist_ok=True)
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_TIME_LIMIT = 15 * 60
 CELERY_TASK_SOFT_TIME_LIMIT = 14 * 60
