@@ -1,10 +1,13 @@
 """Cancelling in-flight items through their mechanisms: the job Stop dispatches per item, and a
-concurrent canceller for many items in one process."""
+batched canceller for many items in one process."""
 
 from __future__ import annotations
 
+import math
+
 from reconcile.mechanisms.registry import mechanism_settings
-from reconcile.services.reconcile import Result, item_reconcile, items_claim, items_reconcile_many
+from reconcile.services.batch import items_reconcile_batch
+from reconcile.services.reconcile import Result, claim_seconds, item_reconcile, items_claim
 
 
 def item_cancel(*, item_id: int, actor: str = "system:canceller") -> Result:
@@ -16,12 +19,12 @@ def item_cancel(*, item_id: int, actor: str = "system:canceller") -> Result:
 def items_cancel(
     *, item_ids: list[int], mechanism: str, actor: str = "system:canceller", concurrency: int | None = None
 ) -> list[Result]:
-    """Claim the items in one statement, then cancel and read back with the mechanism's configured
-    concurrency. Items someone else holds are left to them."""
-    claimed = items_claim(item_ids=item_ids)
-    return items_reconcile_many(
-        item_ids=claimed,
-        concurrency=concurrency or mechanism_settings(mechanism).concurrency,
-        actor=actor,
-        claimed=True,
-    )
+    """Claim the items in one statement, cancel and read back with the mechanism's configured
+    concurrency, and record the results set-based. Items someone else holds are left to them."""
+    cfg = mechanism_settings(mechanism)
+    concurrency = concurrency or cfg.concurrency
+    # The claim must outlast the whole batch, or a sweep could take an item whose calls are still
+    # out: in the worst case every round of calls (cancel + read-back) runs into its timeout.
+    rounds = math.ceil(len(item_ids) / concurrency)
+    claimed = items_claim(item_ids=item_ids, hold_s=claim_seconds() + rounds * 2 * cfg.call_timeout_s)
+    return items_reconcile_batch(item_ids=claimed, concurrency=concurrency, actor=actor)

@@ -55,9 +55,11 @@ def item_claim(*, item_id: int, now: datetime | None = None) -> bool:
     return won == 1
 
 
-def items_claim(*, item_ids: list[int], now: datetime | None = None) -> list[int]:
-    """Claim the given items that are due (or never scheduled), in one statement. Returns the ids won."""
+def items_claim(*, item_ids: list[int], now: datetime | None = None, hold_s: float | None = None) -> list[int]:
+    """Claim the given items that are due (or never scheduled), in one statement per 1,000.
+    `hold_s` (default: the claim seconds) must outlast the work on all of them. Returns the ids won."""
     now = now or timezone.now()
+    until = now + timedelta(seconds=hold_s if hold_s is not None else claim_seconds())
     won: list[int] = []
     for start in range(0, len(item_ids), 1000):
         chunk = item_ids[start : start + 1000]
@@ -67,9 +69,7 @@ def items_claim(*, item_ids: list[int], now: datetime | None = None) -> list[int
                 .filter(Q(next_check_at__isnull=True) | Q(next_check_at__lte=now), pk__in=chunk, state__in=SWEPT)
                 .values_list("id", flat=True)
             )
-            WorkItem.objects.filter(pk__in=due).update(
-                next_check_at=now + timedelta(seconds=claim_seconds()), check_count=F("check_count") + 1
-            )
+            WorkItem.objects.filter(pk__in=due).update(next_check_at=until, check_count=F("check_count") + 1)
         won.extend(due)
     return sorted(won)
 
@@ -130,16 +130,11 @@ def item_reconcile(*, item_id: int, actor: str = ACTOR, now: datetime | None = N
     if item.state in TERMINAL and item.state != S.CANCELLED:
         _schedule(item_id=item.pk, next_check_at=None)
         return Result(item_id, "none", "", item.state)
-    action = _choose_action(item, mechanism)
+    action = choose_action(item, mechanism)
     attempt = CancellationAttempt.objects.create(item=item, mechanism=mechanism.name, action=action, sent_at=now)
-    ref = ItemRef.of(item)
-    try:
-        observation = mechanism.cancel(ref) if action == "cancel" else mechanism.inspect(ref)
-    except Exception as exc:  # an adapter bug must not leave the attempt open or stop a sweep
-        log.exception("%s %s of item %s raised", mechanism.name, action, item_id)
-        observation = Observation(Seen.UNREACHABLE, remote_status=type(exc).__name__, message=str(exc)[:300])
+    observation = observe(mechanism, ItemRef.of(item), action)
     _attempt_close(attempt.pk, observation)
-    return _apply(
+    return item_apply(
         item_id=item_id,
         mechanism=mechanism,
         observation=observation,
@@ -150,7 +145,17 @@ def item_reconcile(*, item_id: int, actor: str = ACTOR, now: datetime | None = N
     )
 
 
-def _choose_action(item: WorkItem, mechanism: Mechanism) -> str:
+def observe(mechanism: Mechanism, ref: ItemRef, action: str) -> Observation:
+    """The adapter's cancel or inspect. Adapters do not raise for remote failures; an adapter bug
+    must not leave the attempt open or stop a sweep, so it is an unreachable observation."""
+    try:
+        return mechanism.cancel(ref) if action == "cancel" else mechanism.inspect(ref)
+    except Exception as exc:
+        log.exception("%s %s of item %s raised", mechanism.name, action, ref.id)
+        return Observation(Seen.UNREACHABLE, remote_status=type(exc).__name__, message=str(exc)[:300])
+
+
+def choose_action(item: WorkItem, mechanism: Mechanism) -> str:
     if item.cancel_requested_at is None or not mechanism.can(Capability.CANCEL, ItemRef.of(item)):
         return "inspect"
     if item.state not in (S.RUNNING, S.AWAITING_RECONCILIATION):
@@ -164,21 +169,24 @@ def _choose_action(item: WorkItem, mechanism: Mechanism) -> str:
 
 
 def _attempt_close(attempt_id: int, observation: Observation) -> None:
-    answered = observation.seen not in (Seen.UNREACHABLE,)
-    CancellationAttempt.objects.filter(pk=attempt_id).update(
-        answered_at=timezone.now(),
-        ok=answered,
-        observed_status=(observation.remote_status or str(observation.seen))[:64],
-        detail={
+    CancellationAttempt.objects.filter(pk=attempt_id).update(answered_at=timezone.now(), **attempt_result(observation))
+
+
+def attempt_result(observation: Observation) -> dict[str, Any]:
+    """The columns that record what came back for an attempt."""
+    return {
+        "ok": observation.seen not in (Seen.UNREACHABLE,),
+        "observed_status": (observation.remote_status or str(observation.seen))[:64],
+        "detail": {
             "seen": str(observation.seen),
             "message": observation.message,
             "cancel_sent": observation.cancel_sent,
             **observation.detail,
         },
-    )
+    }
 
 
-def _apply(
+def item_apply(
     *,
     item_id: int,
     mechanism: Mechanism,
@@ -188,31 +196,13 @@ def _apply(
     action: str,
     attempt_id: int,
 ) -> Result:
+    """Read the item again, let the engine decide on `observation`, and apply the plan through the
+    ledger's services, one item at a time."""
     item = WorkItem.objects.get(pk=item_id)
-    progress: dict[str, Any] = dict(item.evidence.get("reconcile") or {})
-    since = item.cancel_requested_at or _parse(progress.get("since")) or now
-    progress.setdefault("since", since.isoformat())
-    facts = engine.ItemFacts(
-        state=item.state,
-        cancel_requested=item.cancel_requested_at is not None,
-        since=since,
-        failures=int(progress.get("failures", 0)),
-        cancelled_at=item.finished_at if item.state == S.CANCELLED else None,
-        investigate_by_default_hours=float(settings.STOPDESK["INVESTIGATE_BY_HOURS"]),
-        submitted_at=item.submitted_at,
+    decision = decide(
+        item=item, mechanism=mechanism, observation=observation, now=now, action=action, attempt_id=attempt_id
     )
-    plan = engine.decide(facts, observation, now, mechanism.settings)
-    progress["failures"] = plan.failures
-    if action == "cancel" and observation.cancel_sent:
-        progress["cancel_answered"] = True
-    evidence = {
-        **plan.evidence,
-        "mechanism": mechanism.name,
-        "action": action,
-        "attempt": attempt_id,
-        "at": now.isoformat(),
-        **({"detail": observation.detail} if observation.detail else {}),
-    }
+    plan, progress, evidence = decision.plan, decision.progress, decision.evidence
     if observation.record is not None:
         _attach(item_id, observation, actor)
 
@@ -251,6 +241,44 @@ def _apply(
     else:
         _schedule(item_id=item_id, next_check_at=plan.next_check_at, progress=progress)
     return Result(item_id, action, str(observation.seen), plan.to_state or item.state)
+
+
+@dataclass(frozen=True)
+class Decision:
+    plan: engine.Plan
+    progress: dict[str, Any]  # the item's evidence["reconcile"] after this pass
+    evidence: dict[str, Any]  # what this pass saw, for the item and its event
+
+
+def decide(
+    *, item: WorkItem, mechanism: Mechanism, observation: Observation, now: datetime, action: str, attempt_id: int
+) -> Decision:
+    """The engine's plan for `item` as read, with the progress and evidence to record."""
+    progress: dict[str, Any] = dict(item.evidence.get("reconcile") or {})
+    since = item.cancel_requested_at or _parse(progress.get("since")) or now
+    progress.setdefault("since", since.isoformat())
+    facts = engine.ItemFacts(
+        state=item.state,
+        cancel_requested=item.cancel_requested_at is not None,
+        since=since,
+        failures=int(progress.get("failures", 0)),
+        cancelled_at=item.finished_at if item.state == S.CANCELLED else None,
+        investigate_by_default_hours=float(settings.STOPDESK["INVESTIGATE_BY_HOURS"]),
+        submitted_at=item.submitted_at,
+    )
+    plan = engine.decide(facts, observation, now, mechanism.settings)
+    progress["failures"] = plan.failures
+    if action == "cancel" and observation.cancel_sent:
+        progress["cancel_answered"] = True
+    evidence = {
+        **plan.evidence,
+        "mechanism": mechanism.name,
+        "action": action,
+        "attempt": attempt_id,
+        "at": now.isoformat(),
+        **({"detail": observation.detail} if observation.detail else {}),
+    }
+    return Decision(plan, progress, evidence)
 
 
 def _attach(item_id: int, observation: Observation, actor: str) -> None:

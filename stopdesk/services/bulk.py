@@ -2,14 +2,18 @@
 
 On PostgreSQL the UPDATE and the INSERT of its events are one statement (a data-modifying CTE),
 so the statement count does not grow with the item count and no row is moved without its event.
+A move may also carry values of each item's own (`rows`): columns that differ by item, keys merged
+into its evidence, and its event's data; they travel as arrays in the same statement.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Q
+from django.db.models import Field, Q
 from django.utils import timezone
 
 from stopdesk.models import Event, WorkItem
@@ -17,6 +21,17 @@ from stopdesk.services.sql import is_postgres
 from stopdesk.states import TERMINAL, can_move
 
 NOW = object()  # marks a column to be set to the database clock
+
+
+@dataclass(frozen=True)
+class Row:
+    """One item's own values in a set-based move: columns that differ by item (every row of a
+    move sets the same ones), keys merged into its evidence at the top level (as item_transition
+    merges), and the data of its event."""
+
+    sets: dict[str, Any] = field(default_factory=dict)
+    evidence: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)
 
 
 def items_move(
@@ -29,9 +44,11 @@ def items_move(
     message: str,
     sets: dict[str, Any] | None = None,
     return_ids: bool = False,
+    rows: Mapping[int, Row] | None = None,
 ) -> list[int] | int:
     """Move every item matching `where` and in one of `from_states` to `to_state` (None keeps the
-    state and only sets columns). Returns the count, or the ids when asked."""
+    state and only sets columns). With `rows`, only those items, each with its own values.
+    Returns the count, or the ids when asked."""
     # One from-state per move, so each event can name it (RETURNING cannot see old values).
     if to_state is not None and (len(from_states) != 1 or not can_move(from_states[0], to_state)):
         raise ValueError(f"{from_states} -> {to_state} is not one allowed move")
@@ -41,13 +58,23 @@ def items_move(
         if to_state in TERMINAL:
             columns.setdefault("finished_at", NOW)
     columns["updated_at"] = NOW
+    if rows is not None:
+        if not rows:
+            return [] if return_ids else 0
+        per_row = {name for row in rows.values() for name in row.sets}
+        if (
+            any(set(row.sets) != per_row for row in rows.values())
+            or per_row & set(columns)
+            or "evidence" in per_row | set(columns)
+        ):
+            raise ValueError("every row must set the same columns, none of them shared, and not `evidence`")
     selection = WorkItem.objects.filter(where, state__in=from_states).values("id")
     if is_postgres():
-        return _move_postgres(selection, from_states, to_state, columns, actor, kind, message, return_ids)
-    return _move_portable(selection, to_state, columns, actor, kind, message, return_ids)
+        return _move_postgres(selection, from_states, to_state, columns, actor, kind, message, return_ids, rows)
+    return _move_portable(selection, to_state, columns, actor, kind, message, return_ids, rows)
 
 
-def _move_postgres(selection, from_states, to_state, columns, actor, kind, message, return_ids):  # type: ignore[no-untyped-def]
+def _move_postgres(selection, from_states, to_state, columns, actor, kind, message, return_ids, rows):  # type: ignore[no-untyped-def]
     # The filter is applied to the updated table itself. As `id IN (subquery)`, a stale row
     # estimate let the planner pick a nested loop that was quadratic in the item count.
     where_sql, where_params = selection.query.get_compiler(connection=connection).compile(selection.query.where)
@@ -58,34 +85,65 @@ def _move_postgres(selection, from_states, to_state, columns, actor, kind, messa
         else:
             assignments.append(f"{name} = %s")
             params.append(value)
+    values_sql, values_params, data_sql = "", [], "'{}'::jsonb"
+    if rows is not None:
+        # Each item's values as parallel arrays joined on id: one statement for any number of
+        # rows, and few parameters. Array columns are prefixed, so no name is ambiguous.
+        ids = list(rows)
+        names = sorted(next(iter(rows.values())).sets)
+        arrays = ["%s::bigint[]"]
+        values_params.append(ids)
+        for name in names:
+            model_field = WorkItem._meta.get_field(name)
+            assert isinstance(model_field, Field), name
+            arrays.append(f"%s::{model_field.db_type(connection)}[]")
+            values_params.append([model_field.get_db_prep_save(rows[i].sets[name], connection) for i in ids])
+            assignments.append(f"{name} = v.v_{name}")
+        json_field = WorkItem._meta.get_field("evidence")
+        arrays += ["%s::jsonb[]", "%s::jsonb[]"]
+        values_params.append([json_field.get_db_prep_save(rows[i].evidence, connection) for i in ids])
+        values_params.append([json_field.get_db_prep_save(rows[i].data, connection) for i in ids])
+        assignments.append("evidence = stopdesk_workitem.evidence || v.v_evidence")
+        columns_sql = ", ".join(["v_id", *(f"v_{n}" for n in names), "v_evidence", "v_data"])
+        values_sql = f"v AS (SELECT * FROM unnest({', '.join(arrays)}) AS v({columns_sql})),"
+        where_sql = f"stopdesk_workitem.id = v.v_id AND {where_sql}"
+        data_sql = "v_data"
     sql = f"""
-        WITH moved AS (
+        WITH {values_sql} moved AS (
             UPDATE stopdesk_workitem SET {", ".join(assignments)}
+            {"FROM v" if rows is not None else ""}
             WHERE {where_sql}
-            RETURNING id, task_id, state, updated_at
+            RETURNING stopdesk_workitem.id, task_id, state, updated_at{", v.v_data" if rows is not None else ""}
         ),
         events AS (
             INSERT INTO stopdesk_event (at, task_id, item_id, kind, actor, from_state, to_state, message, data)
-            SELECT updated_at, task_id, id, %s, %s, COALESCE(%s::text, state), state, %s, '{{}}'::jsonb FROM moved
+            SELECT updated_at, task_id, id, %s, %s, COALESCE(%s::text, state), state, %s, {data_sql} FROM moved
         )
         SELECT {"id" if return_ids else "count(*)"} FROM moved
     """
     from_state = from_states[0] if to_state is not None else None
-    all_params = [*params, *where_params, kind, actor, from_state, message]
+    all_params = [*values_params, *params, *where_params, kind, actor, from_state, message]
     with connection.cursor() as cursor:
         cursor.execute(sql, all_params)
-        rows = cursor.fetchall()
-    return [r[0] for r in rows] if return_ids else rows[0][0]
+        result = cursor.fetchall()
+    return [r[0] for r in result] if return_ids else result[0][0]
 
 
-def _move_portable(selection, to_state, columns, actor, kind, message, return_ids):  # type: ignore[no-untyped-def]
+def _move_portable(selection, to_state, columns, actor, kind, message, return_ids, rows):  # type: ignore[no-untyped-def]
     now = timezone.now()
     values = {k: (now if v is NOW else v) for k, v in columns.items()}
+    if rows is not None:
+        selection = selection.filter(pk__in=list(rows))
     with transaction.atomic():
-        rows = list(selection.values_list("id", "task_id", "state"))
-        ids = [r[0] for r in rows]
-        for start in range(0, len(ids), 500):
-            WorkItem.objects.filter(id__in=ids[start : start + 500]).update(**values)
+        found = list(selection.values_list("id", "task_id", "state", "evidence"))
+        ids = [r[0] for r in found]
+        if rows is None:
+            for start in range(0, len(ids), 500):
+                WorkItem.objects.filter(id__in=ids[start : start + 500]).update(**values)
+        else:
+            for item_id, _, _, evidence in found:
+                row = rows[item_id]
+                WorkItem.objects.filter(id=item_id).update(**values, **row.sets, evidence={**evidence, **row.evidence})
         Event.objects.bulk_create(
             [
                 Event(
@@ -97,8 +155,9 @@ def _move_portable(selection, to_state, columns, actor, kind, message, return_id
                     from_state=state,
                     to_state=to_state or state,
                     message=message,
+                    data=rows[item_id].data if rows is not None else {},
                 )
-                for item_id, task_id, state in rows
+                for item_id, task_id, state, _ in found
             ],
             batch_size=500,
         )
