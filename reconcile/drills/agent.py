@@ -14,9 +14,9 @@ from stopdesk.states import Kind
 from stopdesk.workers import LedgerTask, StopRequested
 
 
-def crm_declaration(base: str) -> dict[str, Any]:
+def crm_declaration(base: str, system: str = "crm") -> dict[str, Any]:
     return {
-        "system": "crm",
+        "system": system,
         "effect": "created",
         "lookup_url": base + "/records?idempotency_key={idempotency_key}",
         "record_url": base + "/records/{record_id}",
@@ -24,21 +24,21 @@ def crm_declaration(base: str) -> dict[str, Any]:
     }
 
 
-def outbox_declaration(base: str) -> dict[str, Any]:
+def outbox_declaration(base: str, system: str = "outbox") -> dict[str, Any]:
     return {
-        "system": "outbox",
+        "system": system,
         "effect": "sent",
         "lookup_url": base + "/messages?idempotency_key={idempotency_key}",
         "record_url": base + "/messages/{record_id}",
     }
 
 
-def crm_step(*, parent_id: int, task_id: int, crm_url: str, key: str, actor: str) -> None:
+def crm_step(*, parent_id: int, task_id: int, crm_url: str, key: str, actor: str, system: str = "crm") -> None:
     """One external action as its own child item: registered, then through the boundary."""
     from reconcile.mechanisms.http import http_submit
     from stopdesk.services.items import item_register
 
-    decl = crm_declaration(crm_url)
+    decl = crm_declaration(crm_url, system)
     sub = item_register(
         task=task_id,
         parent=parent_id,
@@ -55,7 +55,7 @@ def crm_step(*, parent_id: int, task_id: int, crm_url: str, key: str, actor: str
 
 @shared_task(base=LedgerTask, bind=True, name="reconcile.drills.steps")
 def drill_steps(  # type: ignore[no-untyped-def]
-    self, crm_url: str, steps: int, step_s: float, slow_s: float = 0.0, *, item_id: int
+    self, crm_url: str, steps: int, step_s: float, slow_s: float = 0.0, system: str = "crm", *, item_id: int
 ) -> str:
     from stopdesk.models import WorkItem
 
@@ -71,6 +71,7 @@ def drill_steps(  # type: ignore[no-untyped-def]
                 crm_url=crm_url,
                 key=f"drill-{item_id}-{n}",
                 actor=f"celery:{self.name}",
+                system=system,
             )
         except TaskStopped as exc:
             raise StopRequested() from exc

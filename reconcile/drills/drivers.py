@@ -146,7 +146,11 @@ class HttpDriver(Driver):
         crm, outbox = sandbox.sandbox.crm, sandbox.sandbox.outbox
         use_crm = variant in ("accept", "down")
         base = sandbox.urls["crm" if use_crm else "outbox"]
-        decl = crm_declaration(base) if use_crm else outbox_declaration(base)
+        decl = (
+            crm_declaration(base, sandbox.system("crm"))
+            if use_crm
+            else outbox_declaration(base, sandbox.system("outbox"))
+        )
         item = item_register(
             task=_task(ctx),
             kind=Kind.EXTERNAL_OPERATION,
@@ -251,7 +255,9 @@ class CeleryDriver(Driver):
 
         def run() -> Any:
             result = drill_steps.apply(
-                args=[sandbox.urls["crm"], 20, 0.15, slow_s], kwargs={"item_id": item.pk}, task_id=handle
+                args=[sandbox.urls["crm"], 20, 0.15, slow_s, sandbox.system("crm")],
+                kwargs={"item_id": item.pk},
+                task_id=handle,
             )
             if result.failed():
                 raise RuntimeError(f"job raised {result.result!r}")

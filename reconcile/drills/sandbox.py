@@ -13,8 +13,9 @@ import json
 import re
 import threading
 import time
+import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from reconcile.sandbox.crm import CRM
@@ -141,14 +142,22 @@ def _identify(party: str, body: bytes) -> tuple[str, str, bool]:
 class DrillSandbox:
     sandbox: Sandbox
     log: ArrivalLog
+    epoch: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     @property
     def urls(self) -> dict[str, str]:
         return self.sandbox.urls
 
+    def system(self, name: str) -> str:
+        """The name the ledger records effects under. A reset party numbers its records from 1
+        again ("crm-1"), and (system, record id) is unique in the ledger, so each reset gets a
+        system name of its own instead of colliding with an earlier drill's record."""
+        return f"{name}~{self.epoch}"
+
     def reset(self) -> None:
         self.sandbox.reset()
         self.log.clear()
+        self.epoch = uuid.uuid4().hex[:8]
 
     def stop(self) -> None:
         self.sandbox.stop()

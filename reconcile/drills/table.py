@@ -33,8 +33,7 @@ def table(report: Report, *, items: bool = True) -> str:
             )
         for violation in outcome.violations:
             out.append(f"    ! {violation}")
-        if outcome.passed is None:
-            out.extend(f"    ({note})" for note in outcome.notes)
+        out.extend(f"    ({note})" for note in outcome.notes)
     totals = report.totals()
     out.append("")
     out.append(
