@@ -11,6 +11,8 @@ stores the run (reconcile.DrillRun), and exits non-zero if any drill failed.
 from __future__ import annotations
 
 import logging
+import os
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -58,7 +60,13 @@ class Command(BaseCommand):
         if report.run is not None:
             self.stdout.write(f"Stored as drill run #{report.run.pk}.")
         if options["write_reliability"]:
-            command = "python manage.py " + shlex.join(["stopdrill", *sys.argv[2:]])
+            # The environment that chose the database and broker is part of the command.
+            env = [
+                f"{name}={re.sub(r'://([^:@/]+):[^@/]*@', r'://\1:***@', os.environ[name])}"
+                for name in ("DATABASE_URL", "CELERY_BROKER_URL")
+                if os.environ.get(name)
+            ]
+            command = shlex.join([*env, "python", "manage.py", "stopdrill", *sys.argv[2:]])
             path = reliability.write(report, Path(options["write_reliability"]), command=command)
             self.stdout.write(f"Wrote {path}.")
         if not report.passed:
