@@ -146,15 +146,21 @@ def response_create(
     the run may exist and cannot be listed."""
     from reconcile.services.handles import item_record_handle
     from stopdesk.models import WorkItem
-    from stopdesk.services.boundary import item_start
+    from stopdesk.services.boundary import item_submit
 
     item = WorkItem.objects.get(pk=item_id)
-    if item.state != "running":
-        # Queued, or already cancelled by Stop's set-based update: the boundary decides, and it
-        # raises TaskStopped once Stop was requested. Passing it only for queued items let a
-        # create go out for an item Stop had cancelled (the before_dispatch drill).
-        item_start(item_id=item_id, actor=actor)
-    metadata = {**params.pop("metadata", {}), "stopdesk_item": str(item_id), "stopdesk_task": str(item.task_id)}
+    # A create is an external action: it passes the submit boundary whatever the item's state
+    # (queued, running, or already cancelled by Stop's set-based update), which raises TaskStopped
+    # once Stop was requested and refuses a second create for the same item. The key is our
+    # correlation id (the Responses API takes no idempotency key); it also goes in the metadata.
+    key = f"stopdesk-item-{item_id}"
+    item_submit(item_id=item_id, idempotency_key=key, actor=actor)
+    metadata = {
+        **params.pop("metadata", {}),
+        "stopdesk_item": str(item_id),
+        "stopdesk_task": str(item.task_id),
+        "stopdesk_key": key,
+    }
     cfg = get_settings()
     client = client_for(base_url=base_url, api_key=api_key, timeout_s=cfg.call_timeout_s)
     response = client.responses.create(background=True, metadata=metadata, **params)

@@ -48,7 +48,38 @@ def test_create_sends_no_retries_and_links_back_to_the_item(fast, openai_party):
     item, response = started(task, url)
     assert item.state == S.RUNNING
     assert party.counts.count("create") == 1
-    assert party.get(response.id)["metadata"] == {"stopdesk_item": str(item.pk), "stopdesk_task": str(task.pk)}
+    assert party.get(response.id)["metadata"] == {
+        "stopdesk_item": str(item.pk),
+        "stopdesk_task": str(task.pk),
+        "stopdesk_key": f"stopdesk-item-{item.pk}",
+    }
+    assert item.submitted_at is not None and item.idempotency_key == f"stopdesk-item-{item.pk}"
+
+
+def test_a_running_item_cannot_create_after_stop(fast, openai_party, django_capture_on_commit_callbacks):
+    from stopdesk.services.boundary import item_start
+    from stopdesk.services.errors import TaskStopped
+
+    party, url = openai_party
+    task = make_task()
+    item = item_register(task=task, kind=Kind.MODEL_REQUEST, noun="draft", actor="test", mechanism="openai")
+    item_start(item_id=item.pk, actor="worker")  # a worker claimed it before Stop
+    stop(task, django_capture_on_commit_callbacks)
+    with pytest.raises(TaskStopped):
+        response_create(item_id=item.pk, actor="worker", base_url=url, model="gpt-test", input="x")
+    assert party.counts.count("create") == 0
+    item.refresh_from_db()
+    assert item.state == S.CANCELLED and item.submitted_at is None
+
+
+def test_a_second_create_for_one_item_is_refused(fast, openai_party):
+    from stopdesk.services.errors import IllegalTransition
+
+    party, url = openai_party
+    item, _ = started(make_task(), url)
+    with pytest.raises(IllegalTransition):
+        response_create(item_id=item.pk, actor="test", base_url=url, model="gpt-test", input="again")
+    assert party.counts.count("create") == 1
     assert item.detail["openai"]["base_url"].startswith(url)
 
 
