@@ -28,8 +28,8 @@ from django.db import close_old_connections, connection, transaction
 from stopdesk.models import Task, WorkItem
 from stopdesk.services.boundary import item_start
 from stopdesk.services.errors import IllegalTransition, TaskStopped
-from stopdesk.services.items import item_finish, item_heartbeat, item_register, item_transition
-from stopdesk.states import ItemState, Kind
+from stopdesk.services.items import item_finish, item_heartbeat, item_register, item_report_stopped
+from stopdesk.states import Kind
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +85,7 @@ class LedgerTask(CeleryTask):  # type: ignore[misc]
         try:
             result = self.run(*args, item_id=item_id, **kwargs)
         except StopRequested:
-            item_transition(
-                item_id=item_id,
-                to_state=ItemState.CANCELLED,
-                actor=actor,
-                outcome="stopped between steps",
-                allowed_from=frozenset({ItemState.RUNNING, ItemState.AWAITING_RECONCILIATION}),
-            )
+            item_report_stopped(item_id=item_id, actor=actor)
             return None
         except Exception as exc:
             item_finish(item_id=item_id, succeeded=False, actor=actor, outcome=f"{type(exc).__name__}: {exc}"[:200])

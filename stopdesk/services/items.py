@@ -135,6 +135,19 @@ def item_finish(
         return item_transition(item_id=item_id, to_state=to_state, actor=actor, outcome=outcome, evidence=evidence)
 
 
+def item_report_stopped(*, item_id: int, actor: str, outcome: str = "stopped between steps") -> WorkItem:
+    """A worker says it stopped cooperatively. That settles an item still in flight, or an
+    uncertain one (the worker's word is the fact a reviewer lacked); an item already recorded
+    otherwise keeps its outcome and the report becomes a late result."""
+    with transaction.atomic():
+        item = WorkItem.objects.select_for_update().get(pk=item_id)
+        if item.state in (S.RUNNING, S.AWAITING_RECONCILIATION, S.UNCERTAIN):
+            return item_transition(item_id=item_id, to_state=S.CANCELLED, actor=actor, outcome=outcome)
+        if item.state == S.CANCELLED:
+            return item
+        return _record_late_result(item, S.CANCELLED, actor, outcome, None)
+
+
 def _record_late_result(
     item: WorkItem, reported: str, actor: str, outcome: str, evidence: dict[str, Any] | None
 ) -> WorkItem:

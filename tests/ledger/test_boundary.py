@@ -138,3 +138,24 @@ def test_an_external_record_cannot_be_moved_to_another_item():
         item_attach_record(item_id=second.pk, system="crm", record_id="r-1", effect="created", actor="t")
     record = first.external_records.get()
     assert (record.item_id, record.version) == (first.pk, "2")
+
+
+@pytest.mark.parametrize(
+    ("state", "expected", "late"),
+    [
+        (S.RUNNING, S.CANCELLED, False),
+        (S.AWAITING_RECONCILIATION, S.CANCELLED, False),
+        (S.UNCERTAIN, S.CANCELLED, False),
+        (S.COMPLETED, S.COMPLETED, True),
+        (S.CANCELLED, S.CANCELLED, False),
+    ],
+)
+def test_a_worker_reporting_it_stopped_settles_or_is_kept_as_a_late_result(state, expected, late):
+    from stopdesk.services.items import item_report_stopped
+
+    item = make_item(make_task(), state=state)
+    item_report_stopped(item_id=item.pk, actor="celery:agent")
+    item.refresh_from_db()
+    assert item.state == expected
+    assert item.needs_review is late
+    assert Event.objects.filter(item=item, kind="late_result").exists() is late
