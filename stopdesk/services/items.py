@@ -63,6 +63,17 @@ def item_register(
         event_record(
             kind="item_registered", actor=actor, item=item, to_state=item.state, data={"noun": noun, "kind": kind}
         )
+        if Task.objects.filter(pk=task_id, stop_requested_at__isnull=False).exists():
+            # Recorded, so the ledger is complete, but it can never start: settle it now rather
+            # than leave the stopped task looking unsettled. (A registration racing the stop's
+            # own fan-out is caught by stops_resume_fanout.)
+            item = item_transition(
+                item_id=item.pk,
+                to_state=S.CANCELLED,
+                actor=actor,
+                outcome="registered after Stop; never started",
+                kind="boundary_refused",
+            )
     return item
 
 

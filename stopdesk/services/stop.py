@@ -169,4 +169,16 @@ def stops_resume_fanout(
     for stop_request_id in pending:
         stop_fanout(stop_request_id=stop_request_id, actor=actor, dispatch=dispatch)
         resumed.append(stop_request_id)
+    # Items registered while the stop was committing can miss both the fan-out and the check at
+    # registration; they can never start, so they are settled here.
+    stopped = Task.objects.filter(stop_requested_at__lt=cutoff).values("pk")
+    items_move(
+        where=Q(task_id__in=stopped, created_at__lt=cutoff),
+        from_states=(S.QUEUED,),
+        to_state=S.CANCELLED,
+        actor=actor,
+        kind="stop_cancelled",
+        message="Registered as Stop committed; cancelled before it started.",
+        sets={"outcome": "cancelled before it started"},
+    )
     return resumed

@@ -36,15 +36,17 @@ def test_start_after_stop_raises_task_stopped_and_the_item_is_cancelled():
     assert item.state == S.CANCELLED and item.started_at is None
 
 
-def test_an_item_registered_after_stop_is_refused_at_the_boundary():
+def test_an_item_registered_after_stop_is_recorded_settled_and_refused_at_the_boundary():
     task = make_task()
     _stop(task)
     late = make_item(task)
+    assert late.state == S.CANCELLED and late.outcome == "registered after Stop; never started"
+    assert Event.objects.filter(item=late, kind="item_registered").exists()
+    assert Event.objects.filter(item=late, kind="boundary_refused", to_state=S.CANCELLED).exists()
     with pytest.raises(TaskStopped):
         item_start(item_id=late.pk, actor="worker")
     late.refresh_from_db()
-    assert late.state == S.CANCELLED
-    assert Event.objects.filter(item=late, kind="boundary_refused", to_state=S.CANCELLED).exists()
+    assert late.state == S.CANCELLED and late.started_at is None
 
 
 def test_submit_after_stop_is_refused_for_a_running_item():

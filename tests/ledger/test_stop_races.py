@@ -155,3 +155,25 @@ def test_a_stop_whose_process_died_after_the_commit_is_finished_by_the_resumer()
     assert stops_resume_fanout(older_than_seconds=30, dispatch=dispatched.extend) == []
     assert WorkItem.objects.get(pk=queued.pk).state == S.CANCELLED
     assert dispatched == [running.pk]
+
+
+def test_an_item_registered_while_the_stop_committed_is_settled_by_the_resumer():
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from stopdesk.services.stop import stops_resume_fanout
+    from stopdesk.states import Kind
+
+    task = make_task()
+    task_request_stop(task_id=task.pk, actor="user:a", dispatch=lambda ids: None)
+    # A registration whose transaction read "not stopped" before the stop committed, and
+    # committed after the fan-out: the row the race leaves behind (written here directly).
+    raced = WorkItem.objects.create(task=task, kind=Kind.MODEL_REQUEST, noun="draft")
+    Task = type(task)
+    Task.objects.filter(pk=task.pk).update(stop_requested_at=timezone.now() - timedelta(minutes=2))
+    WorkItem.objects.filter(pk=raced.pk).update(created_at=timezone.now() - timedelta(minutes=1))
+    stops_resume_fanout(older_than_seconds=30, dispatch=lambda ids: None)
+    raced.refresh_from_db()
+    assert raced.state == S.CANCELLED
+    assert Event.objects.filter(item=raced, kind="stop_cancelled", to_state=S.CANCELLED).count() == 1
