@@ -19,6 +19,7 @@ and `reverse(record, expected_version)`, which sends the version as If-Match and
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -225,15 +226,20 @@ def http_submit(
         return Submitted(False, response.status_code, error=response.text[:200])
     from django.utils import timezone
 
-    item_transition(
-        item_id=item_id,
-        to_state=ItemState.AWAITING_RECONCILIATION,
-        actor=actor,
-        outcome="sent; no answer",
-        message=f"No answer ({error}); looking it up by idempotency key.",
-        allowed_from=frozenset({ItemState.RUNNING}),
-        next_check_at=timezone.now(),
-    )
+    from stopdesk.services.errors import IllegalTransition
+
+    # If reconciliation (after a Stop) looked the action up and settled the item while our call
+    # was still waiting, its finding stands, and the agent is told there was no answer.
+    with contextlib.suppress(IllegalTransition):
+        item_transition(
+            item_id=item_id,
+            to_state=ItemState.AWAITING_RECONCILIATION,
+            actor=actor,
+            outcome="sent; no answer",
+            message=f"No answer ({error}); looking it up by idempotency key.",
+            allowed_from=frozenset({ItemState.RUNNING}),
+            next_check_at=timezone.now(),
+        )
     return Submitted(False, response.status_code if response is not None else None, error=error)
 
 

@@ -234,3 +234,47 @@ def test_reversal_runs_only_against_the_version_it_expects(fast, crm_party):
     assert done.done and done.new_version == "3"
     assert party.get(record.record_id)["status"] == "archived"
     assert reverse(record, "2").done  # a retried reversal is a replay, not a second effect
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.postgres
+def test_a_stop_that_settles_the_action_while_the_agent_still_waits_does_not_break_the_agent(fast, crm_party):
+    """The agent's call hangs after the CRM applied it; Stop's reconciliation finds the record by
+    its key and completes the item; when the agent's call times out, the finding stands."""
+    import threading
+
+    from django.db import connections
+
+    from reconcile.sandbox import crm as crm_faults
+
+    party, base = crm_party
+    party.set_fault(crm_faults.HANG_AFTER_COMMIT)
+    task = make_task()
+    item = registered(task)
+    outcome: dict = {}
+
+    def agent() -> None:
+        try:
+            outcome["submitted"] = create_record(item, base, key="key-race", timeout_s=3.0)
+        except Exception as exc:  # what the agent would see
+            outcome["error"] = exc
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=agent)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while not party.records() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert party.records(), "the CRM never applied the write"
+    from stopdesk.services.stop import task_request_stop
+
+    task_request_stop(task_id=task.pk, actor="user:operator", dispatch=lambda ids: None)
+    item_cancel(item_id=item.pk)
+    item.refresh_from_db()
+    assert item.state == S.COMPLETED
+    thread.join(timeout=10)
+    assert "error" not in outcome, outcome.get("error")
+    assert outcome["submitted"].accepted is False
+    item.refresh_from_db()
+    assert item.state == S.COMPLETED and ExternalRecord.objects.filter(item=item).count() == 1
