@@ -53,6 +53,7 @@ class Child:
     actor: str
     submitted: bool = False
     outcome: str = ""
+    overran: bool = False  # its cleanup outlived cleanup_s after Stop, and that was recorded
     task: asyncio.Task[Any] | None = field(default=None, repr=False)
 
     async def submit(self, idempotency_key: str) -> None:
@@ -172,6 +173,13 @@ class Group:
                 allowed_from=frozenset({ItemState.RUNNING}),
                 next_check_at=timezone.now(),
             )
+        child.overran = True
+
+    def settled(self) -> bool:
+        """Every child's runner has recorded its outcome, or the child overran its cleanup after
+        Stop (recorded; its runner waits on a body that cannot be forced, so nobody waits for it).
+        A body that has merely finished is not enough: its runner may still be writing."""
+        return all(runner.done() or child.overran for child, runner in zip(self.children, self._started, strict=True))
 
     async def _watch(self, poll_s: float) -> None:
         from stopdesk.services.items import item_heartbeat
@@ -195,10 +203,9 @@ async def supervise(*, actor: str, poll_s: float = 0.5, cleanup_s: float = 5.0) 
     watcher = asyncio.create_task(group._watch(poll_s), name="stopdesk-watch")
     try:
         yield group
-        while group._started and not all(t.done() for t in group._started):
-            await asyncio.wait(group._started, return_when=asyncio.ALL_COMPLETED, timeout=poll_s)
-            if group.stopped.is_set() and all(c.task is None or c.task.done() or c.outcome for c in group.children):
-                break
+        while not group.settled():
+            pending = [runner for runner in group._started if not runner.done()]
+            await asyncio.wait(pending, return_when=asyncio.ALL_COMPLETED, timeout=poll_s)
     finally:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
