@@ -37,8 +37,14 @@ def _seed(queued: int, running: int):  # type: ignore[no-untyped-def]
     now = timezone.now()
     rows = [WorkItem(task=task, kind=Kind.MODEL_REQUEST, noun="draft") for _ in range(queued)]
     rows += [
-        WorkItem(task=task, kind=Kind.LOCAL_WORKER, noun="export", state=ItemState.RUNNING, started_at=now,
-                 lease_until=now + timezone.timedelta(minutes=10))
+        WorkItem(
+            task=task,
+            kind=Kind.LOCAL_WORKER,
+            noun="export",
+            state=ItemState.RUNNING,
+            started_at=now,
+            lease_until=now + timezone.timedelta(minutes=10),
+        )
         for _ in range(running)
     ]
     WorkItem.objects.bulk_create(rows, batch_size=5000)
@@ -108,9 +114,30 @@ class _Worker:
     def __init__(self, env: dict[str, str], log: Path) -> None:
         self.log = log
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "stopdesk", "worker", "--pool=prefork", "-c", "2", "-n",
-             "bench@local", "--without-mingle", "--without-gossip", "-I", "bench.celery_tasks", "-l", "info"],
-            cwd=ROOT, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "stopdesk",
+                "worker",
+                "--pool=prefork",
+                "-c",
+                "2",
+                "-n",
+                "bench@local",
+                "--without-mingle",
+                "--without-gossip",
+                "-I",
+                "bench.celery_tasks",
+                "-l",
+                "info",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=log.open("ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         deadline = time.monotonic() + 60
         while "ready." not in log.read_text(errors="replace"):

@@ -198,7 +198,13 @@ class Event(models.Model):
     # referential checks doubled the cost of writing 10,000 events in one Stop.
     at = models.DateTimeField(default=timezone.now)
     task = models.ForeignKey(
-        Task, null=True, blank=True, on_delete=models.DO_NOTHING, related_name="events", db_constraint=False, db_index=False
+        Task,
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        related_name="events",
+        db_constraint=False,
+        db_index=False,
     )
     item = models.ForeignKey(
         WorkItem, null=True, blank=True, on_delete=models.DO_NOTHING, related_name="events", db_constraint=False

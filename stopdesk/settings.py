@@ -194,7 +194,9 @@ CELERY_BEAT_SCHEDULE = {
 # Per-mechanism timing (timeouts, deadline, backoff, re-check window after cancelled); the
 # defaults live in each adapter (reconcile/mechanisms/), these override them.
 STOPDESK_MECHANISMS: dict[str, dict] = {
-    "openai": {"options": {"base_url": os.environ.get("OPENAI_BASE_URL", ""), "api_key": os.environ.get("OPENAI_API_KEY", "")}},
+    "openai": {
+        "options": {"base_url": os.environ.get("OPENAI_BASE_URL", ""), "api_key": os.environ.get("OPENAI_API_KEY", "")}
+    },
 }
 
 # The ledger's own knobs.
@@ -222,7 +224,12 @@ STOPDESK_READINESS_CHECK = "reconcile.readiness.registration_check"
 # The sign-in rate limit counts in this cache. Per process by default; set STOPDESK_CACHE_URL
 # (redis://...) so every web process shares one count.
 if os.environ.get("STOPDESK_CACHE_URL"):
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": os.environ["STOPDESK_CACHE_URL"]}}
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": os.environ["STOPDESK_CACHE_URL"],
+        }
+    }
 
 # One line per record with the task and item it is about: JSON in production, key=value here.
 LOGGING = logging_config(production=PRODUCTION, level=os.environ.get("LOG_LEVEL", "WARNING"))

@@ -75,7 +75,10 @@ def test_the_review_dashboard_end_to_end(live_server, browser, shots, world):
     page.locator("#summary:not([hx-trigger])").wait_for(timeout=15000)
     timer.join()
     settled = summary.inner_text()
-    assert settled == "Stopped new work. Two drafts discarded. One export stopped before it finished. One summary completed."
+    assert (
+        settled
+        == "Stopped new work. Two drafts discarded. One export stopped before it finished. One summary completed."
+    )
     assert page.evaluate("window.__noReload") is True  # updated in place, no reload
     page.locator("#stop-control", has_text="Stopped").wait_for()
     page.screenshot(path=shots / "05-task-stopped.png", full_page=True)
