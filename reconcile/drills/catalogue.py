@@ -24,45 +24,60 @@ class Drill:
     checks: Callable[[DrillContext], list[str]] = field(default=lambda ctx: [])
 
 
+def start_children(ctx: DrillContext) -> None:
+    """Start every child the driver added that is not running yet (a driver may add more than
+    one: the first carries the drill's expectation, the others their own)."""
+    for child in ctx.children:
+        if child.thread is None and not child.done.is_set():
+            child.start()
+
+
 def before_dispatch(ctx: DrillContext, driver: Driver) -> None:
-    child = driver.child(ctx, "normal")
+    driver.child(ctx, "normal")
     ctx.stop()
-    child.run_now()  # the agent dispatches after the stop committed: the boundary must refuse
+    for child in ctx.children:
+        child.run_now()  # the agent dispatches after the stop committed: the boundary must refuse
 
 
 def during_tool_call(ctx: DrillContext, driver: Driver) -> None:
-    child = driver.child(ctx, "normal").start()
+    child = driver.child(ctx, "normal")
+    start_children(ctx)
     wait_until(lambda: driver.in_call(ctx, child))
     ctx.stop()
 
 
 def after_acceptance(ctx: DrillContext, driver: Driver) -> None:
-    child = driver.child(ctx, "accept").start()
+    child = driver.child(ctx, "accept")
+    start_children(ctx)
     wait_until(lambda: driver.accepted(ctx, child))
     ctx.stop()
 
 
 def slow_child(ctx: DrillContext, driver: Driver) -> None:
-    child = driver.child(ctx, "slow").start()
+    child = driver.child(ctx, "slow")
+    start_children(ctx)
     wait_until(lambda: driver.in_call(ctx, child))
     ctx.stop()
 
 
 def disconnected_client(ctx: DrillContext, driver: Driver) -> None:
-    child = driver.child(ctx, "disconnect").start()
+    child = driver.child(ctx, "disconnect")
+    start_children(ctx)
     wait_until(child.done.is_set, timeout=10)  # the agent gave up and is gone
     ctx.stop()
 
 
 def cancel_endpoint_down(ctx: DrillContext, driver: Driver) -> None:
-    child = driver.child(ctx, "down").start()
+    child = driver.child(ctx, "down")
+    start_children(ctx)
     wait_until(lambda: driver.in_call(ctx, child))
     driver.endpoint_down(ctx, child)
     ctx.stop()
 
 
 def duplicate_stop(ctx: DrillContext, driver: Driver) -> None:
-    child = driver.child(ctx, "normal").start()
+    child = driver.child(ctx, "normal")
+    start_children(ctx)
     wait_until(lambda: driver.in_call(ctx, child))
     ctx.fault("operator: two Stops at the same moment")
     stop_twice_at_once(ctx)
@@ -84,6 +99,10 @@ def _one_stop_one_cancel(ctx: DrillContext) -> list[str]:
     if ctx.sandbox is not None:
         cancels = Counter(a.path for a in ctx.sandbox.log.arrivals() if a.path.endswith("/cancel"))
         problems += [f"{path} sent {n} times" for path, n in cancels.items() if n > 1]
+        # MCP's cancel is a JSON-RPC tasks/cancel on one path; the server counts it per task id.
+        for task_id, counts in ctx.sandbox.sandbox.mcp.stats()["by_key"].items():
+            if counts.get("tasks/cancel", 0) > 1:
+                problems.append(f"mcp tasks/cancel for task {task_id} sent {counts['tasks/cancel']} times")
     return problems
 
 

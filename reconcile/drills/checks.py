@@ -133,14 +133,26 @@ def inspect_drill(ctx: DrillContext) -> Inspection:
             pass  # registered after the stop and never started: nothing was submitted
         elif item.state not in SETTLED:
             out.lost.append(f"item {item.pk} left {item.state}")
-    # ... against what the external systems hold.
-    if ctx.sandbox is not None:
-        for system, key, item_ref, effect in _world(ctx):
-            owner = by_key.get(key) if key else (by_id.get(int(item_ref)) if item_ref.isdigit() else None)
-            if owner is None:
-                out.lost.append(f"{system} {effect} ({key or item_ref}) that no item of the task claims")
-            elif owner.state in (S.CANCELLED, S.FAILED) and not owner.needs_review:
-                out.lost.append(f"{system} {effect} for item {owner.pk}, which the ledger records {owner.state}")
+    # ... against what the external systems hold: the sandbox's own view of its state, or, on a
+    # user's integration, what its contract offers (a lookup by each item's idempotency key).
+    by_handle = {i.handle: i for i in items if i.handle}
+    world = _world(ctx) if ctx.sandbox is not None else ctx.target.world(items) if ctx.target is not None else []
+    if ctx.sandbox is None:
+        out.external_actions = len(world)
+    for system, key, item_ref, effect in world:
+        owner = (by_key.get(key) or by_handle.get(key)) if key else None
+        if owner is None and item_ref.isdigit():
+            owner = by_id.get(int(item_ref))
+        if owner is None:
+            out.lost.append(f"{system} {effect} ({key or item_ref}) that no item of the task claims")
+            continue
+        if owner.state in (S.CANCELLED, S.FAILED) and not owner.needs_review:
+            out.lost.append(f"{system} {effect} for item {owner.pk}, which the ledger records {owner.state}")
+        if ctx.sandbox is None and (
+            (owner.submitted_at is None and owner.started_at is None) or _refused(owner, events)
+        ):
+            # No request log here: an effect whose item never passed the boundary went out after it.
+            out.after_boundary.append(f"{system} {effect}: item {owner.pk} never passed the boundary")
 
     # 3. the audit.
     for item in items:
@@ -200,6 +212,10 @@ def _world(ctx: DrillContext) -> list[tuple[str, str, str, str]]:
         found.append(("crm", record.get("idempotency_key") or "", "", f"record {record['id']} created"))
     for message in sandbox.outbox.messages():
         found.append(("outbox", message.get("idempotency_key") or "", "", f"message {message['id']} sent"))
+    for effect in sandbox.mcp.effects():
+        # slow_write's call is its key argument (the drills pass the item's idempotency key); a
+        # task's is its task id (the item's handle).
+        found.append(("mcp", str(effect["call"]), "", f"{effect['tool']} {effect['effect']}"))
     for response in sandbox.openai.responses():
         if _OPENAI_EFFECT.get(response["status"]):
             item = str((response.get("metadata") or {}).get("stopdesk_item", ""))

@@ -72,7 +72,8 @@ DRILL_MECHANISMS: dict[str, dict[str, Any]] = {
         "recheck_interval_s": 0.2,
         "recheck_after_cancelled_s": 1.0,
     },
-    "aio": {"call_timeout_s": 0.5, "deadline_s": 2.0, "recheck_interval_s": 0.2},
+    # The registry calls the asyncio adapter "asyncio"; under any other key these would be dropped.
+    "asyncio": {"call_timeout_s": 0.5, "deadline_s": 2.0, "recheck_interval_s": 0.2},
 }
 SETTLE_BOUND_S = 8.0  # no drill waits longer than this for its items to settle
 
@@ -108,6 +109,10 @@ class Child:
     item_id: int
     run: Callable[[], Any]
     key: str = ""
+    # A drill's further children (after the first) may carry their own expectation, checked too;
+    # `name` says which one it is in the table ("write", "export task").
+    expect: frozenset[str] | None = None
+    name: str = ""
     thread: threading.Thread | None = None
     error: str = ""
     result: Any = None
@@ -143,6 +148,8 @@ class DrillContext:
     sandbox: DrillSandbox | None
     mechanism: str
     drill: str
+    # A user's own integration (no control routes); None on the sandbox.
+    target: Any = None
     task: Task | None = None
     children: list[Child] = field(default_factory=list)
     stop_outcomes: list[StopOutcome] = field(default_factory=list)

@@ -15,14 +15,16 @@ does not apply to a mechanism says why instead.
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from typing import Any, ClassVar
 
+import anyio
 import httpx
 
 from reconcile.drills.agent import crm_declaration, outbox_declaration
-from reconcile.drills.core import Child, DrillContext
+from reconcile.drills.core import Child, DrillContext, wait_until
 from reconcile.sandbox import crm as crm_faults
 from reconcile.sandbox import openai_standin as oa_faults
 from stopdesk.models import Task, WorkItem
@@ -352,3 +354,308 @@ def register_driver(cls: type[Driver]) -> type[Driver]:
     """Make a driver available to the runner (a mechanism's own module, or a test, adds one)."""
     DRIVERS[cls.mechanism] = cls
     return cls
+
+
+# --- MCP tool calls (the sandbox's SDK-built tool server) ---------------------------------------
+
+_MCP_ENDED = frozenset({"applied", "interrupted", "finished", "failed"})
+
+
+@register_driver
+class McpDriver(Driver):
+    """Plain calls through `mcp_call_tool` (cancelled by scope) and 2025-11-25 tasks through
+    `mcp_start_task` (tasks/cancel, then tasks/get). Per drill:
+
+    - before_dispatch: a destructive slow_write and an export task, both after Stop: nothing sent.
+    - during_tool_call: a read-only slow_lookup (cancelled), a destructive slow_write (uncertain:
+      no answer follows a cancelled call) and an export task (tasks/cancel, read back cancelled).
+    - after_acceptance: the server has started the write (journal `started`): uncertain; an export
+      task whose CreateTaskResult came back: cancelled.
+    - slow_child: the export task ignores tasks/cancel (`tasks_ignore_cancel`) and the write ignores
+      notifications/cancelled (`ignore_cancel`); both effects land after the cancel. The honest
+      state of each is uncertain (or a flagged late result): MCP offers no way to learn whether a
+      cancelled task's work went on, and a task that reads `cancelled` stays `cancelled` by spec.
+    - disconnected_client: the agent's read timeout ends the write's call and the agent is gone.
+    - cancel_endpoint_down: the MCP server is down (stopped) for the whole deadline.
+    - duplicate_stop: an export task, two Stops: one tasks/cancel.
+
+    The checker compares the server's effects (slow_write's key is the item's idempotency key, a
+    task's call is its task id, the item's handle) with the ledger, and the arrival log ties each
+    tools/call to its item through `_meta.stopdesk_item`.
+    """
+
+    mechanism = "mcp"
+    tool = "mcp (sandbox tool server)"
+    expected = {
+        "before_dispatch": frozenset({"cancelled"}),
+        "during_tool_call": frozenset({"cancelled"}),
+        "after_acceptance": frozenset({"uncertain"}),
+        "slow_child": frozenset({"uncertain", REVIEW}),
+        "disconnected_client": frozenset({"uncertain"}),
+        "cancel_endpoint_down": frozenset({"uncertain"}),
+        "duplicate_stop": frozenset({"cancelled"}),
+    }
+
+    def _item(self, ctx: DrillContext, noun: str) -> Any:
+        return item_register(task=_task(ctx), kind=Kind.REMOTE_TOOL, noun=noun, actor=AGENT, mechanism="mcp")
+
+    def _call(
+        self, ctx: DrillContext, tool: str, *, name: str, seconds: float, timeout_s: float = 30.0,
+        expect: frozenset[str] | None = None,
+    ) -> Child:  # fmt: skip
+        from reconcile.mechanisms.mcp import mcp_call_tool
+
+        url = _sandbox(ctx).urls["mcp"]
+        item = self._item(ctx, "lookup" if tool == "slow_lookup" else "write")
+        key = f"mcp-item-{item.pk}"  # the idempotency key mcp_call_tool records for a non-read-only call
+        arguments: dict[str, Any] = {"seconds": seconds}
+        arguments.update({"query": key} if tool == "slow_lookup" else {"key": key, "value": "drill"})
+
+        def run() -> Any:
+            return anyio.run(
+                functools.partial(
+                    mcp_call_tool, item_id=item.pk, url=url, tool=tool, arguments=arguments, actor=AGENT,
+                    poll_s=0.05, timeout_s=timeout_s,
+                )
+            )  # fmt: skip
+
+        return ctx.add(Child(item.pk, run, key=key, expect=expect, name=name))
+
+    def _task_child(self, ctx: DrillContext, *, seconds: float, expect: frozenset[str] | None = None) -> Child:
+        from reconcile.mechanisms.mcp import mcp_start_task
+
+        url = _sandbox(ctx).urls["mcp"]
+        item = self._item(ctx, "export")
+
+        def run() -> Any:
+            return mcp_start_task(
+                item_id=item.pk, url=url, tool="export_report", arguments={"name": f"drill-{item.pk}", "seconds": seconds},
+                actor=AGENT,
+            )  # fmt: skip
+
+        return ctx.add(Child(item.pk, run, expect=expect, name="export task"))
+
+    def child(self, ctx: DrillContext, variant: str) -> Child:
+        from reconcile.sandbox import mcp_server as tools
+
+        party = _sandbox(ctx).sandbox.mcp
+        ctx.cleanups.append(lambda: self._world_settles(ctx))
+        if variant == "normal" and ctx.drill == "during_tool_call":
+            main = self._call(ctx, tools.SLOW_LOOKUP, name="lookup", seconds=3.0)
+            self._call(ctx, tools.SLOW_WRITE, name="write", seconds=3.0, expect=frozenset({"uncertain"}))
+            self._task_child(ctx, seconds=3.0, expect=frozenset({"cancelled"}))
+            return main
+        if variant == "normal" and ctx.drill == "before_dispatch":
+            main = self._call(ctx, tools.SLOW_WRITE, name="write", seconds=3.0)
+            self._task_child(ctx, seconds=3.0, expect=frozenset({"cancelled"}))
+            return main
+        if variant == "normal":  # duplicate_stop
+            return self._task_child(ctx, seconds=3.0)
+        if variant == "accept":
+            main = self._call(ctx, tools.SLOW_WRITE, name="write", seconds=3.0)
+            self._task_child(ctx, seconds=3.0, expect=frozenset({"cancelled"}))
+            return main
+        if variant == "slow":
+            main = self._task_child(ctx, seconds=1.0)
+            write = self._call(
+                ctx, tools.SLOW_WRITE, name="write", seconds=1.0, expect=frozenset({"uncertain", REVIEW})
+            )
+            party.set_fault(tools.TASKS_IGNORE_CANCEL)
+            party.set_fault(tools.IGNORE_CANCEL, target=write.key)
+            ctx.fault("mcp: the export task reads cancelled after tasks/cancel, but its work runs on and exports")
+            ctx.fault("mcp: slow_write ignores notifications/cancelled and writes after the cancel")
+            return main
+        if variant == "disconnect":
+            ctx.fault("mcp client: read timeout 0.3 s into a 3 s write; the agent is gone")
+            return self._call(ctx, tools.SLOW_WRITE, name="write", seconds=3.0, timeout_s=0.3)
+        if variant == "down":
+            return self._task_child(ctx, seconds=3.0)
+        raise ValueError(variant)
+
+    def _all_in(self, ctx: DrillContext, predicate: Any) -> bool:
+        return all(predicate(c) for c in ctx.children)
+
+    def _reached(self, ctx: DrillContext, child: Child) -> bool:
+        if child.name == "export task":
+            return bool(WorkItem.objects.filter(pk=child.item_id).exclude(handle="").exists())
+        return _arrived(ctx, item=child.item_id)
+
+    def in_call(self, ctx: DrillContext, child: Child) -> bool:
+        return self._all_in(ctx, lambda c: self._reached(ctx, c))
+
+    def accepted(self, ctx: DrillContext, child: Child) -> bool:
+        journal = _sandbox(ctx).sandbox.mcp.journal()
+        started = {e["call"] for e in journal if e["event"] == "started"}
+
+        def ok(c: Child) -> bool:
+            return self._reached(ctx, c) if c.name == "export task" else c.key in started
+
+        return self._all_in(ctx, ok)
+
+    def endpoint_down(self, ctx: DrillContext, child: Child) -> None:
+        server = _sandbox(ctx).sandbox.servers["mcp"]
+        server.stop()
+        ctx.fault("mcp: the tool server is down (stopped) for the whole deadline; tasks/cancel and tasks/get refused")
+        ctx.cleanups.append(server.start)
+
+    def _world_settles(self, ctx: DrillContext, timeout: float = 6.0) -> None:
+        """Before the checker looks: wait until each call and task the drill sent has ended at the
+        server (applied, interrupted, finished or failed), so an effect that lands after the cancel
+        is seen, not missed."""
+        sandbox = _sandbox(ctx)
+        if not sandbox.sandbox.servers["mcp"].running:
+            return
+        calls = {c.key for c in ctx.children if c.key}
+        calls |= set(
+            WorkItem.objects.filter(pk__in=[c.item_id for c in ctx.children])
+            .exclude(handle="")
+            .values_list("handle", flat=True)
+        )
+        started = {e["call"] for e in sandbox.sandbox.mcp.journal() if e["event"] == "started"}
+
+        def ended() -> bool:
+            done = {e["call"] for e in sandbox.sandbox.mcp.journal() if e["event"] in _MCP_ENDED}
+            return (calls & started) <= done
+
+        try:
+            wait_until(ended, timeout=timeout, interval=0.05)
+        except TimeoutError:
+            ctx.notes.append("the MCP server had not finished every call when the checker looked")
+
+
+# --- asyncio: children under supervise(), one with an external action, one that only computes ---
+
+
+@register_driver
+class AsyncioDriver(Driver):
+    """One `supervise()` group per drill, run in a thread: a child that creates a CRM record
+    (declares the HTTP lookup, passes the boundary with `child.submit(key)`, POSTs with httpx) and a
+    child that only computes. Stop before dispatch, mid-call, right after the CRM accepted; a
+    create slower than every timeout next to a cleanup that overruns; the agent's HTTP client
+    timing out; the CRM's lookups down for the whole deadline."""
+
+    mechanism = "asyncio"
+    tool = "asyncio (supervise(): a CRM create, a computation)"
+    expected = {
+        "before_dispatch": frozenset({"cancelled"}),
+        "during_tool_call": frozenset({"completed"}),
+        "after_acceptance": frozenset({"completed"}),
+        # The action lands after every timeout: found late (a late result for review), or unknown.
+        "slow_child": frozenset({"uncertain", REVIEW, "completed"}),
+        # The agent's client gave up on a create the CRM completes: the lookup finds it, or unknown.
+        "disconnected_client": frozenset({"completed", "uncertain"}),
+        "cancel_endpoint_down": frozenset({"uncertain"}),
+        "duplicate_stop": frozenset({"completed"}),
+    }
+    CLEANUP_S = 0.5
+
+    def child(self, ctx: DrillContext, variant: str) -> Child:
+        import asyncio
+        import threading
+
+        from reconcile.mechanisms.aio import supervise
+
+        sandbox = _sandbox(ctx)
+        crm, outbox = sandbox.sandbox.crm, sandbox.sandbox.outbox
+        use_outbox = variant == "slow"
+        base = sandbox.urls["outbox" if use_outbox else "crm"]
+        decl = (
+            outbox_declaration(base, sandbox.system("outbox"))
+            if use_outbox
+            else crm_declaration(base, sandbox.system("crm"))
+        )
+        action = item_register(
+            task=_task(ctx), kind=Kind.EXTERNAL_OPERATION, noun="message" if use_outbox else "record", actor=AGENT,
+            mechanism="asyncio",
+        )  # fmt: skip
+        compute = item_register(task=_task(ctx), kind=Kind.LOCAL_WORKER, noun="sum", actor=AGENT, mechanism="asyncio")
+        key = f"drill-{action.task_id}-{action.pk}"
+        timeout = 5.0
+        overrun = False
+        steps = 20 if variant == "disconnect" else 400  # 0.02 s each
+        if variant in ("normal", "disconnect"):
+            crm.configure(latency_s=0.5 if variant == "normal" else 0.4)
+            ctx.cleanups.append(lambda: crm.configure(latency_s=0.0))
+            if variant == "disconnect":
+                timeout = 0.1
+                ctx.fault("asyncio child: its HTTP client times out 0.1 s into a create the CRM completes")
+        elif variant == "accept":
+            crm.set_fault(crm_faults.HANG_AFTER_COMMIT, target=key)
+            ctx.fault("crm: the record is created but the answer never comes")
+        elif variant == "down":
+            crm.set_fault(crm_faults.HANG_AFTER_COMMIT, target=key)
+            ctx.fault("crm: the record is created, the answer never comes, and every lookup answers 500")
+        elif variant == "slow":
+            outbox.configure(accept_delay_s=3.0)
+            ctx.cleanups.append(lambda: outbox.configure(accept_delay_s=0.0))
+            overrun = True
+            ctx.fault("outbox: the asyncio child's send lands 3 s after it arrives, after every timeout")
+            ctx.fault(
+                f"asyncio child: its cleanup runs {self.CLEANUP_S + 2:g} s (the supervisor allows {self.CLEANUP_S:g} s)"
+            )
+
+            def landed() -> None:
+                # Before the checker looks: the parked send commits 3 s after it arrived; seen
+                # here, it is judged in this drill rather than leaking into the next one's sandbox.
+                try:
+                    wait_until(lambda: outbox.sent_count(key) > 0, timeout=6.0, interval=0.05)
+                except TimeoutError:
+                    ctx.notes.append("the outbox had not committed the slow send when the checker looked")
+
+            ctx.cleanups.append(landed)
+        ended = threading.Event()
+        body_json: dict[str, Any] = {"to": "drill@example.test", "subject": key} if use_outbox else {"name": key}
+        path = "/messages" if use_outbox else "/records"
+
+        async def act(child: Any) -> Any:
+            import httpx as ahttpx
+
+            await child.declare({"http": decl})
+            await child.submit(key)
+            async with ahttpx.AsyncClient(timeout=timeout) as http:
+                answer = await http.post(base + path, json=body_json, headers={"Idempotency-Key": key})
+                answer.raise_for_status()
+                return answer.json()
+
+        async def work(child: Any) -> int:
+            total = 0
+            try:
+                for n in range(steps):
+                    total += n * n
+                    await asyncio.sleep(0.02)
+            finally:
+                if overrun:
+                    await asyncio.sleep(self.CLEANUP_S + 2)
+            return total
+
+        async def group() -> None:
+            async with supervise(actor=AGENT, poll_s=0.05, cleanup_s=self.CLEANUP_S) as g:
+                g.start(action.pk, act)
+                g.start(compute.pk, work)
+
+        def run() -> Any:
+            try:
+                asyncio.run(group())
+            finally:
+                ended.set()
+            return "group ended"
+
+        main = ctx.add(Child(action.pk, run, key=key, name=action.noun))
+        compute_expect = frozenset({"uncertain"}) if overrun else frozenset({"cancelled"})
+        if variant == "disconnect":
+            compute_expect = frozenset({"completed", "cancelled"})  # it may finish before the Stop
+        ctx.add(Child(compute.pk, lambda: ended.wait(20), expect=compute_expect, name="computation"))
+        return main
+
+    def in_call(self, ctx: DrillContext, child: Child) -> bool:
+        started = WorkItem.objects.filter(pk__in=[c.item_id for c in ctx.children], started_at__isnull=False).count()
+        return started == len(ctx.children) and _arrived(ctx, key=child.key)
+
+    def accepted(self, ctx: DrillContext, child: Child) -> bool:
+        return any(r["idempotency_key"] == child.key for r in _sandbox(ctx).sandbox.crm.records())
+
+    def endpoint_down(self, ctx: DrillContext, child: Child) -> None:
+        crm = _sandbox(ctx).sandbox.crm
+        wait_until(lambda: self.accepted(ctx, child))
+        crm.set_fault(crm_faults.READ_500)
+        ctx.cleanups.append(lambda: crm.set_fault(crm_faults.READ_500, enabled=False))

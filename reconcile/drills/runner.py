@@ -53,6 +53,8 @@ class Report:
     outcomes: list[Outcome]
     run: DrillRun | None = None
     target: str = "sandbox"
+    # What the run undid at the end on a user's integration (each record it created, archived).
+    cleanup: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -78,14 +80,14 @@ class Report:
         }
 
 
-def run_drill(drill: Drill, driver: Driver, sandbox: DrillSandbox | None) -> Outcome:
+def run_drill(drill: Drill, driver: Driver, sandbox: DrillSandbox | None, target: Any = None) -> Outcome:
     expected = driver.expected.get(drill.name)
     if drill.name in driver.not_applicable or expected is None:
         why = driver.not_applicable.get(drill.name, "no scenario for this mechanism")
         return Outcome(drill.name, driver.mechanism, driver.label, "-", "not applicable", None, notes=[why])
     if sandbox is not None:
         sandbox.reset()
-    ctx = DrillContext(sandbox, driver.mechanism, drill.name)
+    ctx = DrillContext(sandbox, driver.mechanism, drill.name, target=target)
     started = time.monotonic()
     settled = False
     crashed = ""
@@ -107,18 +109,32 @@ def run_drill(drill: Drill, driver: Driver, sandbox: DrillSandbox | None) -> Out
     violations = list(inspection.violations) if inspection else []
     if inspection is not None:
         violations += drill.checks(ctx)
-    main = None
-    if inspection is not None and ctx.children:
-        main = next((i for i in inspection.items if i.id == ctx.children[0].item_id), None)
-    observed = main.label if main is not None else "no child"
+    # The first child carries the driver's expectation for the drill; further children may carry
+    # their own (an MCP drill's write next to its lookup, an asyncio group's computing child).
+    judged: list[tuple[Any, frozenset[str]]] = []
+    for n, c in enumerate(ctx.children):
+        wanted = expected if n == 0 else c.expect
+        if wanted is not None:
+            judged.append((c, wanted))
+    reports = {i.id: i for i in inspection.items} if inspection is not None else {}
+    named = len(judged) > 1
+    observed_parts, expected_parts, met = [], [], bool(judged)
+    for child, wanted in judged:
+        found = reports.get(child.item_id)
+        label = found.label if found is not None else "no item"
+        met = met and found is not None and label in wanted
+        prefix = f"{child.name or (found.noun if found else 'child')} " if named else ""
+        observed_parts.append(prefix + label)
+        expected_parts.append(prefix + " or ".join(sorted(wanted)))
+    observed = "; ".join(observed_parts) or "no child"
     if not settled and not crashed:
         observed += " (not settled in time)"
-    passed = not crashed and settled and not violations and main is not None and main.label in expected
+    passed = not crashed and settled and not violations and met
     return Outcome(
         drill=drill.name,
         mechanism=driver.mechanism,
         tool=driver.label,
-        expected=" or ".join(sorted(expected)),
+        expected="; ".join(expected_parts),
         observed=crashed or observed,
         passed=bool(passed),
         items=[i.to_json() for i in inspection.items] if inspection else [],
@@ -156,30 +172,45 @@ def run_drills(
     store: bool = True,
     progress: Any = None,
     settings_overrides: dict[str, dict[str, Any]] | None = None,
+    target: Any = None,
 ) -> Report:
-    """Run each drill against each mechanism, on the sandbox (started here unless given)."""
+    """Run each drill against each mechanism, on the sandbox (started here unless given), or,
+    with `target` (`external.Integration`), against a user's own integration: only its drivers,
+    no sandbox, and every record the drills created is reversed at the end."""
     chosen = [BY_NAME[name] for name in drills] if drills else DRILLS
-    own_sandbox = sandbox is None
-    sandbox = sandbox or start_drill_sandbox()
-    run = DrillRun.objects.create(target="sandbox") if store else None
+    own_sandbox = sandbox is None and target is None
+    if own_sandbox:
+        sandbox = start_drill_sandbox()
+    label = target.label if target is not None else "sandbox"
+    run = DrillRun.objects.create(target=label[:64]) if store else None
     outcomes: list[Outcome] = []
+    cleanup: list[str] = []
+    missing: list[str] = []
+    overrides = {**(settings_overrides or {}), **(target.settings_overrides() if target is not None else {})}
     try:
-        with drill_settings(settings_overrides):
-            drivers, missing = drivers_for(mechanisms)
-            for driver in drivers:
-                for drill in chosen:
-                    outcome = run_drill(drill, driver, sandbox)
-                    outcomes.append(outcome)
-                    if progress is not None:
-                        progress(outcome)
+        with drill_settings(overrides):
+            if target is not None:
+                drivers = target.drivers(mechanisms)
+            else:
+                drivers, missing = drivers_for(mechanisms)
+            try:
+                for driver in drivers:
+                    for drill in chosen:
+                        outcome = run_drill(drill, driver, sandbox, target)
+                        outcomes.append(outcome)
+                        if progress is not None:
+                            progress(outcome)
+            finally:
+                if target is not None:
+                    cleanup = target.reverse_all()
             for name in missing:
                 outcomes.append(
                     Outcome("-", name, name, "-", "not drilled", None, notes=["no drill driver for this mechanism"])
                 )
     finally:
-        if own_sandbox:
+        if own_sandbox and sandbox is not None:
             sandbox.stop()
-    report = Report(outcomes, run)
+    report = Report(outcomes, run, target=label, cleanup=cleanup)
     if run is not None:
         _store(run, report)
     return report

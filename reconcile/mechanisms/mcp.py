@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import mcp_types as types
@@ -123,7 +123,12 @@ async def mcp_call_tool(
         stopped = anyio.Event()
 
         async def call(scope: anyio.CancelScope) -> None:
-            result.append(await client.call_tool(tool, arguments or {}))
+            # `_meta.stopdesk_item` ties the call to its item at the server (as the OpenAI metadata does).
+            result.append(
+                await client.call_tool(
+                    tool, arguments or {}, meta=cast(types.RequestParamsMeta, {"stopdesk_item": str(item_id)})
+                )
+            )
             scope.cancel()
 
         async def watch(scope: anyio.CancelScope) -> None:
@@ -185,6 +190,7 @@ async def _start_task(
             "name": tool,
             "arguments": arguments,
             "task": {} if ttl_ms is None else {"ttl": ttl_ms},
+            "_meta": {"stopdesk_item": str(item_id)},
         }
         answer = await _raw_request(client, "tools/call", params, timeout_s)
         task = types.CreateTaskResult.model_validate(answer, by_name=False).task
