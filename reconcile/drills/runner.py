@@ -58,7 +58,12 @@ class Report:
 
     @property
     def passed(self) -> bool:
-        return all(o.passed is not False for o in self.outcomes)
+        return all(o.passed is not False for o in self.outcomes) and self.cleanup_ok
+
+    @property
+    def cleanup_ok(self) -> bool:
+        """Every record created on a user's integration was reversed."""
+        return not any(line.startswith("NOT archived") for line in self.cleanup)
 
     @property
     def ran(self) -> list[Outcome]:

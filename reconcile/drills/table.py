@@ -43,6 +43,11 @@ def table(report: Report, *, items: bool = True) -> str:
         f"items lost {totals['lost']}, actions after the boundary {totals['after_boundary']}, "
         f"audit gaps {totals['audit_gaps']}"
     )
+    if report.target != "sandbox":
+        out.append(f"Target: {report.target} (no control routes used)")
+    if report.cleanup:
+        out.append("Reversed at the end (every record the drills created, archived with If-Match):")
+        out.extend(f"  {line}" for line in report.cleanup)
     return "\n".join(out)
 
 

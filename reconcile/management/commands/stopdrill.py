@@ -3,6 +3,13 @@
     python manage.py stopdrill                       # every drill, every mechanism, on the sandbox
     python manage.py stopdrill --drill duplicate_stop --mechanism openai
     python manage.py stopdrill --write-reliability   # and write docs/RELIABILITY.md from this run
+    python manage.py stopdrill --crm-url URL          # against your own CRM (reversible test records)
+    python manage.py stopdrill --openai-api-key KEY [--openai-base-url URL] [--openai-model M]
+    python manage.py stopdrill --mcp-url URL --mcp-tool NAME [--mcp-arguments JSON]   # read-only tool
+
+With any of the integration options, the drills run against your systems instead of the sandbox:
+only reversible or read-only test actions, no fault injection (those drills are not applicable),
+and every CRM record a drill created is archived with If-Match at the end (the table lists them).
 
 Prints the table (drill, mechanism, expected, observed, pass or fail, each item's final state),
 stores the run (reconcile.DrillRun), and exits non-zero if any drill failed.
@@ -10,6 +17,7 @@ stores the run (reconcile.DrillRun), and exits non-zero if any drill failed.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -23,6 +31,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from reconcile.drills import reliability
 from reconcile.drills.catalogue import BY_NAME
+from reconcile.drills.external import Integration
 from reconcile.drills.runner import Outcome, run_drills
 from reconcile.drills.table import table
 
@@ -42,6 +51,19 @@ class Command(BaseCommand):
             metavar="PATH",
             help="Write docs/RELIABILITY.md (or PATH) from this run.",
         )
+        parser.add_argument(
+            "--fault-results",
+            metavar="JUNIT_XML",
+            help="A pytest --junitxml report of tests/faults, to show their results in RELIABILITY.md.",
+        )
+        own = parser.add_argument_group("your own integration (instead of the sandbox)")
+        own.add_argument("--crm-url", help="An HTTP API with the sandbox CRM's contract; test records are archived.")
+        own.add_argument("--openai-base-url", help="Responses API base URL (default: OpenAI's).")
+        own.add_argument("--openai-api-key", help="API key for the Responses API (never written to any file).")
+        own.add_argument("--openai-model", default="gpt-4o-mini", help="Model for the short test responses.")
+        own.add_argument("--mcp-url", help="A streamable HTTP MCP server.")
+        own.add_argument("--mcp-tool", help="A tool on it that is annotated read-only.")
+        own.add_argument("--mcp-arguments", default="{}", help="JSON arguments for the tool call.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         def progress(outcome: Outcome) -> None:
@@ -55,6 +77,7 @@ class Command(BaseCommand):
             mechanisms=options["mechanism"],
             store=not options["no_store"],
             progress=progress,
+            target=self._integration(options),
         )
         self.stdout.write(table(report, items=not options["brief"]))
         if report.run is not None:
@@ -66,8 +89,49 @@ class Command(BaseCommand):
                 for name in ("DATABASE_URL", "CELERY_BROKER_URL")
                 if os.environ.get(name)
             ]
-            command = shlex.join([*env, "python", "manage.py", "stopdrill", *sys.argv[2:]])
-            path = reliability.write(report, Path(options["write_reliability"]), command=command)
+            command = shlex.join([*env, "python", "manage.py", "stopdrill", *_redacted(sys.argv[2:])])
+            faults = Path(options["fault_results"]) if options["fault_results"] else None
+            path = reliability.write(report, Path(options["write_reliability"]), command=command, fault_results=faults)
             self.stdout.write(f"Wrote {path}.")
+        if not report.cleanup_ok:
+            raise CommandError("Some test records could not be archived; see 'NOT archived' above.", returncode=1)
         if not report.passed:
             raise CommandError("Stop did not hold in every drill; see FAIL rows above.", returncode=1)
+
+    def _integration(self, options: dict[str, Any]) -> Integration | None:
+        openai = options["openai_base_url"] or options["openai_api_key"]
+        if not (options["crm_url"] or openai or options["mcp_url"]):
+            return None
+        if bool(options["mcp_url"]) != bool(options["mcp_tool"]):
+            raise CommandError("--mcp-url and --mcp-tool go together.")
+        try:
+            arguments = json.loads(options["mcp_arguments"])
+        except ValueError as exc:
+            raise CommandError(f"--mcp-arguments is not JSON: {exc}") from exc
+        return Integration(
+            crm_url=options["crm_url"] or "",
+            openai_base_url=options["openai_base_url"] or "",
+            openai_api_key=options["openai_api_key"] or "",
+            openai_model=options["openai_model"],
+            mcp_url=options["mcp_url"] or "",
+            mcp_tool=options["mcp_tool"] or "",
+            mcp_arguments=arguments if isinstance(arguments, dict) else {},
+        )
+
+
+def _redacted(argv: list[str]) -> list[str]:
+    """The command as typed, without the API key."""
+    out: list[str] = []
+    hide = False
+    for arg in argv:
+        if hide:
+            out.append("***")
+            hide = False
+        elif arg == "--openai-api-key":
+            out.append(arg)
+            hide = True
+        elif arg.startswith("--openai-api-key="):
+            out.append("--openai-api-key=***")
+        else:
+            out.append(arg)
+    return out
