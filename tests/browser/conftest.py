@@ -27,7 +27,9 @@ ARGS = [
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "screenshots"
 
 
-@pytest.fixture(scope="session")
+# Package scope, not session: Playwright's sync API keeps an asyncio loop marked running on the
+# main thread while it is open, and every later test that calls asyncio.run() would fail.
+@pytest.fixture(scope="package")
 def browser() -> Iterator[object]:
     if not shutil.which(CHROMIUM):
         pytest.skip("Chromium is not installed at /usr/bin/chromium")
