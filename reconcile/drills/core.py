@@ -73,7 +73,7 @@ DRILL_MECHANISMS: dict[str, dict[str, Any]] = {
         "recheck_after_cancelled_s": 1.0,
     },
     # The registry calls the asyncio adapter "asyncio"; under any other key these would be dropped.
-    "asyncio": {"call_timeout_s": 0.5, "deadline_s": 2.0, "recheck_interval_s": 0.2},
+    "asyncio": {"call_timeout_s": 0.5, "deadline_s": 2.0, "recheck_interval_s": 0.2, "recheck_after_cancelled_s": 2.5},
 }
 SETTLE_BOUND_S = 8.0  # no drill waits longer than this for its items to settle
 

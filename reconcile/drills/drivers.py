@@ -368,16 +368,17 @@ class McpDriver(Driver):
 
     - before_dispatch: a destructive slow_write and an export task, both after Stop: nothing sent.
     - during_tool_call: a read-only slow_lookup (cancelled), a destructive slow_write (uncertain:
-      no answer follows a cancelled call) and an export task (tasks/cancel, read back cancelled).
+      no answer follows a cancelled call) and an export task (tasks/cancel, read back `cancelled`,
+      which by spec does not prove the work stopped: uncertain, the tool is not read-only).
     - after_acceptance: the server has started the write (journal `started`): uncertain; an export
-      task whose CreateTaskResult came back: cancelled.
+      task whose CreateTaskResult came back: uncertain, for the same reason.
     - slow_child: the export task ignores tasks/cancel (`tasks_ignore_cancel`) and the write ignores
       notifications/cancelled (`ignore_cancel`); both effects land after the cancel. The honest
       state of each is uncertain (or a flagged late result): MCP offers no way to learn whether a
       cancelled task's work went on, and a task that reads `cancelled` stays `cancelled` by spec.
     - disconnected_client: the agent's read timeout ends the write's call and the agent is gone.
     - cancel_endpoint_down: the MCP server is down (stopped) for the whole deadline.
-    - duplicate_stop: an export task, two Stops: one tasks/cancel.
+    - duplicate_stop: an export task, two Stops: one tasks/cancel (then uncertain, as above).
 
     The checker compares the server's effects (slow_write's key is the item's idempotency key, a
     task's call is its task id, the item's handle) with the ledger, and the arrival log ties each
@@ -393,7 +394,7 @@ class McpDriver(Driver):
         "slow_child": frozenset({"uncertain", REVIEW}),
         "disconnected_client": frozenset({"uncertain"}),
         "cancel_endpoint_down": frozenset({"uncertain"}),
-        "duplicate_stop": frozenset({"cancelled"}),
+        "duplicate_stop": frozenset({"uncertain"}),
     }
 
     def _item(self, ctx: DrillContext, noun: str) -> Any:
@@ -443,7 +444,7 @@ class McpDriver(Driver):
         if variant == "normal" and ctx.drill == "during_tool_call":
             main = self._call(ctx, tools.SLOW_LOOKUP, name="lookup", seconds=3.0)
             self._call(ctx, tools.SLOW_WRITE, name="write", seconds=3.0, expect=frozenset({"uncertain"}))
-            self._task_child(ctx, seconds=3.0, expect=frozenset({"cancelled"}))
+            self._task_child(ctx, seconds=3.0, expect=frozenset({"uncertain"}))
             return main
         if variant == "normal" and ctx.drill == "before_dispatch":
             main = self._call(ctx, tools.SLOW_WRITE, name="write", seconds=3.0)
@@ -453,7 +454,7 @@ class McpDriver(Driver):
             return self._task_child(ctx, seconds=3.0)
         if variant == "accept":
             main = self._call(ctx, tools.SLOW_WRITE, name="write", seconds=3.0)
-            self._task_child(ctx, seconds=3.0, expect=frozenset({"cancelled"}))
+            self._task_child(ctx, seconds=3.0, expect=frozenset({"uncertain"}))
             return main
         if variant == "slow":
             main = self._task_child(ctx, seconds=1.0)

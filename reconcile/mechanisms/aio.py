@@ -102,6 +102,11 @@ class Group:
                 raise  # the supervisor itself is being cancelled; _finish_stopped records it
             return await self._record_cancelled(child)
         except Exception as exc:
+            if child.submitted:
+                # Raising after the action went out says nothing about whether it landed (a client
+                # that timed out while the server went on): reconcile it, never "failed".
+                await self._record_unsure(child, f"raised after its external action was sent: {type(exc).__name__}")
+                return
             child.outcome = "failed"
             await self._finish(child, False, f"{type(exc).__name__}: {exc}"[:200])
             return
@@ -126,21 +131,37 @@ class Group:
             await self._finish(child, exc is None, "completed despite the stop" if exc is None else repr(exc)[:200])
             return
         if child.submitted:
-            child.outcome = "awaiting_reconciliation"
-            to_state, outcome = ItemState.AWAITING_RECONCILIATION, "cancelled after its external action was sent"
-            extra: dict[str, Any] = {"next_check_at": timezone.now()}
-        else:
-            child.outcome = "cancelled"
-            to_state, outcome, extra = ItemState.CANCELLED, "cancelled before any external action", {}
+            await self._record_unsure(child, "cancelled after its external action was sent")
+            return
+        child.outcome = "cancelled"
         try:
             await _db(
                 item_transition,
                 item_id=child.item_id,
-                to_state=to_state,
+                to_state=ItemState.CANCELLED,
+                actor=self.actor,
+                outcome="cancelled before any external action",
+                allowed_from=frozenset({ItemState.RUNNING}),
+            )
+        except IllegalTransition as exc:
+            log.info("child %s: %s", child.item_id, exc)
+
+    async def _record_unsure(self, child: Child, outcome: str) -> None:
+        """The child ended after its external action was sent: look the action up."""
+        from stopdesk.services.errors import IllegalTransition
+        from stopdesk.services.items import item_transition
+        from stopdesk.states import ItemState
+
+        child.outcome = "awaiting_reconciliation"
+        try:
+            await _db(
+                item_transition,
+                item_id=child.item_id,
+                to_state=ItemState.AWAITING_RECONCILIATION,
                 actor=self.actor,
                 outcome=outcome,
                 allowed_from=frozenset({ItemState.RUNNING}),
-                **extra,
+                next_check_at=timezone.now(),
             )
         except IllegalTransition as exc:
             log.info("child %s: %s", child.item_id, exc)
@@ -224,16 +245,26 @@ class AsyncioChild(Mechanism):
 
     name = "asyncio"
     capabilities = frozenset({Capability.INSPECT})
-    defaults = MechanismSettings(deadline_s=300.0, recheck_interval_s=5.0, backoff_initial_s=2.0)
+    # A child's action that was not found may still land, as with HTTP operations: keep watching
+    # a `cancelled` for the same window, so a late landing becomes a late result for review.
+    defaults = MechanismSettings(
+        call_timeout_s=10.0,
+        deadline_s=300.0,
+        recheck_interval_s=5.0,
+        backoff_initial_s=2.0,
+        recheck_after_cancelled_s=300.0,
+    )
 
     def inspect(self, item: ItemRef) -> Observation:
-        if item.state in LEDGER_FINAL:
-            return Observation(LEDGER_FINAL[item.state], remote_status=f"ledger: {item.state}")
         if item.submitted_at is not None and item.detail.get("http"):
+            # The remote side first, even when the ledger already says cancelled: the watch after
+            # `cancelled` exists to see an action that lands late, and the ledger is our own claim.
             from reconcile.mechanisms.http import HttpOperation
             from reconcile.mechanisms.registry import mechanism_settings
 
             return HttpOperation(mechanism_settings("http")).inspect(item)
+        if item.state in LEDGER_FINAL:
+            return Observation(LEDGER_FINAL[item.state], remote_status=f"ledger: {item.state}")
         if item.state == "running" and item.lease_until is not None and item.lease_until > timezone.now():
             return Observation(Seen.RUNNING, remote_status="heartbeat fresh")
         if item.submitted_at is not None:

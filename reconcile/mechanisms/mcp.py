@@ -279,6 +279,20 @@ class McpToolCall(Mechanism):
                 )
             raise
         detail = {"task_id": task.task_id, "status": task.status, "status_message": task.status_message}
+        annotations = (item.detail.get("mcp") or {}).get("annotations") or {}
+        if task.status == "cancelled" and not annotations.get("readOnlyHint"):
+            # The spec has the receiver set `cancelled` before it even tries to stop the work, and
+            # keep it even if the work then finishes: for a tool that may change the world, the
+            # status proves nothing about its effect (the drills caught an export landing anyway).
+            return Observation(
+                Seen.UNKNOWABLE,
+                remote_status=task.status,
+                message=(
+                    "The server marked the task cancelled, which MCP keeps even if the work goes on; "
+                    "the tool is not read-only, so whether it took effect is unknown."
+                ),
+                detail=detail,
+            )
         return Observation(TASK_STATUS[task.status], remote_status=task.status, detail=detail)
 
 

@@ -1,8 +1,9 @@
 """Drill drivers for MCP tool calls and asyncio children, on the sandbox.
 
-What holds is asserted as holding; what the drills showed does not hold (an effect the ledger
-records as cancelled or failed) is asserted as a failed drill with the checker's own words, so a
-fix in the mechanism turns these tests red on purpose and the expectation moves with it."""
+The first run of these drills found three places where the ledger denied an effect the external
+system held (an MCP task read back `cancelled` while its export landed; an asyncio send found
+after its lookup said "not found"; an asyncio child recorded failed after its create went
+through). Each was fixed in its mechanism, and each is asserted here as holding."""
 
 from __future__ import annotations
 
@@ -29,8 +30,9 @@ def test_mcp_plain_calls_and_tasks_hold_when_stopped(drill_sandbox):
     assert report.passed, table(report)
     rows = by_drill(report)
     assert rows["before_dispatch"].external_actions == 0
-    assert rows["during_tool_call"].observed == "lookup cancelled; write uncertain; export task cancelled"
-    assert rows["after_acceptance"].observed == "write uncertain; export task cancelled"
+    # A task read back `cancelled` proves nothing about a tool that is not read-only.
+    assert rows["during_tool_call"].observed == "lookup cancelled; write uncertain; export task uncertain"
+    assert rows["after_acceptance"].observed == "write uncertain; export task uncertain"
     # Each tools/call reached the server tagged with its item (`_meta.stopdesk_item`).
     assert rows["during_tool_call"].external_actions == 3
 
@@ -45,16 +47,15 @@ def test_mcp_server_down_and_disconnected_client_end_uncertain(drill_sandbox):
     assert drill_sandbox.sandbox.servers["mcp"].running, "the drill restarts the server it stopped"
 
 
-def test_an_mcp_task_that_ignores_tasks_cancel_is_a_failed_drill(drill_sandbox):
+def test_an_mcp_task_that_ignores_tasks_cancel_is_left_uncertain_not_cancelled(drill_sandbox):
     # tasks/cancel answers `cancelled` and tasks/get keeps saying so (the spec keeps it cancelled),
-    # while the export runs on and lands. The ledger records cancelled: the checker sees the export.
+    # while the export runs on and lands. The ledger must not call it cancelled.
     report = run_drills(mechanisms=["mcp"], drills=["slow_child"], sandbox=drill_sandbox, store=False)
 
     outcome = report.outcomes[0]
-    assert outcome.verdict == "FAIL", table(report)
-    assert outcome.observed == "export task cancelled; write uncertain"
-    assert outcome.lost == 1 and outcome.after_boundary == 0
-    assert any("export_report exported" in v and "ledger records cancelled" in v for v in outcome.violations)
+    assert outcome.verdict == "pass", table(report)
+    assert outcome.observed == "export task uncertain; write uncertain"
+    assert outcome.lost == 0 and outcome.after_boundary == 0 and not outcome.violations
     effects = drill_sandbox.sandbox.mcp.effects()
     assert {e["tool"] for e in effects} == {"export_report", "slow_write"}, "both effects landed after the cancel"
 
@@ -74,18 +75,17 @@ def test_asyncio_children_hold_when_stopped(drill_sandbox):
     assert rows["cancel_endpoint_down"].observed == "record uncertain; computation cancelled"
 
 
-def test_asyncio_effects_the_ledger_denies_are_failed_drills(drill_sandbox):
+def test_asyncio_effects_that_land_late_or_after_an_error_are_not_denied(drill_sandbox):
     report = run_drills(
         mechanisms=["asyncio"], drills=["slow_child", "disconnected_client"], sandbox=drill_sandbox, store=False
     )
 
     rows = by_drill(report)
     slow, gone = rows["slow_child"], rows["disconnected_client"]
-    # A send that lands after the lookup said "not found" (past the adapter's call timeout): the
-    # adapter settles cancelled and never looks again. The overrunning cleanup is uncertain.
-    assert slow.verdict == "FAIL" and slow.observed == "message cancelled; computation uncertain", table(report)
-    assert any("ledger records cancelled" in v for v in slow.violations)
-    # A child that raised (its HTTP client timed out) after submit() is recorded failed, though
-    # the CRM completed the create.
-    assert gone.verdict == "FAIL" and gone.observed.startswith("record failed"), table(report)
-    assert any("ledger records failed" in v for v in gone.violations)
+    # A send that lands after the lookup said "not found": the watch after `cancelled` sees it
+    # land, and it becomes a late result for review. The overrunning cleanup is uncertain.
+    assert slow.verdict == "pass" and not slow.violations, table(report)
+    assert slow.observed == "message cancelled, review; computation uncertain", table(report)
+    # A child that raised (its HTTP client timed out) after submit(): reconciled, not "failed".
+    assert gone.verdict == "pass" and not gone.violations, table(report)
+    assert not gone.observed.startswith("record failed"), table(report)
