@@ -188,9 +188,9 @@ def http_submit(
     a connection error or a 5xx leaves it `awaiting_reconciliation`, due now: the lookup by key
     will say whether it landed. Raises TaskStopped (nothing sent) once Stop was requested."""
     from reconcile.mechanisms.registry import mechanism_settings
-    from reconcile.services.handles import item_record_detail
+    from reconcile.services.handles import item_attach_fact, item_record_detail
     from stopdesk.services.boundary import item_submit
-    from stopdesk.services.items import item_attach_record, item_finish, item_transition
+    from stopdesk.services.items import item_finish, item_transition
     from stopdesk.states import ItemState
 
     decl = {**declaration}
@@ -208,17 +208,7 @@ def http_submit(
         error = type(exc).__name__
     if response is not None and response.status_code < 300:
         fact = record_fact(_declaration({"http": decl}), response)
-        item_attach_record(
-            item_id=item_id,
-            system=fact.system,
-            record_id=fact.record_id,
-            effect=fact.effect,
-            actor=actor,
-            version=fact.version,
-            reversible=fact.reversible,
-            reversal=fact.reversal,
-            link=fact.link,
-        )
+        item_attach_fact(item_id=item_id, fact=fact, actor=actor)
         item_finish(item_id=item_id, succeeded=True, actor=actor, outcome=f"{fact.effect} {fact.record_id}")
         return Submitted(True, response.status_code, fact)
     if response is not None and response.status_code < 500:

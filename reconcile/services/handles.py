@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from django.db import transaction
 
-from stopdesk.models import WorkItem
+from reconcile.mechanisms.base import RecordFact
+from stopdesk.models import ExternalRecord, WorkItem
 from stopdesk.services.events import event_record
+from stopdesk.services.items import item_attach_record
 
 
 def item_record_handle(*, item_id: int, handle: str, actor: str, detail: dict[str, Any] | None = None) -> WorkItem:
@@ -28,3 +31,8 @@ def item_record_detail(*, item_id: int, detail: dict[str, Any]) -> None:
         item = WorkItem.objects.select_for_update().get(pk=item_id)
         item.detail = {**item.detail, **detail}
         item.save(update_fields=["detail"])
+
+
+def item_attach_fact(*, item_id: int, fact: RecordFact, actor: str) -> ExternalRecord:
+    """Attach an external record as an adapter observed it (the fact's fields are the ledger's)."""
+    return item_attach_record(item_id=item_id, actor=actor, **dataclasses.asdict(fact))

@@ -20,11 +20,12 @@ from django.utils import timezone
 from reconcile import engine
 from reconcile.mechanisms import registry
 from reconcile.mechanisms.base import Capability, ItemRef, Mechanism, Observation, Seen
+from reconcile.services.handles import item_attach_fact
 from stopdesk.models import CancellationAttempt, WorkItem
 from stopdesk.services.bulk import items_move
 from stopdesk.services.errors import IllegalTransition
 from stopdesk.services.events import event_record
-from stopdesk.services.items import item_attach_record, item_finish, item_transition
+from stopdesk.services.items import item_finish, item_transition
 from stopdesk.services.sql import is_postgres
 from stopdesk.states import SETTLED, TERMINAL, ItemState
 
@@ -282,19 +283,8 @@ def decide(
 
 
 def _attach(item_id: int, observation: Observation, actor: str) -> None:
-    fact = observation.record
-    assert fact is not None
-    item_attach_record(
-        item_id=item_id,
-        system=fact.system,
-        record_id=fact.record_id,
-        effect=fact.effect,
-        actor=actor,
-        version=fact.version,
-        reversible=fact.reversible,
-        reversal=fact.reversal,
-        link=fact.link,
-    )
+    assert observation.record is not None
+    item_attach_fact(item_id=item_id, fact=observation.record, actor=actor)
 
 
 def _late_result(*, item_id: int, reported: str, actor: str, outcome: str, evidence: dict[str, Any]) -> None:
