@@ -136,7 +136,13 @@ class OpenAIResponses(Mechanism):
 
 
 def response_create(
-    *, item_id: int, actor: str, base_url: str | None = None, api_key: str | None = None, **params: Any
+    *,
+    item_id: int,
+    actor: str,
+    base_url: str | None = None,
+    api_key: str | None = None,
+    timeout_s: float | None = None,
+    **params: Any,
 ) -> Any:
     """Agent side: pass the boundary, create a background response with no SDK retries and with
     metadata linking it to the item, and store its id as the item's handle before anything else.
@@ -162,7 +168,7 @@ def response_create(
         "stopdesk_key": key,
     }
     cfg = get_settings()
-    client = client_for(base_url=base_url, api_key=api_key, timeout_s=cfg.call_timeout_s)
+    client = client_for(base_url=base_url, api_key=api_key, timeout_s=timeout_s or cfg.call_timeout_s)
     response = client.responses.create(background=True, metadata=metadata, **params)
     item_record_handle(
         item_id=item_id, handle=response.id, actor=actor, detail={"openai": {"base_url": str(client.base_url)}}

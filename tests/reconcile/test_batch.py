@@ -49,7 +49,7 @@ def fast(settings):  # type: ignore[no-untyped-def]
 
 def start(task, url):  # type: ignore[no-untyped-def]
     item = item_register(task=task, kind=Kind.MODEL_REQUEST, noun="draft", actor="test", mechanism="openai")
-    response_create(item_id=item.pk, actor="test", base_url=url, model="gpt-test", input="Draft it")
+    response_create(item_id=item.pk, actor="test", base_url=url, model="gpt-test", input="Draft it", timeout_s=10.0)
     item.refresh_from_db()
     return item
 

@@ -36,7 +36,11 @@ def fast(settings):  # type: ignore[no-untyped-def]
 
 def started(task, url):  # type: ignore[no-untyped-def]
     item = item_register(task=task, kind=Kind.MODEL_REQUEST, noun="draft", actor="test", mechanism="openai")
-    response = response_create(item_id=item.pk, actor="test", base_url=url, model="gpt-test", input="Draft it")
+    # The create gets a roomier timeout than the short one these tests give cancel and retrieve:
+    # it is set-up here, and a loaded CI machine once took longer than 0.5 s to answer it.
+    response = response_create(
+        item_id=item.pk, actor="test", base_url=url, model="gpt-test", input="Draft it", timeout_s=10.0
+    )
     item.refresh_from_db()
     assert item.handle == response.id
     return item, response
