@@ -158,7 +158,7 @@ class LocalRuntime:
                 item_start(item_id=item_id, actor=self.actor, worker=args.worker, lease_seconds=args.lease_seconds)
             return item_info(WorkItem.objects.get(pk=item_id))
 
-        return self._once(request_key, f"start:{item_id}", ItemInfo, produce)
+        return self._once_transition(request_key, f"start:{item_id}", ItemInfo, produce)
 
     def submit(
         self,
@@ -189,7 +189,7 @@ class LocalRuntime:
                 )
             return item_info(WorkItem.objects.get(pk=item_id))
 
-        return self._once(request_key, f"submit:{item_id}", ItemInfo, produce)
+        return self._once_transition(request_key, f"submit:{item_id}", ItemInfo, produce)
 
     def heartbeat(self, item_id: int, *, lease_seconds: int | None = None, raise_on_stop: bool = True) -> HeartbeatInfo:
         """Extend a running item's lease and answer whether Stop was requested. With
@@ -385,6 +385,30 @@ class LocalRuntime:
                 allowed_from=allowed,
             )
         return item_info(item)
+
+    def _once_transition(
+        self, key: str | None, operation: str, kind: type[ItemInfo], produce: Callable[[], ItemInfo]
+    ) -> ItemInfo:
+        """Like `_once`, for the boundary's transitions, which refuse a repeat on their own (a
+        started item cannot start again). So the work goes first, and the stored answer is read
+        only when the ledger refuses: one round trip less on every start and submit. A concurrent
+        twin waits on the item's row lock, so the winner's answer is committed when it looks."""
+        if not key or self.runtime is None:
+            return produce()
+        # No atomic block of our own around the work: the boundary is one statement, and its
+        # refusals (a Conflict, or StopRequested after it cancelled the item) must leave the
+        # caller's transaction usable and the cancellation recorded.
+        try:
+            result = produce()
+        except Conflict:
+            seen = ApiIdempotency.objects.filter(runtime=self.runtime, key=key, endpoint=operation).first()
+            if seen is None:
+                raise
+            return kind.from_json(seen.body)
+        ApiIdempotency.objects.create(
+            runtime=self.runtime, key=key, endpoint=operation, status=200, body=result.to_json()
+        )
+        return result
 
     def _once[T: (TaskInfo, ItemInfo, RecordInfo)](
         self, key: str | None, operation: str, kind: type[T], produce: Callable[[], T]
