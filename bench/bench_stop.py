@@ -14,9 +14,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from bench.harness import Figure
 
@@ -74,7 +74,24 @@ def _stop_figures(queued: int, running: int, suffix: str) -> list[Figure]:
     ]
 
 
+def _start_all(chunk: list[int], gate: Any) -> None:
+    """One worker process: open its connection, wait for the others, start its items."""
+    from django.db import connections
+
+    from stopdesk.services.boundary import item_start
+
+    item_start(item_id=chunk[0], actor="bench")  # connect before the clock starts
+    gate.wait()
+    for item_id in chunk[1:]:
+        item_start(item_id=item_id, actor="bench")
+    connections.close_all()
+
+
 def _starts_per_second() -> list[Figure]:
+    """Four worker processes, as a prefork Celery pool runs them (threads in one process would
+    measure the GIL as much as the boundary)."""
+    import multiprocessing
+
     from django.db import connection, connections
     from django.test.utils import CaptureQueriesContext
 
@@ -86,23 +103,22 @@ def _starts_per_second() -> list[Figure]:
     probe = ids.pop()
     with CaptureQueriesContext(connection) as queries:
         item_start(item_id=probe, actor="bench")
-    gate = threading.Barrier(WORKERS + 1)
-
-    def work(chunk: list[int]) -> None:
-        item_start(item_id=chunk[0], actor="bench")  # open the connection before the clock starts
-        gate.wait()
-        for item_id in chunk[1:]:
-            item_start(item_id=item_id, actor="bench")
-        connections.close_all()
-
-    threads = [threading.Thread(target=work, args=(ids[i::WORKERS],)) for i in range(WORKERS)]
-    for t in threads:
-        t.start()
+    connections.close_all()  # a forked child must open its own connection, never share ours
+    context = multiprocessing.get_context("fork")
+    gate = context.Barrier(WORKERS + 1)
+    workers = [context.Process(target=_start_all, args=(ids[i::WORKERS], gate)) for i in range(WORKERS)]
+    for worker in workers:
+        worker.start()
     gate.wait()
     started = time.perf_counter()
-    for t in threads:
-        t.join()
+    for worker in workers:
+        worker.join()
     elapsed = time.perf_counter() - started
+    if any(worker.exitcode != 0 for worker in workers):
+        raise RuntimeError("a worker process failed")
+    started_items = WorkItem.objects.filter(task=task, state="running").count()
+    if started_items != len(ids) + 1:
+        raise AssertionError(f"only {started_items} of {len(ids) + 1} items are running")
     rate = (len(ids) - WORKERS) / elapsed
     return [
         Figure("boundary.starts_per_s", rate, "starts/s", target=2000, higher_is_better=True),

@@ -91,6 +91,9 @@ if _db["ENGINE"].endswith("sqlite3"):
     _db["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 20}
 elif _db["ENGINE"].endswith("postgresql"):
     _db.setdefault("OPTIONS", {})
+    # Statements run on server-side-binding cursors (the boundary's) are prepared after 5 runs;
+    # Django's own client-binding cursors are unaffected.
+    _db["OPTIONS"].setdefault("prepare_threshold", 5)
     if os.environ.get("STOPDESK_DB_POOL") == "1":
         _db["OPTIONS"]["pool"] = {"min_size": 2, "max_size": 20}
     else:

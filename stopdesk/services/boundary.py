@@ -94,7 +94,7 @@ def _pass(*, item_id: int, actor: str, worker: str, lease_seconds: int | None, s
             "submit": submit,
             "key": key,
         }
-        with connection.cursor() as cursor:
+        with _server_side_cursor() as cursor:
             # One statement, so one round trip, and atomic on its own under autocommit.
             cursor.execute(_BOUNDARY_SQL, params)
             row = cursor.fetchone()
@@ -109,6 +109,19 @@ def _pass(*, item_id: int, actor: str, worker: str, lease_seconds: int | None, s
     if state == S.CANCELLED or (item.state == S.CANCELLED and item.task.stop_requested_at is not None):
         raise TaskStopped(item.task_id, item.pk)
     raise IllegalTransition(item.pk, item.state, "submitted" if submit else S.RUNNING)
+
+
+def _server_side_cursor() -> Any:
+    """A cursor that binds parameters on the server, so PostgreSQL prepares this statement after
+    a few runs (the connection's prepare_threshold) instead of parsing and planning the CTE on
+    every start: about twice the starts per second. Django's own cursors bind on the client and
+    never prepare. Wrapped like Django's, so it is logged, counted and has its errors translated."""
+    import psycopg
+
+    connection.ensure_connection()
+    raw = psycopg.Cursor(connection.connection)
+    # django-stubs type these as taking a CursorWrapper; Django passes them the driver's cursor.
+    return connection.make_debug_cursor(raw) if connection.queries_logged else connection.make_cursor(raw)  # type: ignore[arg-type]
 
 
 def _pass_portable(*, item_id: int, actor: str, worker: str, lease: int, submit: bool, key: str) -> str | None:
