@@ -193,6 +193,9 @@ CELERY_BEAT_SCHEDULE = {
     "resume-stop-fanouts": {"task": "stopdesk.resume_stop_fanouts", "schedule": 30.0},
     # Bounded batch of items awaiting reconciliation or due for a re-check (reconcile/services).
     "reconcile-sweep": {"task": "reconcile.sweep", "schedule": 5.0},
+    # Approved compensations whose job was lost are queued again; ones whose worker died mid-run
+    # are escalated (reconcile/services/compensation.py).
+    "compensation-sweep": {"task": "reconcile.sweep_compensations", "schedule": 60.0},
 }
 # Per-mechanism timing (timeouts, deadline, backoff, re-check window after cancelled); the
 # defaults live in each adapter (reconcile/mechanisms/), these override them.

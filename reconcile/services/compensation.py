@@ -9,6 +9,7 @@ transaction, and records the result in a new one (pretix's refund pattern).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -198,6 +199,50 @@ def compensation_execute(*, compensation_id: int) -> Compensation:
             result={**result, "expected_version": expected, "observed_version": observed},
         )
     return compensation
+
+
+def compensations_sweep(
+    *,
+    now: datetime | None = None,
+    interrupted_after_s: float = 600.0,
+    requeue_after_s: float = 60.0,
+    enqueue: Callable[[int], None] | None = None,
+) -> dict[str, list[int]]:
+    """Nothing is left half-done forever. An approved compensation whose job never ran (the broker
+    lost it) is queued again; running it twice is safe, its claim lets one caller through. One
+    left running past every time limit lost its worker mid-action: nobody knows whether the write
+    happened, so it is escalated for a person, never retried on its own."""
+    now = now or timezone.now()
+    send = enqueue or _enqueue_execution
+    requeued = list(
+        Compensation.objects.filter(
+            state=C.APPROVED, approved_at__lt=now - timedelta(seconds=requeue_after_s)
+        ).values_list("pk", flat=True)
+    )
+    for compensation_id in requeued:
+        send(compensation_id)
+    interrupted = []
+    stale = Compensation.objects.filter(
+        state=C.RUNNING, started_at__lt=now - timedelta(seconds=interrupted_after_s)
+    ).select_related("external_record__item")
+    for compensation in stale:
+        with transaction.atomic():
+            try:
+                _move(
+                    compensation,
+                    (C.RUNNING,),
+                    C.ESCALATED,
+                    "system:compensation-sweep",
+                    "compensation_interrupted",
+                    "Its worker was lost while it ran; whether the action reached the record is unknown. "
+                    "Check the record before deciding.",
+                    finished_at=now,
+                    reason="Interrupted mid-run: check the record before approving again or rejecting.",
+                )
+            except CompensationRefused:
+                continue  # it finished meanwhile
+        interrupted.append(compensation.pk)
+    return {"requeued": requeued, "interrupted": interrupted}
 
 
 def _escalate_stale(compensation: Compensation, expected: str, observed: str) -> Compensation:
