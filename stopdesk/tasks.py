@@ -4,7 +4,7 @@ from celery import shared_task
 from celery.signals import worker_ready
 from django.db import close_old_connections
 
-from stopdesk.services.reaper import items_reap_stale
+from stopdesk.services.reaper import api_replays_purge, items_reap_stale
 from stopdesk.services.stop import stops_resume_fanout
 
 
@@ -16,6 +16,11 @@ def reap_stale_items() -> int:
 @shared_task(name="stopdesk.resume_stop_fanouts", time_limit=120, soft_time_limit=110)
 def resume_stop_fanouts() -> int:
     return len(stops_resume_fanout())
+
+
+@shared_task(name="stopdesk.purge_api_replays", time_limit=300, soft_time_limit=290)
+def purge_api_replays() -> int:
+    return api_replays_purge()
 
 
 @worker_ready.connect

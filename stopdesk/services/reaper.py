@@ -3,9 +3,12 @@ Nothing here depends on any process's memory; the database says what is outstand
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.db.models import Q
 from django.utils import timezone
 
+from stopdesk.models import ApiIdempotency
 from stopdesk.services.bulk import NOW, items_move
 from stopdesk.states import ItemState
 
@@ -27,3 +30,11 @@ def items_reap_stale(*, actor: str = "system:reaper", worker: str = "") -> int:
         message="No heartbeat within the lease; the worker is presumed lost.",
         sets={"next_check_at": NOW},
     )
+
+
+def api_replays_purge(*, older_than_days: int = 7) -> int:
+    """Stored first answers for Idempotency-Key replays are kept a week: long enough for any
+    client's retries, not forever. Set-based, so one statement whatever the count."""
+    cutoff = timezone.now() - timedelta(days=older_than_days)
+    deleted, _ = ApiIdempotency.objects.filter(created_at__lt=cutoff).delete()
+    return deleted
