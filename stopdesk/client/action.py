@@ -26,7 +26,21 @@ from stopdesk.client.types import ItemInfo, RecordInfo
 
 
 class _Verdict:
-    def __init__(self, item_id: int, failures: tuple[type[BaseException], ...], complete: bool) -> None:
+    """What the sync and async context managers share: their arguments and the verdict."""
+
+    def __init__(
+        self,
+        runtime: Any,
+        item_id: int,
+        *,
+        idempotency_key: str,
+        worker: str | None = None,
+        failures: tuple[type[BaseException], ...] = (),
+        complete: bool = True,
+    ) -> None:
+        self.runtime = runtime
+        self.idempotency_key = idempotency_key
+        self.worker = worker
         self.item_id = item_id
         self.failures = failures
         self.complete = complete
@@ -55,21 +69,6 @@ class _Verdict:
 
 
 class ExternalAction(_Verdict):
-    def __init__(
-        self,
-        runtime: Any,
-        item_id: int,
-        *,
-        idempotency_key: str,
-        worker: str | None = None,
-        failures: tuple[type[BaseException], ...] = (),
-        complete: bool = True,
-    ) -> None:
-        super().__init__(item_id, failures, complete)
-        self.runtime = runtime
-        self.idempotency_key = idempotency_key
-        self.worker = worker
-
     def __enter__(self) -> ExternalAction:
         self.item = self.runtime.submit(self.item_id, idempotency_key=self.idempotency_key, worker=self.worker)
         return self
@@ -93,21 +92,6 @@ class ExternalAction(_Verdict):
 
 
 class AsyncExternalAction(_Verdict):
-    def __init__(
-        self,
-        runtime: Any,
-        item_id: int,
-        *,
-        idempotency_key: str,
-        worker: str | None = None,
-        failures: tuple[type[BaseException], ...] = (),
-        complete: bool = True,
-    ) -> None:
-        super().__init__(item_id, failures, complete)
-        self.runtime = runtime
-        self.idempotency_key = idempotency_key
-        self.worker = worker
-
     async def __aenter__(self) -> AsyncExternalAction:
         self.item = await self.runtime.submit(self.item_id, idempotency_key=self.idempotency_key, worker=self.worker)
         return self
