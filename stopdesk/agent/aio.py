@@ -30,9 +30,9 @@ from django.db import connection
 from django.utils import timezone
 
 from reconcile.services.handles import item_record_detail
-from stopdesk.services.boundary import item_start, item_submit
 from stopdesk.services.errors import IllegalTransition, TaskStopped
-from stopdesk.services.items import item_finish, item_heartbeat, item_transition
+from stopdesk.services.items import item_finish, item_heartbeat
+from stopdesk.services.transitions import item_start, item_submit, item_transition
 from stopdesk.states import ItemState
 
 log = logging.getLogger(__name__)

@@ -26,9 +26,9 @@ from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 
 from stopdesk.models import Task, WorkItem
-from stopdesk.services.boundary import item_start
 from stopdesk.services.errors import IllegalTransition, TaskStopped
 from stopdesk.services.items import item_finish, item_heartbeat, item_register, item_report_stopped
+from stopdesk.services.transitions import item_start
 from stopdesk.states import Kind
 
 log = logging.getLogger(__name__)
