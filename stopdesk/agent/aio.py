@@ -30,6 +30,7 @@ from django.db import connection
 from django.utils import timezone
 
 from reconcile.services.handles import item_record_detail
+from stopdesk.client.errors import StopRequested
 from stopdesk.services.errors import IllegalTransition, TaskStopped
 from stopdesk.services.items import item_finish, item_heartbeat
 from stopdesk.services.transitions import item_start, item_submit, item_transition
@@ -87,7 +88,6 @@ class Group:
         return child
 
     async def _run(self, child: Child, body: Callable[[Child], Coroutine[Any, Any, Any]]) -> None:
-
         try:
             await in_thread(item_start, item_id=child.item_id, actor=self.actor, worker="asyncio")
         except (TaskStopped, IllegalTransition) as exc:
@@ -101,6 +101,10 @@ class Group:
             if not child.task.done():
                 raise  # the supervisor itself is being cancelled; _finish_stopped records it
             return await self._record_cancelled(child)
+        except StopRequested:
+            # The child heard of Stop itself (a boundary refusal, LocalRuntime.heartbeat, the
+            # client): the same class every door raises, recorded as a stop, never a failure.
+            return await self._record_cancelled(child, after_stop=True)
         except Exception as exc:
             if child.submitted:
                 # Raising after the action went out says nothing about whether it landed (a client

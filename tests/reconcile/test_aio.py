@@ -185,3 +185,22 @@ def test_cleanup_that_overruns_is_reconciled_and_ends_uncertain(fast, clock):
     sweep_until_settled(clock, item)
     item.refresh_from_db()
     assert item.state == S.UNCERTAIN and item.investigate_by is not None
+
+
+def test_child_that_hears_of_stop_itself_is_recorded_cancelled(fast):
+    # A child refused at its own boundary (or told by LocalRuntime.heartbeat) raises StopRequested,
+    # the one class every door raises: a stop, never a failure.
+    task = make_task()
+    item = child_item(task)
+
+    async def body(child):  # type: ignore[no-untyped-def]
+        await stop_soon(task, 0)
+        await child.submit("mail-after-stop")  # the boundary refuses: TaskStopped, a StopRequested
+
+    async def main() -> None:
+        async with supervise(actor="agent", poll_s=5.0) as group:
+            group.start(item.pk, body)
+
+    run(main())
+    item.refresh_from_db()
+    assert item.state == S.CANCELLED and item.submitted_at is None
