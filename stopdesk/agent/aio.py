@@ -63,13 +63,11 @@ class Child:
 
     async def submit(self, idempotency_key: str) -> None:
         """Pass the boundary before an external action. Raises TaskStopped if Stop came first."""
-
         await in_thread(item_submit, item_id=self.item_id, idempotency_key=idempotency_key, actor=self.actor)
         self.submitted = True
 
     async def declare(self, detail: dict[str, Any]) -> None:
         """Record how the external action can be looked up (e.g. {"http": {...lookup_url...}})."""
-
         await in_thread(item_record_detail, item_id=self.item_id, detail=detail)
 
 
@@ -119,12 +117,10 @@ class Group:
         del result
 
     async def _finish(self, child: Child, succeeded: bool, outcome: str) -> None:
-
         await in_thread(item_finish, item_id=child.item_id, succeeded=succeeded, actor=self.actor, outcome=outcome)
 
-    async def _record_cancelled(self, child: Child) -> None:
-
-        if child.task is not None and child.task.done() and not child.task.cancelled():
+    async def _record_cancelled(self, child: Child, *, after_stop: bool = False) -> None:
+        if not after_stop and child.task is not None and child.task.done() and not child.task.cancelled():
             # It caught the cancellation and ended on its own terms: record what it did.
             exc = child.task.exception()
             child.outcome = "completed" if exc is None else "failed"
@@ -148,7 +144,6 @@ class Group:
 
     async def _record_unsure(self, child: Child, outcome: str) -> None:
         """The child ended after its external action was sent: look the action up."""
-
         child.outcome = "awaiting_reconciliation"
         try:
             await in_thread(
@@ -176,7 +171,6 @@ class Group:
                 await self._record_overrun(child)
 
     async def _record_overrun(self, child: Child) -> None:
-
         child.outcome = "awaiting_reconciliation"
         with contextlib.suppress(IllegalTransition):
             await in_thread(
@@ -197,7 +191,6 @@ class Group:
         return all(runner.done() or child.overran for child, runner in zip(self.children, self._started, strict=True))
 
     async def _watch(self, poll_s: float) -> None:
-
         while True:
             await asyncio.sleep(poll_s)
             running = [c for c in self.children if c.task is not None and not c.task.done()]

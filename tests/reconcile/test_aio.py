@@ -10,7 +10,7 @@ from django.db import connection
 
 from reconcile.services.cancel import item_cancel
 from stopdesk.agent.aio import supervise
-from stopdesk.models import ExternalRecord, WorkItem
+from stopdesk.models import Event, ExternalRecord, WorkItem
 from stopdesk.services.items import item_register
 from stopdesk.services.stop import task_request_stop
 from stopdesk.states import ItemState, Kind
@@ -204,3 +204,4 @@ def test_child_that_hears_of_stop_itself_is_recorded_cancelled(fast):
     run(main())
     item.refresh_from_db()
     assert item.state == S.CANCELLED and item.submitted_at is None
+    assert not item.needs_review and not Event.objects.filter(item=item, kind="late_result").exists()
