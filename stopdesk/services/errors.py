@@ -21,6 +21,12 @@ class RecordConflict(LedgerError):
     code = "record_conflict"
 
 
+class InvalidRecordId(LedgerError):
+    """The record id cannot travel back to its system as one URL path segment."""
+
+    code = "invalid_record_id"
+
+
 class IllegalTransition(LedgerError):
     code = "illegal_transition"
 

@@ -11,7 +11,8 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from stopdesk.models import ExternalRecord, Task, WorkItem
-from stopdesk.services.errors import IllegalTransition, RecordConflict
+from stopdesk.record_ids import record_id_problem
+from stopdesk.services.errors import IllegalTransition, InvalidRecordId, RecordConflict
 from stopdesk.services.events import event_record
 from stopdesk.services.sql import ClockNow
 from stopdesk.states import TERMINAL, ItemState, Kind, can_move
@@ -203,7 +204,10 @@ def item_attach_record(
 ) -> ExternalRecord:
     """Report an effect in another system. Attaching the same record to the same item again
     updates its version; attaching it to another item is refused (it would silently move an
-    effect, possibly across tasks)."""
+    effect, possibly across tasks). An id that cannot be sent back to its system as one URL
+    path segment is refused: a compensation would otherwise act on whatever record it names."""
+    if (problem := record_id_problem(record_id)) is not None:
+        raise InvalidRecordId(f"The record id {record_id[:80]!r} {problem}.")
     with transaction.atomic():
         item = WorkItem.objects.select_for_update().get(pk=item_id)
         owner = ExternalRecord.objects.filter(system=system, record_id=record_id).values_list("item_id", flat=True)
