@@ -242,6 +242,8 @@ class ApiIdempotency(models.Model):
     endpoint = models.CharField(max_length=200)
     status = models.PositiveSmallIntegerField()
     body = models.JSONField()
+    # sha256 of the validated request: the same key with another body is refused, not replayed.
+    fingerprint = models.CharField(max_length=64, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
