@@ -255,15 +255,6 @@ class LocalRuntime:
                     state=item.state,
                     item=item.pk,
                 )
-            existing = ExternalRecord.objects.filter(system=args.system, record_id=args.record_id).exclude(
-                item__task_id=item.task_id
-            )
-            if existing.exists():
-                raise Conflict(
-                    f"{args.system} {args.record_id} is already recorded for another task.",
-                    code="record_conflict",
-                    field="record_id",
-                )
             record = item_attach_record(item_id=item.pk, actor=self.actor, **args.model_dump())
             return record_info(record)
 

@@ -15,12 +15,6 @@ class TaskStopped(LedgerError):
         super().__init__(f"Task {task_id} was stopped; item {item_id} was not started and is cancelled.")
 
 
-class RecordConflict(LedgerError):
-    """The external record is already the effect of another item; one effect has one cause."""
-
-    code = "record_conflict"
-
-
 class InvalidRecordId(LedgerError):
     """The record id cannot travel back to its system as one URL path segment."""
 
