@@ -20,7 +20,7 @@ COPY static ./static
 
 # Static files are collected at build time and served by whitenoise from the web process. The build
 # needs settings to load, not a secret: a throwaway key and host are used for this step only.
-RUN SECRET_KEY=build-only-not-a-secret-000000000000000000 ALLOWED_HOSTS=build \
+RUN SECRET_KEY=build-only-not-a-secret-0123456789-abcdefghijklmnopqrstuvwxyz ALLOWED_HOSTS=build \
     python manage.py collectstatic --noinput --verbosity 0
 
 RUN useradd --system --uid 10001 --home-dir /app stopdesk

@@ -32,7 +32,11 @@ def main(argv: list[str]) -> None:
     django.setup()  # a bad setting raises config.ConfigError here: one line, exit status 1
     from stopdesk import config
 
-    config.preflight(broker=command != "migrate")
+    # Checked for every command, so `check` finds a bad number before `web` or `worker` would.
+    port = config.integer("PORT", 8000, maximum=65535)
+    web_processes = config.integer("WEB_CONCURRENCY", 2)
+    worker_processes = config.integer("WORKER_CONCURRENCY", 8)
+    config.preflight(broker=command != "migrate", create=command == "migrate")
     python = sys.executable
     if command == "check":
         print("stopdesk: configuration ok; the database and the broker answer.")
@@ -41,14 +45,14 @@ def main(argv: list[str]) -> None:
     elif command == "web":
         _exec([
             python, "-m", "gunicorn", "stopdesk.wsgi:application",
-            "--bind", f"0.0.0.0:{os.environ.get('PORT', '8000')}",
-            "--worker-class", "gthread", "--workers", os.environ.get("WEB_CONCURRENCY", "2"), "--threads", "8",
+            "--bind", f"0.0.0.0:{port}",
+            "--worker-class", "gthread", "--workers", str(web_processes), "--threads", "8",
             "--access-logfile", "-", "--no-control-socket", *extra,
         ])  # fmt: skip
     elif command == "worker":
         _exec([
             python, "-m", "celery", "-A", "stopdesk", "worker",
-            "--concurrency", os.environ.get("WORKER_CONCURRENCY", "8"), "--loglevel", "INFO", *extra,
+            "--concurrency", str(worker_processes), "--loglevel", "INFO", *extra,
         ])  # fmt: skip
     elif command == "beat":
         schedule = os.environ.get("STOPDESK_BEAT_SCHEDULE", "/tmp/celerybeat-schedule")  # noqa: S108

@@ -17,7 +17,12 @@ from urllib.parse import urlsplit, urlunsplit
 PREFIX = "stopdesk: configuration error: "
 DATABASE_SCHEMES = ("postgres", "postgresql", "pgsql", "sqlite")
 BROKER_SCHEMES = ("redis", "rediss", "amqp", "amqps", "pyamqp", "filesystem", "memory", "sentinel")
-MIN_SECRET_KEY = 32
+MIN_SECRET_KEY = 50  # Django's own deploy check (security.W009) asks for 50
+MIN_SECRET_KEY_CHARACTERS = 10  # distinct characters: "aaaa…" or "abab…" is long but guessable
+DEV_SECRET_KEY = "dev-only-insecure-key-not-for-production"  # noqa: S105 - public on purpose; refused in production
+ENVIRONMENTS = ("development", "production")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 
 
 class ConfigError(SystemExit):
@@ -47,17 +52,78 @@ def _port(parts: Any) -> int | None:
         return None
 
 
+def environment() -> str:
+    """STOPDESK_ENV: development (the default) or production. Anything else is refused: a typo
+    such as `prod` must not quietly mean development."""
+    value = os.environ.get("STOPDESK_ENV", "") or "development"
+    if value not in ENVIRONMENTS:
+        raise ConfigError(f"STOPDESK_ENV={value!r} is not one of: {', '.join(ENVIRONMENTS)}.")
+    return value
+
+
 def secret_key(*, production: bool) -> str:
     value = os.environ.get("SECRET_KEY", "")
+    how = 'e.g. from `python -c "import secrets; print(secrets.token_urlsafe(50))"`'
     if production and not value:
         raise ConfigError(
-            'SECRET_KEY is not set; production mode (STOPDESK_ENV=production) needs a random key of 50 characters, e.g. from `python -c "import secrets; print(secrets.token_urlsafe(50))"`.'
+            f"SECRET_KEY is not set; production mode (STOPDESK_ENV=production) needs a random key of 50 characters, {how}."
+        )
+    if production and (value == DEV_SECRET_KEY or value.startswith("django-insecure-")):
+        raise ConfigError(
+            f"SECRET_KEY is a development key that anyone can read; production mode needs its own, {how}."
         )
     if production and len(value) < MIN_SECRET_KEY:
         raise ConfigError(
-            f"SECRET_KEY is {len(value)} characters long; production mode needs at least {MIN_SECRET_KEY}."
+            f"SECRET_KEY is {len(value)} characters long; production mode needs at least {MIN_SECRET_KEY}, {how}."
         )
-    return value or "dev-only-insecure-key-not-for-production"
+    if production and len(set(value)) < MIN_SECRET_KEY_CHARACTERS:
+        raise ConfigError(
+            f"SECRET_KEY has too few different characters ({len(set(value))}) to be random; production mode needs a random key, {how}."
+        )
+    return value or DEV_SECRET_KEY
+
+
+def boolean(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(f"{name}={raw!r} is not a yes/no value; use 1 or 0.")
+
+
+def debug(*, production: bool) -> bool:
+    on = boolean("DEBUG", not production)
+    if production and on:
+        raise ConfigError(
+            "DEBUG is on in production mode; it shows settings and code to visitors. Unset DEBUG or set DEBUG=0."
+        )
+    return on
+
+
+def integer(name: str, default: int, *, minimum: int = 1, maximum: int | None = None) -> int:
+    """A whole number from the environment, within bounds, or one line naming the variable."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a whole number.") from None
+    if value < minimum or (maximum is not None and value > maximum):
+        upper = f" and at most {maximum}" if maximum is not None else ""
+        raise ConfigError(f"{name}={value} must be at least {minimum}{upper}.")
+    return value
+
+
+def log_level() -> str:
+    raw = os.environ.get("LOG_LEVEL", "WARNING")
+    if raw.strip().upper() not in LOG_LEVELS:
+        raise ConfigError(f"LOG_LEVEL={raw!r} is not a log level; use one of {', '.join(LOG_LEVELS)}.")
+    return raw.strip().upper()
 
 
 def allowed_hosts(*, production: bool) -> list[str]:
@@ -66,6 +132,10 @@ def allowed_hosts(*, production: bool) -> list[str]:
     if production and not hosts:
         raise ConfigError(
             "ALLOWED_HOSTS is not set; production mode needs the host names the site is served on, comma-separated (e.g. ALLOWED_HOSTS=stopdesk.example.com)."
+        )
+    if production and "*" in hosts:
+        raise ConfigError(
+            "ALLOWED_HOSTS contains *, which accepts any Host header (password-reset links and caches can then be poisoned); name the hosts the site is served on."
         )
     return hosts
 
@@ -86,6 +156,11 @@ def database(url: str) -> dict[str, Any]:
         ) from None
     if not config.get("NAME"):
         raise ConfigError(f"DATABASE_URL {redact(url)!r} names no database; expected {expected}.")
+    name = str(config["NAME"])
+    if scheme == "sqlite" and name != ":memory:" and not os.path.isabs(name):
+        raise ConfigError(
+            f"DATABASE_URL {redact(url)!r} is a relative SQLite path, which depends on the folder a process starts in; use an absolute one, sqlite:////ABSOLUTE/PATH."
+        )
     return config
 
 
@@ -101,8 +176,10 @@ def broker_url(url: str) -> str:
 # --- start-up: do the database and the broker answer? -------------------------------------------
 
 
-def check_database(timeout_s: float = 5.0) -> str | None:
-    """None when the database answers, else one line saying what to fix."""
+def check_database(timeout_s: float = 5.0, *, create: bool = False) -> str | None:
+    """None when the database answers, else one line saying what to fix. SQLite creates a missing
+    file on connect: for a DATABASE_URL the operator named, only `migrate` (create=True) may do
+    that, a check must not. (The embedded default lives in stopdesk's own data folder.)"""
     from django.conf import settings
     from django.db import connections
     from django.db.utils import Error
@@ -110,6 +187,16 @@ def check_database(timeout_s: float = 5.0) -> str | None:
     db = settings.DATABASES["default"]
     where = _where(db)
     conn = connections["default"]
+    sqlite_file = str(db["NAME"])
+    named = bool(os.environ.get("DATABASE_URL"))
+    if (
+        db["ENGINE"].endswith("sqlite3")
+        and named
+        and not create
+        and sqlite_file != ":memory:"
+        and not os.path.exists(sqlite_file)
+    ):
+        return f"the SQLite database {sqlite_file} does not exist; create it with `python -m stopdesk migrate` (or `python manage.py migrate`)."
     if db["ENGINE"].endswith("postgresql"):
         # A refused or black-holed port fails fast here; libpq's own timeout is per address.
         host, port = db.get("HOST") or "127.0.0.1", int(db.get("PORT") or 5432)
@@ -151,11 +238,12 @@ def check_broker(timeout_s: float = 5.0) -> str | None:
     return None
 
 
-def preflight(*, database: bool = True, broker: bool = True) -> None:
-    """Raise ConfigError with the first problem found."""
-    for wanted, check in ((database, check_database), (broker, check_broker)):
-        if wanted and (problem := check()):
-            raise ConfigError(problem)
+def preflight(*, database: bool = True, broker: bool = True, create: bool = False) -> None:
+    """Raise ConfigError with the first problem found. `create`: a missing SQLite file may be made."""
+    if database and (problem := check_database(create=create)):
+        raise ConfigError(problem)
+    if broker and (problem := check_broker()):
+        raise ConfigError(problem)
 
 
 def _where(db: dict[str, Any]) -> str:

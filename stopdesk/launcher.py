@@ -142,7 +142,7 @@ class Launcher:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
         try:
-            config.preflight()
+            config.preflight(create=True)  # up migrates the database it needs
             admin_password, cast_password = self.prepare()
             self.start_sandbox()
             self.start_children()
