@@ -36,6 +36,10 @@ def main(argv: list[str]) -> None:
     port = config.integer("PORT", 8000, maximum=65535)
     web_processes = config.integer("WEB_CONCURRENCY", 2)
     worker_processes = config.integer("WORKER_CONCURRENCY", 8)
+    from reconcile.mechanisms.registry import timing_problems
+
+    if problems := timing_problems():
+        raise config.ConfigError(problems[0])
     config.preflight(broker=command != "migrate", create=command == "migrate")
     python = sys.executable
     if command == "check":

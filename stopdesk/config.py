@@ -8,7 +8,9 @@ what to fix, so `manage.py`, gunicorn and Celery exit with that line instead of 
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import socket
 import sys
 from typing import Any
@@ -124,6 +126,50 @@ def log_level() -> str:
     if raw.strip().upper() not in LOG_LEVELS:
         raise ConfigError(f"LOG_LEVEL={raw!r} is not a log level; use one of {', '.join(LOG_LEVELS)}.")
     return raw.strip().upper()
+
+
+# Per-mechanism timing from the environment: STOPDESK_<MECHANISM>_<WHAT>. The names of the
+# mechanisms are the adapters' (reconcile/mechanisms/, a test keeps the two lists equal).
+MECHANISMS = ("asyncio", "celery", "http", "manual", "mcp", "openai")
+MECHANISM_TIMINGS = {
+    "DEADLINE_SECONDS": "deadline_s",  # from the cancel request to `uncertain`
+    "CALL_TIMEOUT_SECONDS": "call_timeout_s",  # one remote call
+    "WATCH_SECONDS": "recheck_after_cancelled_s",  # keep watching a `cancelled` for a flip
+}
+_TIMING = re.compile(r"STOPDESK_([A-Z0-9]+)_(" + "|".join(MECHANISM_TIMINGS) + r")")
+
+
+def timing_variable(mechanism: str, field_name: str) -> str:
+    what = next(k for k, v in MECHANISM_TIMINGS.items() if v == field_name)
+    return f"STOPDESK_{mechanism.upper()}_{what}"
+
+
+def mechanism_timings() -> dict[str, dict[str, float]]:
+    """The STOPDESK_<MECHANISM>_{DEADLINE,CALL_TIMEOUT,WATCH}_SECONDS variables that are set, as
+    overrides for settings.STOPDESK_MECHANISMS. A watch window may be 0; the others must be > 0."""
+    found: dict[str, dict[str, float]] = {}
+    for name in sorted(os.environ):
+        match = _TIMING.fullmatch(name)
+        if not match:
+            continue
+        mechanism, what = match[1].lower(), match[2]
+        if mechanism not in MECHANISMS:
+            raise ConfigError(
+                f"{name}: there is no mechanism called {mechanism!r}; use one of {', '.join(MECHANISMS)}."
+            )
+        raw = os.environ[name]
+        try:
+            value = float(raw)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value):
+            raise ConfigError(f"{name}={raw!r} is not a number of seconds.")
+        if what == "WATCH_SECONDS" and value < 0:
+            raise ConfigError(f"{name}={raw} must be at least 0.")
+        if what != "WATCH_SECONDS" and value <= 0:
+            raise ConfigError(f"{name}={raw} must be more than 0.")
+        found.setdefault(mechanism, {})[MECHANISM_TIMINGS[what]] = value
+    return found
 
 
 def allowed_hosts(*, production: bool) -> list[str]:

@@ -205,11 +205,12 @@ CELERY_BEAT_SCHEDULE = {
     "compensation-sweep": {"task": "reconcile.sweep_compensations", "schedule": 60.0},
 }
 # Per-mechanism timing (timeouts, deadline, backoff, re-check window after cancelled); the
-# defaults live in each adapter (reconcile/mechanisms/), these override them.
-STOPDESK_MECHANISMS: dict[str, dict] = {
-    "openai": {
-        "options": {"base_url": os.environ.get("OPENAI_BASE_URL", ""), "api_key": os.environ.get("OPENAI_API_KEY", "")}
-    },
+# defaults live in each adapter (reconcile/mechanisms/), these override them. Deadline, call
+# timeout and watch window come from STOPDESK_<MECHANISM>_{DEADLINE,CALL_TIMEOUT,WATCH}_SECONDS.
+STOPDESK_MECHANISMS: dict[str, dict] = {name: dict(values) for name, values in config.mechanism_timings().items()}
+STOPDESK_MECHANISMS.setdefault("openai", {})["options"] = {
+    "base_url": os.environ.get("OPENAI_BASE_URL", ""),
+    "api_key": os.environ.get("OPENAI_API_KEY", ""),
 }
 
 # The ledger's own knobs.
