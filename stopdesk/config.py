@@ -292,6 +292,11 @@ def preflight(*, database: bool = True, broker: bool = True, create: bool = Fals
         raise ConfigError(problem)
 
 
+def describe_database(db: dict[str, Any]) -> str:
+    """Where the database is, without its password, for one-line messages."""
+    return _where(db)
+
+
 def _where(db: dict[str, Any]) -> str:
     if db["ENGINE"].endswith("sqlite3"):
         return f"sqlite:///{db['NAME']}"
