@@ -5,7 +5,8 @@ exits with one readable line when they do not; then it replaces itself with the 
 (gunicorn, `celery worker`, `celery beat`), so signals from the container reach it directly.
 
 Environment: DATABASE_URL, CELERY_BROKER_URL, SECRET_KEY, ALLOWED_HOSTS, STOPDESK_ENV=production,
-OPENAI_API_KEY / OPENAI_BASE_URL; PORT (8000), WEB_CONCURRENCY (2), WORKER_CONCURRENCY (8).
+OPENAI_API_KEY / OPENAI_BASE_URL; STOPDESK_BIND_HOST (127.0.0.1; the image sets 0.0.0.0), PORT (8000),
+WEB_CONCURRENCY (2), WORKER_CONCURRENCY (8).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def main(argv: list[str]) -> None:
 
     # Checked for every command, so `check` finds a bad number before `web` or `worker` would.
     port = config.integer("PORT", 8000, maximum=65535)
+    host = config.bind_host()
     web_processes = config.integer("WEB_CONCURRENCY", 2)
     worker_processes = config.integer("WORKER_CONCURRENCY", 8)
     from reconcile.mechanisms.registry import timing_problems
@@ -49,7 +51,7 @@ def main(argv: list[str]) -> None:
     elif command == "web":
         _exec([
             python, "-m", "gunicorn", "stopdesk.wsgi:application",
-            "--bind", f"0.0.0.0:{port}",
+            "--bind", f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
             "--worker-class", "gthread", "--workers", str(web_processes), "--threads", "8",
             "--access-logfile", "-", "--no-control-socket", *extra,
         ])  # fmt: skip

@@ -8,6 +8,7 @@ what to fix, so `manage.py`, gunicorn and Celery exit with that line instead of 
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
@@ -119,6 +120,20 @@ def integer(name: str, default: int, *, minimum: int = 1, maximum: int | None = 
         upper = f" and at most {maximum}" if maximum is not None else ""
         raise ConfigError(f"{name}={value} must be at least {minimum}{upper}.")
     return value
+
+
+def bind_host() -> str:
+    """STOPDESK_BIND_HOST: where `python -m stopdesk web` listens. Loopback unless told otherwise;
+    the container image sets 0.0.0.0, because there the port is published by the container."""
+    raw = os.environ.get("STOPDESK_BIND_HOST", "").strip() or "127.0.0.1"
+    try:
+        ipaddress.ip_address(raw)
+    except ValueError:
+        if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})", raw):
+            raise ConfigError(
+                f"STOPDESK_BIND_HOST={raw!r} is not an address to listen on; use 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)."
+            ) from None
+    return raw
 
 
 def log_level() -> str:
