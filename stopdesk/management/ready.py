@@ -13,9 +13,11 @@ from stopdesk import config
 
 def require_migrated_database() -> None:
     """Raise CommandError (one line) when the database cannot be reached or is not migrated."""
-    if problem := config.check_database():
-        raise CommandError(problem)
     connection = connections[DEFAULT_DB_ALIAS]
+    # An open connection (a caller's transaction, as under call_command in tests) already answered;
+    # the reachability check closes its connection, so it runs only before the first one.
+    if connection.connection is None and (problem := config.check_database()):
+        raise CommandError(problem)
     try:
         executor = MigrationExecutor(connection)
         pending = executor.migration_plan(executor.loader.graph.leaf_nodes())
