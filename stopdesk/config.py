@@ -136,6 +136,22 @@ def bind_host() -> str:
     return raw
 
 
+def networks(name: str) -> list[str]:
+    """Comma-separated addresses or networks (10.0.0.0/8), each checked."""
+    found = []
+    for part in (p.strip() for p in os.environ.get(name, "").split(",")):
+        if not part:
+            continue
+        try:
+            ipaddress.ip_network(part, strict=False)
+        except ValueError:
+            raise ConfigError(
+                f"{name}: {part!r} is not an IP address or network (e.g. 10.0.0.5 or 10.0.0.0/8)."
+            ) from None
+        found.append(part)
+    return found
+
+
 def log_level() -> str:
     raw = os.environ.get("LOG_LEVEL", "WARNING")
     if raw.strip().upper() not in LOG_LEVELS:

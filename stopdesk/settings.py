@@ -160,9 +160,13 @@ if PRODUCTION:
     SESSION_COOKIE_AGE = 8 * 3600
     CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
 
-# Sign-in: this many failed attempts per client address or username within the window lock it
-# out for the rest of the window. Approving a compensation needs a password entered this recently.
+# Sign-in: this many failed attempts for one username from one client address within the window
+# lock that pair out for the rest of the window; one address gets STOPDESK_LOGIN_ADDRESS_ATTEMPTS
+# failures in all. Approving a compensation needs a password entered this recently.
 STOPDESK_LOGIN_ATTEMPTS = config.integer("STOPDESK_LOGIN_ATTEMPTS", 5)
+STOPDESK_LOGIN_ADDRESS_ATTEMPTS = config.integer("STOPDESK_LOGIN_ADDRESS_ATTEMPTS", 20)
+# Proxies (addresses or networks) whose X-Forwarded-For is believed for the client address.
+STOPDESK_TRUSTED_PROXIES = config.networks("STOPDESK_TRUSTED_PROXIES")
 STOPDESK_LOGIN_WINDOW_SECONDS = config.integer("STOPDESK_LOGIN_WINDOW_SECONDS", 300)
 STOPDESK_REAUTH_SECONDS = config.integer("STOPDESK_REAUTH_SECONDS", 300)
 
@@ -235,8 +239,8 @@ STOPDESK_MCP_URL = os.environ.get("STOPDESK_MCP_URL", "http://127.0.0.1:8764/mcp
 STOPDESK_READINESS_POLICY = os.environ.get("STOPDESK_READINESS_POLICY", "off")
 STOPDESK_READINESS_CHECK = "reconcile.readiness.registration_check"
 
-# The sign-in rate limit counts in this cache. Per process by default; set STOPDESK_CACHE_URL
-# (redis://...) so every web process shares one count.
+# The sign-in rate limit counts in this cache, which every web process must share: the database
+# by default (its table is made by a migration), Redis when STOPDESK_CACHE_URL is set.
 if os.environ.get("STOPDESK_CACHE_URL"):
     CACHES = {
         "default": {
@@ -244,6 +248,8 @@ if os.environ.get("STOPDESK_CACHE_URL"):
             "LOCATION": os.environ["STOPDESK_CACHE_URL"],
         }
     }
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.db.DatabaseCache", "LOCATION": "stopdesk_cache"}}
 
 # One line per record with the task and item it is about: JSON in production, key=value here.
 LOGGING = logging_config(production=PRODUCTION, level=config.log_level())
