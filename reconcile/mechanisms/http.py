@@ -35,7 +35,7 @@ from reconcile.mechanisms.base import (
     Seen,
 )
 from reconcile.mechanisms.registry import register
-from stopdesk.record_ids import UnsafeRecordId, path_segment, read_back_problem
+from stopdesk.record_ids import UnsafeRecordId, path_segment, read_back_problem, record_id_problem
 
 RETRYABLE_STATUS = frozenset({408, 425, 429}) | frozenset(range(500, 600))
 
@@ -163,6 +163,8 @@ class HttpOperation(Mechanism):
                 Seen.UNKNOWABLE, remote_status=f"HTTP {response.status_code}", message=response.text[:200]
             )
         fact = record_fact(decl, response)
+        if (problem := record_id_problem(fact.record_id)) is not None:
+            return Observation(Seen.UNKNOWABLE, remote_status="unsafe record id", message=_unsafe(fact, problem))
         body = response.json()
         failed = str(body.get("status", "")).lower() in ("failed", "error", "rejected")
         return Observation(
@@ -222,6 +224,10 @@ def http_submit(
         error = type(exc).__name__
     if response is not None and response.status_code < 300:
         fact = record_fact(_declaration({"http": decl}), response)
+        if (problem := record_id_problem(fact.record_id)) is not None:
+            # It happened, but the id cannot be recorded for a later reversal: a person decides.
+            item_transition(item_id=item_id, to_state=ItemState.UNCERTAIN, actor=actor, outcome=_unsafe(fact, problem))
+            return Submitted(True, response.status_code, None, error=problem)
         item_attach_fact(item_id=item_id, fact=fact, actor=actor)
         item_finish(item_id=item_id, succeeded=True, actor=actor, outcome=f"{fact.effect} {fact.record_id}")
         return Submitted(True, response.status_code, fact)
@@ -245,6 +251,10 @@ def http_submit(
             next_check_at=timezone.now(),
         )
     return Submitted(False, response.status_code if response is not None else None, error=error)
+
+
+def _unsafe(fact: RecordFact, problem: str) -> str:
+    return f"{fact.system} answered with record id {fact.record_id[:60]!r}, which {problem}; review it by hand"[:200]
 
 
 # --- compensation: read the current version, reverse with it as precondition ------------------

@@ -86,9 +86,13 @@ class CRM(SandboxParty):
     """
 
     FAULTS: ClassVar[frozenset[str]] = WRITE_FAULTS | {READ_500}
+    # id_prefix: some systems name records like paths ("accounts/7", Google-style resource names),
+    # which stopdesk must not record as an id it will later put in a URL.
+    CONFIG_FIELDS: ClassVar[tuple[str, ...]] = ("latency_s", "id_prefix")
 
     def __init__(self, *, latency_s: float = 0.0) -> None:
         super().__init__(latency_s=latency_s)
+        self.id_prefix = "crm-"
         self._records: dict[str, Record] = {}
         self._by_key: dict[str, str] = {}
         self._merged: dict[str, str] = {}
@@ -132,6 +136,7 @@ class CRM(SandboxParty):
     def reset(self) -> None:
         super().reset()
         with self.lock:
+            self.id_prefix = "crm-"
             self._records.clear()
             self._by_key.clear()
             self._merged.clear()
@@ -156,7 +161,9 @@ class CRM(SandboxParty):
                 if existing.created_with != body:
                     return _error(422, "Idempotency-Key was already used with a different body")
                 return _record_response(existing, 200)
-            record = Record(id=f"crm-{self._next_id}", fields=dict(body), idempotency_key=key, created_with=dict(body))
+            record = Record(
+                id=f"{self.id_prefix}{self._next_id}", fields=dict(body), idempotency_key=key, created_with=dict(body)
+            )
             record.history.append({"version": 1, "actor": "stopdesk", "action": "create", "at": record.created_at})
             self._next_id += 1
             self._records[record.id] = record

@@ -66,3 +66,23 @@ def test_a_read_back_of_another_record_is_not_ok(crm_party):
     party.merge("crm-3", into="crm-2")
     seen = read_version(_record(base, "crm-3"))
     assert not seen.ok and "'crm-3'" in seen.error and "'crm-2'" in seen.error
+
+
+def test_a_system_that_names_records_like_paths_leaves_the_item_for_review_not_a_crash(crm_party):
+    """Google-style resource names ("accounts/1") cannot be recorded for a later reversal: the
+    action happened, so the item becomes uncertain with the reason, and nothing is recorded."""
+    from reconcile.mechanisms.base import ItemRef
+    from reconcile.mechanisms.registry import get
+    from stopdesk.models import WorkItem
+    from tests.reconcile.test_http import create_record, registered
+
+    party, base = crm_party
+    party.configure(id_prefix="accounts/")
+    item = registered(make_task())
+    submitted = create_record(item, base)
+    assert submitted.accepted and submitted.record is None and "must not contain /" in submitted.error
+    item.refresh_from_db()
+    assert item.state == "uncertain" and "accounts/1" in item.outcome
+    assert not ExternalRecord.objects.exists()
+    seen = get("http").inspect(ItemRef.of(WorkItem.objects.get(pk=item.pk)))
+    assert seen.seen == "unknowable" and "accounts/1" in seen.message
