@@ -15,7 +15,7 @@ GOOD_KEY = secrets.token_urlsafe(50)
 
 @pytest.fixture
 def prod(tmp_path: Path) -> dict[str, str]:
-    return clean_env(
+    env = clean_env(
         tmp_path,
         STOPDESK_ENV="production",
         SECRET_KEY=GOOD_KEY,
@@ -23,6 +23,9 @@ def prod(tmp_path: Path) -> dict[str, str]:
         DATABASE_URL="postgres://postgres@127.0.0.1:5432/postgres",
         CELERY_BROKER_URL="redis://127.0.0.1:6379/4",
     )
+    # Set by the browser tests' Playwright fixture in this process; never in a deployment.
+    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+    return env
 
 
 def check(env: dict[str, str]) -> str:
