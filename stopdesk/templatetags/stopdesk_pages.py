@@ -6,6 +6,7 @@ from datetime import datetime
 
 from django import template
 from django.utils import timezone
+from django.utils.html import format_html
 from django.utils.timesince import timesince, timeuntil
 
 register = template.Library()
@@ -32,3 +33,16 @@ def time_left(deadline: datetime | None) -> str:
 @register.filter
 def overdue(deadline: datetime | None) -> bool:
     return deadline is not None and deadline < timezone.now()
+
+
+NO_VERSION = (
+    "no version: this system keeps none for it, so nothing can check before a reversal whether someone changed it since"
+)
+
+
+@register.filter
+def version_text(version: str | None) -> str:
+    """ "version 3", or what the absence of a version means (an email has none)."""
+    if version:
+        return format_html("version <code>{}</code>", version)
+    return NO_VERSION

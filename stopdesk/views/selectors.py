@@ -81,9 +81,18 @@ class TaskOverview:
     unsettled: int
     stop_request: StopRequest | None
 
+    timeline: Any = None
+
     @property
     def settled(self) -> bool:
-        return self.unsettled == 0
+        """Nothing left moving. A task with no items yet is not settled unless it was stopped:
+        its agent may still register work, and the page keeps watching for it."""
+        return self.unsettled == 0 and (self.total > 0 or self.task.stop_requested_at is not None)
+
+    @property
+    def finished(self) -> bool:
+        """Every item reached its outcome without a Stop: there is nothing left to stop."""
+        return self.settled and self.task.stop_requested_at is None
 
     @property
     def status(self) -> str:
