@@ -46,3 +46,11 @@ def version_text(version: str | None) -> str:
     if version:
         return format_html("version <code>{}</code>", version)
     return NO_VERSION
+
+
+@register.filter
+def pretty_json(value: object) -> str:
+    """Event data as a person reads JSON: indented, keys in order, not Python's dict text."""
+    import json
+
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
