@@ -14,6 +14,7 @@ from reconcile.models import Compensation, CompensationState, Escalation
 from stopdesk.models import CancellationAttempt, ExternalRecord, StopRequest, Task, WorkItem
 from stopdesk.states import ItemState
 from stopdesk.summary import task_summary
+from stopdesk.views.timeline import task_timeline
 
 S = ItemState
 C = CompensationState
@@ -124,13 +125,15 @@ def task_overview(task: Task, *, with_items: bool = True) -> TaskOverview:
         for group in groups:
             group.items = by_state.get(group.state, [])
     stop_request = StopRequest.objects.select_related("requested_by").filter(task=task).first()
+    total = sum(counts.values())
     return TaskOverview(
         task=task,
         summary=task_summary(task),
         groups=groups,
-        total=sum(counts.values()),
+        total=total,
         unsettled=sum(counts.get(s, 0) for s in UNSETTLED),
         stop_request=stop_request,
+        timeline=task_timeline(task, total=total) if with_items else None,
     )
 
 
