@@ -35,9 +35,7 @@ def overdue(deadline: datetime | None) -> bool:
     return deadline is not None and deadline < timezone.now()
 
 
-NO_VERSION = (
-    "no version: this system keeps none for it, so nothing can check before a reversal whether someone changed it since"
-)
+NO_VERSION = "no version (a reversal could not check it for later changes)"
 
 
 @register.filter
@@ -54,3 +52,9 @@ def pretty_json(value: object) -> str:
     import json
 
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+@register.filter
+def action_words(action: str) -> str:
+    """ "report_only" as a person writes it: "report only"."""
+    return str(action or "").replace("_", " ")

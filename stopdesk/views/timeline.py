@@ -35,7 +35,7 @@ class Bar:
     x: float
     y: float
     w: float
-    crossed: bool  # started (or submitted) before Stop: the work Stop had to reconcile
+    crossed: bool  # started (or submitted) before Stop and still in flight at Stop
     started: bool
     open: bool  # no outcome yet: the bar runs to now
     title: str
@@ -142,17 +142,19 @@ def task_timeline(task: Task, *, total: int, now: datetime | None = None) -> Tim
     for i, (r, start, end, is_open) in enumerate(spans):
         outcome = latest_outcome(r["state"], r["reported"])
         begun = r["started_at"] or r["submitted_at"]
-        crossed = bool(stop_at and begun and begun < stop_at)
+        # Crossed the boundary before Stop and still in flight when it came: what Stop had to
+        # cancel through a mechanism or reconcile, rather than simply keep from starting.
+        crossed = bool(stop_at and begun and begun < stop_at and (is_open or end > stop_at))
         x = x_of(start)
         w = max(round(x_of(end) - x, 1), 4.0)  # an instant still shows
         name = r["label"] or r["noun"]
-        label = f"{name[:22]}{'…' if len(name) > 22 else ''} #{r['id']}"
+        label = f"{r['noun'][:18]} #{r['id']}"  # the full name is in the bar's tooltip
         took = _span_label(_seconds(start, end))
         title = f"{name} #{r['id']}: {S(outcome).label.lower()}" + (
             ", still open" if is_open else f" after {took}" if begun else ", never started"
         )
         if crossed:
-            title += "; crossed the boundary before Stop"
+            title += "; crossed the boundary before Stop and was in flight when it came"
         bars.append(
             Bar(
                 item_id=r["id"],

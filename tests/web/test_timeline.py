@@ -42,10 +42,10 @@ def test_the_timeline_draws_each_child_the_stop_line_and_what_crossed_the_bounda
     assert by_id[str(queued.pk)][0] == "cancelled never"
     assert by_id[str(running.pk)][0] == "cancelled crossed"
     assert by_id[str(flipped.pk)][0] == "completed crossed"  # its latest outcome, not the recorded one
-    assert "crossed the boundary before Stop" in by_id[str(running.pk)][1]
+    assert "crossed the boundary before Stop and was in flight when it came" in by_id[str(running.pk)][1]
     assert svg.count('class="stop-line"') == 1 and ">Stop</text>" in svg
     assert (
-        "2 crossed the boundary before it"
+        "2 had crossed the boundary before it and were still in flight"
         in as_user("operator").get(reverse("task-detail", args=[task.pk])).content.decode()
     )
     assert "style=" not in svg  # the CSP allows no inline style; presentation attributes and classes only
