@@ -186,3 +186,16 @@ def test_a_task_with_no_work_yet_still_offers_stop_and_keeps_watching(as_user):
     task = make_task("Just started")
     html = as_user("operator").get(reverse("task-detail", args=[task.pk])).content.decode()
     assert "Stop…" in html and 'hx-trigger="every 1s"' in html
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_page_shows_when_the_task_settled_as_the_api_does(as_user):
+    task = make_task("Settles")
+    item = make_item(task, state=S.RUNNING)
+    html = as_user("operator").get(reverse("task-detail", args=[task.pk])).content.decode()
+    assert "settled <time" not in html
+    settle(item.pk, S.COMPLETED)
+    task.refresh_from_db()
+    assert task.settled_at is not None
+    html = as_user("operator").get(reverse("task-detail", args=[task.pk])).content.decode()
+    assert f'settled <time datetime="{task.settled_at.isoformat()}' in html
