@@ -116,3 +116,33 @@ def test_the_full_stop_page_works_at_human_pace(live_server, page, task):
     page.get_by_role("button", name="Stop the task").click()
     _wait_stopping(page)
     _stopped_with(task, "From the stop page")
+
+
+def test_live_regions_change_only_when_their_content_does(live_server, page, task):
+    """A screen reader announces a live region's change; a poll that brings the same words must
+    not touch it, and a real change is announced once."""
+    from stopdesk.models import WorkItem
+    from stopdesk.states import ItemState
+    from tests.web.scenes import settle
+
+    page.goto(f"{live_server.url}/tasks/{task.pk}/")
+    _count_polls(page)
+    page.evaluate(
+        """window.__mutations = 0;
+        new MutationObserver(ms => { window.__mutations += ms.length })
+          .observe(document.querySelector('.summary-live'), {childList: true, subtree: true, characterData: true});
+        window.__state = document.getElementById('stop-state');"""
+    )
+    page.wait_for_timeout(POLLS_MS)
+    assert _polls_seen(page) >= 3
+    assert page.evaluate("window.__mutations") == 0
+    assert page.evaluate("document.getElementById('stop-state') === window.__state")
+    export = WorkItem.objects.get(task=task, noun="export")
+    settle(export.pk, ItemState.COMPLETED)
+    page.locator("#summary", has_text="Running: 2 of 4 items finished.").wait_for()
+    changed = page.evaluate("window.__mutations")
+    assert 1 <= changed <= 2  # one replacement of the summary (its removal and its insertion)
+    page.evaluate("window.__summary = document.getElementById('summary')")
+    page.wait_for_timeout(POLLS_MS)
+    assert page.evaluate("window.__mutations") == changed  # announced once, not again on each poll
+    assert page.evaluate("document.getElementById('summary') === window.__summary")
