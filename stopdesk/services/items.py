@@ -19,6 +19,7 @@ from stopdesk.services.errors import HandleConflict, IllegalTransition, InvalidR
 from stopdesk.services.events import event_record
 from stopdesk.services.sql import ClockNow
 from stopdesk.services.transitions import item_late_result, item_transition
+from stopdesk.services.transitions.settled import task_reopen
 from stopdesk.states import IN_FLIGHT, TERMINAL, UNSTARTED, ItemState, Kind
 
 S = ItemState
@@ -81,6 +82,8 @@ def item_register(
                 outcome="registered after Stop; never started",
                 kind="boundary_refused",
             )
+        else:
+            task_reopen(task_id=task_id, actor=actor)
     return item
 
 
