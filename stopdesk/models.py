@@ -192,22 +192,26 @@ class EventQuerySet(models.QuerySet["Event"]):
 
 
 class Event(models.Model):
-    """Append-only audit row for every transition and decision (a trigger enforces it on PostgreSQL)."""
+    """Append-only audit row for every transition and decision.
 
-    # No foreign-key constraints: tasks and items are never deleted (PROTECT), and per-row
-    # referential checks doubled the cost of writing 10,000 events in one Stop.
+    Database triggers refuse UPDATE, DELETE and TRUNCATE (stopdesk.audit_db).
+    """
+
+    # No foreign-key constraints: per-row referential checks doubled the cost of writing 10,000
+    # events in one Stop. Tasks and items with events are never deleted: PROTECT here, and a
+    # trigger on each table for raw SQL.
     at = models.DateTimeField(default=timezone.now)
     task = models.ForeignKey(
         Task,
         null=True,
         blank=True,
-        on_delete=models.DO_NOTHING,
+        on_delete=models.PROTECT,
         related_name="events",
         db_constraint=False,
         db_index=False,
     )
     item = models.ForeignKey(
-        WorkItem, null=True, blank=True, on_delete=models.DO_NOTHING, related_name="events", db_constraint=False
+        WorkItem, null=True, blank=True, on_delete=models.PROTECT, related_name="events", db_constraint=False
     )
     kind = models.CharField(max_length=40)
     actor = models.CharField(max_length=200)
