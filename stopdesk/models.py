@@ -194,7 +194,9 @@ class EventQuerySet(models.QuerySet["Event"]):
 class Event(models.Model):
     """Append-only audit row for every transition and decision.
 
-    Database triggers refuse UPDATE, DELETE and TRUNCATE (stopdesk.audit_db).
+    Database triggers (stopdesk.audit_db) refuse UPDATE, DELETE and TRUNCATE, and give each event its
+    place (`seq`) and `hash` in its task's chain whoever inserts it, so rewriting history is visible
+    to `manage.py audit_verify` even for someone who can switch the triggers off.
     """
 
     # No foreign-key constraints: per-row referential checks doubled the cost of writing 10,000
@@ -219,6 +221,15 @@ class Event(models.Model):
     to_state = models.CharField(max_length=32, blank=True)
     message = models.TextField(blank=True)
     data = models.JSONField(default=dict, blank=True)
+    # Set by the database on insert; whatever the writer passes is replaced.
+    seq = models.BigIntegerField(db_default=0, editable=False, help_text="Place in its task's chain, from 1.")
+    hash = models.CharField(
+        max_length=64,
+        db_default="",
+        blank=True,
+        editable=False,
+        help_text="SHA-256 of this event and the previous one's hash.",
+    )
 
     objects = EventQuerySet.as_manager()
 
@@ -236,6 +247,23 @@ class Event(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
         raise PermissionError("Audit events are append-only.")
+
+
+class EventChain(models.Model):
+    """The head of each task's event chain (task 0: events without a task), kept by the database.
+
+    Appending locks this row until commit, so two transactions never fork one task's chain; an
+    archive that moves old events out keeps its last link as `anchor_seq`/`anchor_hash`.
+    """
+
+    task_id = models.BigIntegerField(primary_key=True)
+    seq = models.BigIntegerField(default=0)
+    hash = models.CharField(max_length=64, blank=True)
+    anchor_seq = models.BigIntegerField(default=0, help_text="Events up to here were archived.")
+    anchor_hash = models.CharField(max_length=64, blank=True)
+
+    def __str__(self) -> str:
+        return f"chain of task {self.task_id} at {self.seq}"
 
 
 class ApiIdempotency(models.Model):

@@ -4,14 +4,18 @@ import io
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import DatabaseError, connection, transaction
-from django.db.models import ProtectedError
+from django.db import DatabaseError, connection, connections, transaction
+from django.db.models import ProtectedError, Q
 
 from stopdesk.models import Event, ExternalRecord, Task, WorkItem
+from stopdesk.services.bulk import items_move
+from stopdesk.services.events import event_record
+from stopdesk.states import ItemState as S
 from tests.factories import make_external_effect, make_item, make_task
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,8 +78,97 @@ def test_an_external_record_whose_item_has_events_cannot_be_deleted():
     assert ExternalRecord.objects.filter(pk=record.pk).exists()
 
 
+@pytest.mark.django_db
+def test_every_writer_chains_the_events_of_a_task():
+    task = make_task()
+    items = [make_item(task) for _ in range(30)]
+    event_record(kind="note", actor="test", task=task, message="a person's note")
+    # The set-based writer: one statement, thirty events.
+    moved = items_move(
+        where=Q(task=task), from_states=(S.QUEUED,), to_state=S.CANCELLED, actor="test", kind="cancel", message="x"
+    )
+    assert moved == 30
+    seqs = list(Event.objects.filter(task=task).order_by("seq").values_list("seq", flat=True))
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert len(seqs) == 1 + 30 + 1 + 30
+    assert all(len(h) == 64 for h in Event.objects.filter(task=task).values_list("hash", flat=True))
+    ok, report = _verify()
+    assert ok, report
+    assert "0 broken" in report
+    assert items[0].pk  # the items exist; their events are what the chain covers
+
+
+@pytest.mark.django_db
+@pytest.mark.postgres
+def test_audit_verify_names_the_first_broken_link():
+    task = make_task()
+    make_item(task, state=S.COMPLETED)
+    other = make_task("untouched")
+    events = list(Event.objects.filter(task=task).order_by("seq"))
+    assert len(events) >= 3
+    target = events[1]
+    _tamper("UPDATE stopdesk_event SET message = 'nothing happened' WHERE id = %s", [target.pk])
+    ok, report = _verify()
+    assert not ok
+    assert f"event {target.pk}" in report
+    assert f"task {task.pk}" in report
+    assert f"seq {target.seq}" in report
+    assert f"task {other.pk}" not in report
+
+
+@pytest.mark.django_db
+@pytest.mark.postgres
+def test_audit_verify_notices_a_deleted_event_and_a_cut_tail():
+    task = make_task()
+    make_item(task, state=S.COMPLETED)
+    events = list(Event.objects.filter(task=task).order_by("seq"))
+    _tamper("DELETE FROM stopdesk_event WHERE id = %s", [events[-1].pk])
+    ok, report = _verify()
+    assert not ok
+    assert f"task {task.pk}" in report
+    assert "head" in report
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.postgres
+def test_concurrent_appends_to_one_task_keep_one_chain():
+    task = make_task()
+    threads_n, per_thread = 6, 25
+    items = [make_item(task).pk for _ in range(threads_n * 5)]
+    gate = threading.Barrier(threads_n)
+    errors: list[BaseException] = []
+
+    def worker(n: int) -> None:
+        try:
+            gate.wait()
+            for i in range(per_thread):
+                with transaction.atomic():
+                    event_record(kind="note", actor=f"thread-{n}", task=task.pk, message=str(i))
+            # and a set-based writer racing the single ones
+            mine = items[n * 5 : (n + 1) * 5]
+            items_move(
+                where=Q(pk__in=mine), from_states=(S.QUEUED,), to_state=S.CANCELLED, actor="t", kind="c", message=""
+            )
+        except BaseException as error:
+            errors.append(error)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(threads_n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    seqs = sorted(Event.objects.filter(task=task).values_list("seq", flat=True))
+    assert seqs == list(range(1, len(seqs) + 1))  # no fork: each seq once, no gap
+    assert len(seqs) == 1 + len(items) + threads_n * per_thread + len(items)
+    ok, report = _verify()
+    assert ok, report
+
+
 @pytest.mark.slow
-def test_sqlite_refuses_changes_to_events(tmp_path):
+def test_sqlite_refuses_changes_to_events_and_chains_them(tmp_path):
     """`make run`'s default database: the same protection without PostgreSQL."""
     script = """
 from django.db import connection, DatabaseError
@@ -91,6 +184,8 @@ for sql in ("UPDATE stopdesk_event SET message = 'x'", "DELETE FROM stopdesk_eve
         print("refused:", error)
     else:
         print("accepted:", sql)
+event = Event.objects.get(task=task)
+print("chained:", event.seq, len(event.hash))
 """
     env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}", "STOPDESK_DATA_DIR": str(tmp_path)}
     manage = [sys.executable, str(ROOT / "manage.py")]
@@ -102,3 +197,4 @@ for sql in ("UPDATE stopdesk_event SET message = 'x'", "DELETE FROM stopdesk_eve
     assert "accepted" not in out.stdout, out.stdout
     assert out.stdout.count("refused:") == 3, out.stdout
     assert "append-only" in out.stdout and "has audit events" in out.stdout
+    assert "chained: 1 64" in out.stdout
