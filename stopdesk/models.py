@@ -59,6 +59,8 @@ class Task(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        # Serves the task list and the admin's ordering (-created_at, -id) with a LIMIT.
+        indexes = [models.Index(fields=["created_at", "id"], name="task_created")]
 
     def __str__(self) -> str:
         return self.title
@@ -107,6 +109,11 @@ class WorkItem(models.Model):
             models.Index(fields=["lease_until"], condition=Q(state="running"), name="item_running_lease"),
             models.Index(fields=["next_check_at"], condition=Q(next_check_at__isnull=False), name="item_next_check"),
             models.Index(fields=["investigate_by"], condition=Q(state="uncertain"), name="item_uncertain_deadline"),
+            # The admin's state filter with its newest-first order; without it a rare state walks
+            # the whole primary key.
+            models.Index(fields=["state", "id"], name="item_state"),
+            # The review queue's late results (rare rows, in the order the queue shows them).
+            models.Index(fields=["updated_at", "id"], condition=Q(needs_review=True), name="item_late_results"),
         ]
 
     def __str__(self) -> str:
@@ -140,6 +147,11 @@ class ExternalRecord(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["system", "record_id"], name="external_record_unique")]
+        indexes = [
+            # The review queue's reversals, newest first, and the admin's search by record id.
+            models.Index(fields=["recorded_at", "id"], name="record_recorded"),
+            models.Index(fields=["record_id"], name="record_id"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.system}:{self.record_id}@{self.version}"
@@ -178,6 +190,7 @@ class CancellationAttempt(models.Model):
 
     class Meta:
         ordering = ["sent_at", "id"]
+        indexes = [models.Index(fields=["sent_at", "id"], name="attempt_sent")]
 
     def __str__(self) -> str:
         return f"{self.action} via {self.mechanism} for item {self.item_id}"
@@ -235,7 +248,13 @@ class Event(models.Model):
 
     class Meta:
         ordering = ["at", "id"]
-        indexes = [models.Index(fields=["task", "at"])]
+        # (task, at): a task's timeline. (at, id): the admin's list in time order, and the date
+        # filter. (kind, at): the admin's kind filter.
+        indexes = [
+            models.Index(fields=["task", "at"]),
+            models.Index(fields=["at", "id"], name="event_at"),
+            models.Index(fields=["kind", "at"], name="event_kind_at"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind} {self.from_state}->{self.to_state}"
