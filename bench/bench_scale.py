@@ -57,6 +57,14 @@ def _seed(items: int, reviewer_id: int) -> float:
         """,
         [tasks, tasks, tasks],
     )
+    # A partition for every month the seeded events fall in (the daily job only makes months ahead).
+    _exec(
+        """
+        SELECT stopdesk_event_partition(m::date) FROM generate_series(
+            date_trunc('month', now() - (%s * interval '5 minutes')), date_trunc('month', now()), interval '1 month') m
+        """,
+        [tasks],
+    )
     for low in range(1, items + 1, CHUNK):
         high = min(items, low + CHUNK - 1)
         # state by position: 10% uncertain, 2% running, 1% queued, 2% awaiting, rest settled.

@@ -20,6 +20,7 @@ from stopdesk.models import (
     ApiIdempotency,
     CancellationAttempt,
     Event,
+    EventChain,
     ExternalRecord,
     Runtime,
     StopRequest,
@@ -76,7 +77,10 @@ class TaskAdmin(ReadOnlyAdmin):
             events = events.filter(kind=kind)
         page = CappedPaginator(events, 200).get_page(request.GET.get("page"))
         kinds = Event.objects.filter(task=task).values_list("kind", flat=True).distinct().order_by("kind")
+        chain = EventChain.objects.filter(task_id=task.pk).first()
         context = {
+            # Events up to this place in the task's chain were archived with their month.
+            "archived_through": chain.anchor_seq if chain else 0,
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
             "title": f"Timeline of task #{task.pk}: {task.title}",

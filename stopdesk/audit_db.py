@@ -235,3 +235,69 @@ BEGIN
         hash = (SELECT e.hash FROM stopdesk_event e WHERE e.id = NEW.id)
         WHERE task_id = coalesce(NEW.task_id, 0);
 END;"""
+
+
+# Partitions (PostgreSQL). The event table is partitioned by month of `at`; row triggers on the
+# partitioned table reach every partition, TRUNCATE triggers do not, so each partition gets its
+# own, and the chain's statement trigger too (for an INSERT aimed at a partition directly). A
+# DEFAULT partition catches rows outside every month (a clock far off); the daily job creates
+# months ahead so it stays empty. The primary key is (id, at): a partitioned table's unique
+# indexes must include the partition key. Ids still come from one sequence.
+POSTGRES_PARTITION_FUNCTION = """
+CREATE OR REPLACE FUNCTION stopdesk_event_partition(month date) RETURNS text AS $$
+DECLARE
+    first date := date_trunc('month', month)::date;
+    name text := 'stopdesk_event_' || to_char(first, 'YYYY_MM');
+BEGIN
+    IF to_regclass(name) IS NOT NULL THEN
+        RETURN name;
+    END IF;
+    EXECUTE format('CREATE TABLE %I PARTITION OF stopdesk_event FOR VALUES FROM (%L) TO (%L)',
+                   name, first::timestamptz, (first + interval '1 month')::timestamptz);
+    EXECUTE format('CREATE TRIGGER stopdesk_event_no_truncate BEFORE TRUNCATE ON %I
+                    FOR EACH STATEMENT EXECUTE FUNCTION stopdesk_refuse_truncate()', name);
+    EXECUTE format('CREATE TRIGGER stopdesk_event_chain_flush AFTER INSERT ON %I
+                    FOR EACH STATEMENT EXECUTE FUNCTION stopdesk_event_chain_flush()', name);
+    RETURN name;
+END;
+$$ LANGUAGE plpgsql;
+"""
+
+EVENT_COLUMNS = "id, at, kind, actor, from_state, to_state, message, data, task_id, item_id, hash, seq"
+
+
+def postgres_partitioned_event_table() -> str:
+    return """
+    CREATE SEQUENCE stopdesk_event_id_seq AS bigint;
+    CREATE TABLE stopdesk_event (
+        id bigint NOT NULL DEFAULT nextval('stopdesk_event_id_seq'),
+        at timestamp with time zone NOT NULL,
+        kind varchar(40) NOT NULL,
+        actor varchar(200) NOT NULL,
+        from_state varchar(32) NOT NULL,
+        to_state varchar(32) NOT NULL,
+        message text NOT NULL,
+        data jsonb NOT NULL,
+        task_id bigint,
+        item_id bigint,
+        hash varchar(64) NOT NULL DEFAULT '',
+        seq bigint NOT NULL DEFAULT 0,
+        PRIMARY KEY (id, at)
+    ) PARTITION BY RANGE (at);
+    ALTER SEQUENCE stopdesk_event_id_seq OWNED BY stopdesk_event.id;
+    CREATE TABLE stopdesk_event_default PARTITION OF stopdesk_event DEFAULT;
+    CREATE TRIGGER stopdesk_event_no_truncate BEFORE TRUNCATE ON stopdesk_event_default
+        FOR EACH STATEMENT EXECUTE FUNCTION stopdesk_refuse_truncate();
+    CREATE TRIGGER stopdesk_event_chain_flush AFTER INSERT ON stopdesk_event_default
+        FOR EACH STATEMENT EXECUTE FUNCTION stopdesk_event_chain_flush();
+    """
+
+
+def postgres_event_table_triggers(table: str) -> str:
+    return f"""
+    CREATE TRIGGER stopdesk_event_append_only BEFORE UPDATE OR DELETE ON {table}
+        FOR EACH ROW EXECUTE FUNCTION stopdesk_event_append_only();
+    CREATE TRIGGER stopdesk_event_no_truncate BEFORE TRUNCATE ON {table}
+        FOR EACH STATEMENT EXECUTE FUNCTION stopdesk_refuse_truncate();
+    {postgres_chain_triggers(table)}
+    """
