@@ -108,7 +108,10 @@ class WorkItem(models.Model):
             models.Index(fields=["task", "state"]),
             models.Index(fields=["lease_until"], condition=Q(state="running"), name="item_running_lease"),
             models.Index(fields=["next_check_at"], condition=Q(next_check_at__isnull=False), name="item_next_check"),
-            models.Index(fields=["investigate_by"], condition=Q(state="uncertain"), name="item_uncertain_deadline"),
+            # The review queue's order (deadline, then id) read straight off the index.
+            models.Index(
+                fields=["investigate_by", "id"], condition=Q(state="uncertain"), name="item_uncertain_deadline"
+            ),
             # The admin's state filter with its newest-first order; without it a rare state walks
             # the whole primary key.
             models.Index(fields=["state", "id"], name="item_state"),

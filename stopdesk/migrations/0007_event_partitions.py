@@ -55,6 +55,9 @@ def forward(apps, schema_editor):
         cursor.execute("SELECT setval('stopdesk_event_id_seq', coalesce((SELECT max(id) FROM stopdesk_event), 0) + 1, false)")
         cursor.execute("DROP TABLE stopdesk_event_unpartitioned")
         cursor.execute(postgres_event_table_triggers("stopdesk_event"))
+        # Fresh partitions have no statistics until autovacuum comes by; without them the planner
+        # walks the time index for a task's events.
+        cursor.execute("ANALYZE stopdesk_event")
 
 
 def backward(apps, schema_editor):
