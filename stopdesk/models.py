@@ -112,6 +112,12 @@ class WorkItem(models.Model):
             models.Index(
                 fields=["investigate_by", "id"], condition=Q(state="uncertain"), name="item_uncertain_deadline"
             ),
+            # The overdue sweep: unflagged uncertain items only, so flagged ones are not read again.
+            models.Index(
+                fields=["investigate_by"],
+                condition=Q(state="uncertain", needs_review=False),
+                name="item_overdue_unflagged",
+            ),
             # The admin's state filter with its newest-first order; without it a rare state walks
             # the whole primary key.
             models.Index(fields=["state", "id"], name="item_state"),
