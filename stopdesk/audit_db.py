@@ -170,10 +170,16 @@ BEGIN
             UPDATE stopdesk_eventchain SET seq = cached[2]::bigint, hash = cached[3]
                 WHERE task_id = cached[1]::bigint;
         END IF;
-        INSERT INTO stopdesk_eventchain (task_id, seq, hash, anchor_seq, anchor_hash)
-            VALUES (chain_key, 0, '', 0, '') ON CONFLICT (task_id) DO NOTHING;
         SELECT c.seq, c.hash INTO prev_seq, prev_hash
             FROM stopdesk_eventchain c WHERE c.task_id = chain_key FOR UPDATE;
+        IF NOT FOUND THEN
+            -- A task's first event; two first events at once meet in the primary key and the
+            -- second then reads (and locks) the first's committed head.
+            INSERT INTO stopdesk_eventchain (task_id, seq, hash, anchor_seq, anchor_hash)
+                VALUES (chain_key, 0, '', 0, '') ON CONFLICT (task_id) DO NOTHING;
+            SELECT c.seq, c.hash INTO prev_seq, prev_hash
+                FROM stopdesk_eventchain c WHERE c.task_id = chain_key FOR UPDATE;
+        END IF;
     END IF;
     NEW.seq := prev_seq + 1;
     NEW.hash := {postgres_digest_sql("prev_hash", "NEW")};

@@ -107,7 +107,11 @@ class WorkItem(models.Model):
         indexes = [
             models.Index(fields=["task", "state"]),
             models.Index(fields=["lease_until"], condition=Q(state="running"), name="item_running_lease"),
-            models.Index(fields=["next_check_at"], condition=Q(next_check_at__isnull=False), name="item_next_check"),
+            # The sweep's claim order (due time, then id) read straight off the index: ties in
+            # next_check_at otherwise sort every tied row before the LIMIT.
+            models.Index(
+                fields=["next_check_at", "id"], condition=Q(next_check_at__isnull=False), name="item_next_check"
+            ),
             # The review queue's order (deadline, then id) read straight off the index.
             models.Index(
                 fields=["investigate_by", "id"], condition=Q(state="uncertain"), name="item_uncertain_deadline"
