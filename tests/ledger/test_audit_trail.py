@@ -198,3 +198,41 @@ print("chained:", event.seq, len(event.hash))
     assert out.stdout.count("refused:") == 3, out.stdout
     assert "append-only" in out.stdout and "has audit events" in out.stdout
     assert "chained: 1 64" in out.stdout
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.postgres
+def test_set_based_moves_over_the_same_tasks_at_once_neither_deadlock_nor_fork():
+    """Each statement appends to several tasks' chains; two at once must take the heads in one
+    order (by task), or each holds a head the other waits for."""
+    tasks = [make_task(f"t{n}") for n in range(6)]
+    rounds = 10
+    items = {t.pk: [make_item(t).pk for _ in range(rounds * 2)] for t in tasks}
+    gate = threading.Barrier(2, timeout=30)
+    errors: list[BaseException] = []
+
+    def worker(n: int, order: list[int]) -> None:
+        try:
+            for r in range(rounds):
+                gate.wait()
+                # One item of every task; the ids ascend with the tasks for one thread and
+                # descend for the other.
+                mine = [items[t][r * 2 + n] for t in order]
+                items_move(
+                    where=Q(pk__in=mine), from_states=(S.QUEUED,), to_state=S.CANCELLED, actor="t", kind="c", message=""
+                )
+        except BaseException as error:
+            errors.append(error)
+            gate.abort()
+        finally:
+            connections.close_all()
+
+    ids = [t.pk for t in tasks]
+    threads = [threading.Thread(target=worker, args=(0, ids)), threading.Thread(target=worker, args=(1, ids[::-1]))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors[0]
+    ok, report = _verify()
+    assert ok, report
