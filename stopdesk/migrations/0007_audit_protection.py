@@ -36,7 +36,7 @@ def backward(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("stopdesk", "0003_lean_indexes")]
+    dependencies = [("stopdesk", "0006_sign_in_cache_table")]
 
     operations = [
         migrations.AlterField(
