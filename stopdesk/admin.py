@@ -27,7 +27,8 @@ from stopdesk.models import (
     Task,
     WorkItem,
 )
-from stopdesk.paging import AdminPaginator, CappedPaginator
+from stopdesk.paging import AdminPaginator, TimelinePaginator
+from stopdesk.templatetags.stopdesk_pages import pretty_json
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -71,11 +72,13 @@ class TaskAdmin(ReadOnlyAdmin):
             from django.core.exceptions import PermissionDenied
 
             raise PermissionDenied
-        events = Event.objects.filter(task=task).select_related("item").order_by("at", "id")
+        oldest_first = request.GET.get("order") == "oldest"
+        order = ("at", "id") if oldest_first else ("-at", "-id")
+        events = Event.objects.filter(task=task).select_related("item").order_by(*order)
         kind = request.GET.get("kind", "")
         if kind:
             events = events.filter(kind=kind)
-        page = CappedPaginator(events, 200).get_page(request.GET.get("page"))
+        page = TimelinePaginator(events, 200).get_page(request.GET.get("page"))
         kinds = Event.objects.filter(task=task).values_list("kind", flat=True).distinct().order_by("kind")
         chain = EventChain.objects.filter(task_id=task.pk).first()
         context = {
@@ -88,6 +91,7 @@ class TaskAdmin(ReadOnlyAdmin):
             "page": page,
             "kinds": kinds,
             "kind": kind,
+            "oldest_first": oldest_first,
         }
         return TemplateResponse(request, "admin/stopdesk/task/timeline.html", context)
 
@@ -125,7 +129,7 @@ class WorkItemAdmin(ReadOnlyAdmin):
         "state",
         "handle",
         "investigate_by",
-        "needs_review",
+        "needs_review_display",
         "updated_at",
     )
     list_filter = ("state", "kind", recent_values("mechanism", "mechanism"), "needs_review")
@@ -137,6 +141,11 @@ class WorkItemAdmin(ReadOnlyAdmin):
 
     def get_search_results(self, request: HttpRequest, queryset: QuerySet[WorkItem], search_term: str):  # type: ignore[no-untyped-def]
         return id_search(queryset, search_term, ("id", "task_id"))
+
+    @admin.display(description="Needs review", boolean=True)
+    def needs_review_display(self, item: WorkItem) -> bool:
+        # As the API and the review queue say it: uncertain items need review too.
+        return item.review_required
 
 
 @admin.register(ExternalRecord)
@@ -193,6 +202,16 @@ class EventAdmin(ReadOnlyAdmin):
     search_help_text = "A task id or an item id."
     list_select_related = ("task",)
     actions = None
+    ordering = ("-at", "-id")  # an auditor looks for what just happened first
+    readonly_fields = ("data_json",)
+    exclude = ("data",)
+
+    class Media:
+        css = {"all": ["stopdesk/admin.css"]}
+
+    @admin.display(description="Data")
+    def data_json(self, event: Event) -> str:
+        return format_html('<pre class="event-data">{}</pre>', pretty_json(event.data))
 
     def get_search_results(self, request: HttpRequest, queryset: QuerySet[Event], search_term: str):  # type: ignore[no-untyped-def]
         return id_search(queryset, search_term, ("task_id", "item_id"))

@@ -49,3 +49,10 @@ class CappedPaginator(Paginator):
 
 class AdminPaginator(CappedPaginator):
     cap = ADMIN_CAP
+
+
+class TimelinePaginator(CappedPaginator):
+    """One task's events: bounded by the task's size, counted through its (task, at) index, and
+    every page of a large task's history stays reachable."""
+
+    cap = 100_000

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("stopdesk", "0012_sweep_indexes"),
+        ("stopdesk", "0013_sweep_indexes"),
     ]
 
     operations = [

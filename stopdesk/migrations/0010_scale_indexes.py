@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("stopdesk", "0008_audit_chain"),
+        ("stopdesk", "0009_audit_chain"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

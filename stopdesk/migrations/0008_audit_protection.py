@@ -36,7 +36,7 @@ def backward(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("stopdesk", "0006_sign_in_cache_table")]
+    dependencies = [("stopdesk", "0007_merge_dashboard_labels")]
 
     operations = [
         migrations.AlterField(

@@ -67,5 +67,5 @@ def backward(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("stopdesk", "0009_scale_indexes")]
+    dependencies = [("stopdesk", "0010_scale_indexes")]
     operations = [migrations.RunPython(forward, backward)]

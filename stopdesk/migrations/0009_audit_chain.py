@@ -79,7 +79,7 @@ def backward(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("stopdesk", "0007_audit_protection"),
+        ("stopdesk", "0008_audit_protection"),
     ]
 
     operations = [

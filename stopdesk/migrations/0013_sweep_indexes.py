@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("stopdesk", "0011_uncertain_queue_order"),
+        ("stopdesk", "0012_uncertain_queue_order"),
     ]
 
     operations = [

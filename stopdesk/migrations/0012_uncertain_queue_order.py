@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("stopdesk", "0010_event_partitions"),
+        ("stopdesk", "0011_event_partitions"),
     ]
 
     operations = [
