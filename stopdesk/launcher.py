@@ -126,6 +126,7 @@ class Launcher:
     children: list[Child] = field(default_factory=list)
     stopping: threading.Event = field(default_factory=threading.Event)
     signal_name: str = ""
+    metrics_token: str = ""
 
     @property
     def data_dir(self) -> Path:
@@ -194,6 +195,18 @@ class Launcher:
         self.sandbox = start_all(ports=wanted or None)
         # Drafts take long enough that a person can stop them mid-run, short enough to finish.
         self.sandbox.openai.configure(run_s=max(5.0, self.pace * 4.5))
+        self.metrics_token = os.environ.get("STOPDESK_METRICS_TOKEN") or secrets.token_urlsafe(16)
+        if self.sandbox.webhooks is not None:
+            from django.db import connection
+
+            from reconcile.sandbox.webhooks import DEMO_SECRET
+            from stopdesk.notify.models import WebhookEndpoint
+
+            # The demo's notifications go to the sandbox receiver, which verifies their signatures.
+            WebhookEndpoint.objects.update_or_create(
+                name="sandbox receiver", defaults={"url": self.sandbox.urls["webhooks"], "secret": DEMO_SECRET}
+            )
+            connection.close()
 
     def child_env(self) -> dict[str, str]:
         assert self.sandbox is not None
@@ -208,6 +221,8 @@ class Launcher:
             STOPDESK_MCP_URL=urls["mcp"],
             STOPDESK_CRM_URL=urls["crm"],
             STOPDESK_OUTBOX_URL=urls["outbox"],
+            STOPDESK_METRICS_TOKEN=self.metrics_token,
+            STOPDESK_BASE_URL=self.url,
         )
         env.setdefault("LOG_LEVEL", "INFO")
         return env
@@ -297,6 +312,8 @@ class Launcher:
         lines += [
             f"  Sandbox    CRM {urls['crm']}/  (edit a record as someone else)",
             f"             OpenAI {urls['openai']}  MCP {urls['mcp']}  outbox {urls['outbox']}/messages",
+            f"  Webhooks   {urls.get('webhooks', '-')}  (signed notifications, verified; GET lists them)",
+            f"  Metrics    curl -H 'Authorization: Bearer {self.metrics_token}' {self.url}/metrics",
             f"  Data       {self.data_dir}  (logs in {self.data_dir / 'logs'})",
             "  New demo   .venv/bin/python manage.py demo_task [--stage drafts|tools|record|email|done]"
             + (

@@ -51,3 +51,13 @@ class Effect(models.TextChoices):
     SENT = "sent", "sent"
     DELETED = "deleted", "deleted"
     ARCHIVED = "archived", "archived"
+
+
+class DeliveryState(models.TextChoices):
+    """A notification's delivery to one email address or webhook endpoint (stopdesk/notify)."""
+
+    PENDING = "pending", "Pending"
+    SENDING = "sending", "Sending"
+    RETRYING = "retrying", "Retrying"
+    DELIVERED = "delivered", "Delivered"
+    FAILED = "failed", "Failed"

@@ -17,6 +17,7 @@ from django.db.models import Field, Q
 from django.utils import timezone
 
 from stopdesk.models import Event, WorkItem
+from stopdesk.notify.outbox import MovedItem, notify_for_events
 from stopdesk.services.sql import is_postgres
 from stopdesk.states import TERMINAL, can_move
 
@@ -69,9 +70,12 @@ def items_move(
         ):
             raise ValueError("every row must set the same columns, none of them shared, and not `evidence`")
     selection = WorkItem.objects.filter(where, state__in=from_states).values("id")
-    if is_postgres():
-        return _move_postgres(selection, from_states, to_state, columns, actor, kind, message, return_ids, rows)
-    return _move_portable(selection, to_state, columns, actor, kind, message, return_ids, rows)
+    with transaction.atomic():
+        move = _move_postgres if is_postgres() else _move_portable
+        # Items that become uncertain notify (stopdesk/notify): their ids are needed for that.
+        ids = move(selection, from_states, to_state, columns, actor, kind, message, True, rows)
+        notify_for_events(MovedItem.many(ids, kind=kind, from_state=from_states[0], to_state=to_state))
+    return ids if return_ids else len(ids)
 
 
 def _move_postgres(selection, from_states, to_state, columns, actor, kind, message, return_ids, rows):  # type: ignore[no-untyped-def]
@@ -129,7 +133,7 @@ def _move_postgres(selection, from_states, to_state, columns, actor, kind, messa
     return [r[0] for r in result] if return_ids else result[0][0]
 
 
-def _move_portable(selection, to_state, columns, actor, kind, message, return_ids, rows):  # type: ignore[no-untyped-def]
+def _move_portable(selection, from_states, to_state, columns, actor, kind, message, return_ids, rows):  # type: ignore[no-untyped-def]
     now = timezone.now()
     values = {k: (now if v is NOW else v) for k, v in columns.items()}
     if rows is not None:

@@ -48,3 +48,8 @@ def test_the_image_runs_the_entry_point_that_checks_configuration() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert 'ENTRYPOINT ["python", "-m", "stopdesk"]' in dockerfile
     assert "collectstatic" in dockerfile
+
+
+def test_worker_and_beat_health_checks_read_their_heartbeats(compose: dict[str, Any]) -> None:
+    for name in ("worker", "beat"):
+        assert compose["services"][name]["healthcheck"]["test"] == ["CMD", "python", "-m", "stopdesk", "ready", name]
