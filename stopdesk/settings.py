@@ -236,17 +236,24 @@ STOPDESK_NOTIFY = {
     # A notification without deliveries this long after it was written lost its job.
     "LOST_JOB_SECONDS": float(os.environ.get("STOPDESK_NOTIFY_LOST_JOB_SECONDS", "30")),
 }
-# Mail: the console backend prints notifications into the log unless an SMTP host is set.
+# Mail (Django's MAILERS): the console backend prints notifications into the log unless an SMTP
+# host is set.
 if os.environ.get("EMAIL_HOST"):
-    EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
-    EMAIL_HOST = os.environ["EMAIL_HOST"]
-    EMAIL_PORT = int(os.environ.get("EMAIL_PORT", "587"))
-    EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
-    EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
-    EMAIL_USE_TLS = os.environ.get("EMAIL_USE_TLS", "1") == "1"
-    EMAIL_TIMEOUT = 20
+    MAILERS = {
+        "default": {
+            "BACKEND": "django.core.mail.backends.smtp.EmailBackend",
+            "OPTIONS": {
+                "host": os.environ["EMAIL_HOST"],
+                "port": int(os.environ.get("EMAIL_PORT", "587")),
+                "username": os.environ.get("EMAIL_HOST_USER", ""),
+                "password": os.environ.get("EMAIL_HOST_PASSWORD", ""),
+                "use_tls": os.environ.get("EMAIL_USE_TLS", "1") == "1",
+                "timeout": 20,
+            },
+        }
+    }
 else:
-    EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
+    MAILERS = {"default": {"BACKEND": "django.core.mail.backends.console.EmailBackend"}}
 DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "stopdesk@localhost")
 
 # /metrics answers only this bearer token; unset, it is off (404).
