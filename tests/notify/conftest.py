@@ -8,6 +8,7 @@ import pytest
 
 from reconcile.sandbox.server import BackgroundServer
 from reconcile.sandbox.webhooks import WebhookReceiver
+from tests.workers.conftest import broker, start_worker  # noqa: F401  (real worker processes)
 
 
 @pytest.fixture(scope="session")

@@ -131,7 +131,9 @@ def test_deadlines_near_and_passed_and_an_unsettled_stop_notify_once_each(settin
         item_id=passed.pk, to_state=ItemState.UNCERTAIN, actor=ACTOR, investigate_by=now - timedelta(minutes=5)
     )
     later = make_item(task, state=ItemState.RUNNING)
-    item_transition(item_id=later.pk, to_state=ItemState.UNCERTAIN, actor=ACTOR, investigate_by=now + timedelta(hours=5))
+    item_transition(
+        item_id=later.pk, to_state=ItemState.UNCERTAIN, actor=ACTOR, investigate_by=now + timedelta(hours=5)
+    )
     make_item(task, state=ItemState.RUNNING)  # keeps the stop unsettled
     task_request_stop(task_id=task.pk, actor=ACTOR, dispatch=lambda ids: None)
     settings.STOPDESK_NOTIFY = {**settings.STOPDESK_NOTIFY, "STOP_UNSETTLED_MINUTES": 0}

@@ -45,7 +45,12 @@ def test_a_set_based_move_to_uncertain_notifies_once_per_item_and_other_moves_no
     items = [make_item(task, state=S.AWAITING_RECONCILIATION) for _ in range(3)]
     queued = make_item(task)
     moved = items_move(
-        where=Q(task=task), from_states=(S.QUEUED,), to_state=S.CANCELLED, actor=ACTOR, kind="stop_cancelled", message=""
+        where=Q(task=task),
+        from_states=(S.QUEUED,),
+        to_state=S.CANCELLED,
+        actor=ACTOR,
+        kind="stop_cancelled",
+        message="",
     )
     assert moved == 1 and not Notification.objects.exists()
     moved = items_move(
