@@ -19,6 +19,7 @@ from django.utils import timezone
 from stopdesk.models import WorkItem
 from stopdesk.notify.models import Notification
 from stopdesk.notify.topics import Topic, topic_for
+from stopdesk.tracing import span_event
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +74,13 @@ def notify_for_events(events: Sequence[EventLike]) -> list[int]:
     items: dict[int, Any] = {
         row["id"]: row
         for row in WorkItem.objects.filter(id__in=item_ids).values(
-            "id", "task_id", "noun", "label", "investigate_by", "outcome", "mechanism"
+            "id", "task_id", "noun", "label", "investigate_by", "outcome", "mechanism", "handle", "idempotency_key"
         )
     }
     rows = [_notification(event, topic, items.get(event.item_id or 0)) for event, topic in wanted]
+    for event, topic in wanted:
+        if topic == Topic.ITEM_UNCERTAIN and (item := items.get(event.item_id or 0)):
+            span_event("stopdesk.item_uncertain", _trace_facts(item))
     return notifications_write(rows)
 
 
@@ -110,6 +114,17 @@ def _enqueue(ids: list[int]) -> None:
             app.send_task(DELIVER_TASK, args=[ids])
     except Exception:
         log.exception("queueing delivery of notifications %s failed; the sweep will pick them up", ids[:10])
+
+
+def _trace_facts(item: dict[str, Any]) -> dict[str, Any]:
+    """The uncertain item as a tool call (GenAI conventions) with its deadline."""
+    return {
+        "stopdesk.item.id": item["id"],
+        "stopdesk.task.id": item["task_id"],
+        "stopdesk.investigate_by": item["investigate_by"].isoformat() if item["investigate_by"] else None,
+        "gen_ai.tool.name": item["label"] or item["noun"],
+        "gen_ai.tool.call.id": item["handle"] or item["idempotency_key"] or None,
+    }
 
 
 def _item_words(item: dict[str, Any] | None) -> str:
