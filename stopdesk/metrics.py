@@ -3,7 +3,8 @@
 Not public: it answers only a bearer token equal to STOPDESK_METRICS_TOKEN (and 404 when none
 is set). A scrape runs a constant number of bounded queries, whatever the ledger's size: the
 heartbeat rows (which carry the background tally, stopdesk/notify/tally.py) and one aggregate
-over the uncertain items and the compensations awaiting a decision, both on partial indexes.
+over the uncertain items and the compensations awaiting a decision, on indexes
+(stopdesk/notify/selectors.py).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
@@ -23,21 +23,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from stopdesk.notify.models import Heartbeat
+from stopdesk.notify.selectors import review_queue_facts
 from stopdesk.notify.tally import SETTLE_BUCKETS, TALLY
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 HEARTBEATS = ("beat", "worker", "reconcile_sweep", TALLY)
-
-# Uncertain items (partial index item_uncertain_deadline) and compensations waiting for a person
-# (index on state, proposed_at): counted and dated in one statement.
-LIVE_SQL = """
-SELECT
-  (SELECT count(*) FROM stopdesk_workitem WHERE state = 'uncertain'),
-  (SELECT count(*) FROM stopdesk_workitem WHERE state = 'uncertain' AND investigate_by < %(now)s),
-  (SELECT min(updated_at) FROM stopdesk_workitem WHERE state = 'uncertain'),
-  (SELECT count(*) FROM reconcile_compensation WHERE state IN ('proposed', 'escalated')),
-  (SELECT min(proposed_at) FROM reconcile_compensation WHERE state IN ('proposed', 'escalated'))
-"""
 
 
 def _age(now: Any, then: Any) -> float:
@@ -50,9 +40,7 @@ class LedgerCollector(Collector):
         beats = {name: (at, detail) for name, at, detail in Heartbeat.objects.filter(name__in=HEARTBEATS).values_list(
             "name", "at", "detail"
         )}  # fmt: skip
-        with connection.cursor() as cursor:
-            cursor.execute(LIVE_SQL, {"now": now})
-            uncertain, overdue, oldest_uncertain, waiting, oldest_waiting = cursor.fetchone()
+        queue = review_queue_facts(now=now)
         tally: dict[str, Any] = beats.get(TALLY, (None, {}))[1] or {}
 
         ages = GaugeMetricFamily(
@@ -69,22 +57,21 @@ class LedgerCollector(Collector):
             items.add_metric([state, mechanism], n)
         yield items
 
-        yield GaugeMetricFamily("stopdesk_uncertain_items", "Items in the uncertain state.", value=uncertain)
+        yield GaugeMetricFamily("stopdesk_uncertain_items", "Items in the uncertain state.", value=queue.uncertain)
         yield GaugeMetricFamily(
             "stopdesk_uncertain_past_investigate_by",
             "Uncertain items past their investigate-by deadline.",
-            value=overdue,
+            value=queue.past_deadline,
         )
-        entries = [t for t in (oldest_uncertain, oldest_waiting) if t is not None]
         yield GaugeMetricFamily(
             "stopdesk_review_queue_length",
             "Entries in the review queue: uncertain items, compensations awaiting a decision, late results.",
-            value=uncertain + waiting + int(tally.get("needs_review", 0)),
+            value=queue.uncertain + queue.waiting_compensations + int(tally.get("needs_review", 0)),
         )
         yield GaugeMetricFamily(
             "stopdesk_review_queue_oldest_age_seconds",
             "Age of the oldest uncertain item or undecided compensation.",
-            value=_age(now, min(entries)) if entries else 0.0,
+            value=queue.oldest_age_seconds,
         )
 
         settle = tally.get("settle") or {"counts": [0] * (len(SETTLE_BUCKETS) + 1), "sum": 0.0}
