@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib.auth.decorators import login_required, user_passes_test
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
@@ -23,7 +25,7 @@ def deliveries_page(request: HttpRequest) -> HttpResponse:
 @login_required
 def email_choices(request: HttpRequest) -> HttpResponse:
     """GET shows the topics (the role's defaults until the person chooses); POST saves the choice."""
-    user = request.user
+    user: Any = request.user
     error = ""
     if request.method == "POST":
         chosen = request.POST.getlist("topics")
@@ -33,13 +35,13 @@ def email_choices(request: HttpRequest) -> HttpResponse:
         else:
             EmailPreference.objects.update_or_create(user=user, defaults={"topics": sorted(set(chosen))})
             return redirect("notify-email")
-    groups = set(user.groups.values_list("name", flat=True))  # type: ignore[union-attr]
+    groups = set(user.groups.values_list("name", flat=True))
     current = email_topics(user, groups)
     chosen_before = EmailPreference.objects.filter(user=user).exists()
     context = {
         "topics": [(t.value, t.label, t.value in current) for t in Topic],
         "chosen_before": chosen_before,
-        "email": user.email,  # type: ignore[union-attr]
+        "email": user.email,
         "error": error,
     }
     return render(request, "notify/email.html", context, status=400 if error else 200)
