@@ -24,6 +24,7 @@ from stopdesk.tracing import span_event
 log = logging.getLogger(__name__)
 
 DELIVER_TASK = "notify.deliver"
+JOB_CHUNK = 5
 
 
 class EventLike(Protocol):
@@ -102,16 +103,21 @@ def notifications_write(rows: Iterable[Notification]) -> list[int]:
 
 
 def _enqueue(ids: list[int]) -> None:
-    """By task name: the ledger does not import tasks. A lost enqueue (broker down) is not lost
-    work: the beat sweep finds notifications without deliveries."""
+    """By task name: the ledger does not import tasks. A burst (a set-based move) is split into
+    small jobs so that every worker process takes a share. A lost enqueue (broker down) is not
+    lost work: the beat sweep finds notifications without deliveries."""
     from stopdesk.celery import app
 
+    chunks = [ids[n : n + JOB_CHUNK] for n in range(0, len(ids), JOB_CHUNK)]
     try:
         if app.conf.task_always_eager:
             app.loader.import_default_modules()
-            app.tasks[DELIVER_TASK].apply(args=[ids])
-        else:
-            app.send_task(DELIVER_TASK, args=[ids])
+            for chunk in chunks:
+                app.tasks[DELIVER_TASK].apply(args=[chunk])
+            return
+        with app.producer_or_acquire() as producer:
+            for chunk in chunks:
+                app.send_task(DELIVER_TASK, args=[chunk], producer=producer)
     except Exception:
         log.exception("queueing delivery of notifications %s failed; the sweep will pick them up", ids[:10])
 

@@ -20,8 +20,8 @@ def sweep() -> int:
     """Time-based notifications, then anything whose job was lost or whose retry is due."""
     notifications_scan()
     ids = deliveries_due()
-    if ids:
-        deliver.delay(ids)
+    for n in range(0, len(ids), 20):
+        deliver.delay(ids[n : n + 20])
     return len(ids)
 
 
