@@ -30,7 +30,7 @@ from django.conf import settings
 from reconcile.sandbox.server import LOOPBACK, Sandbox, start_all
 from stopdesk import config
 
-SANDBOX_NAMES = ("openai", "mcp", "crm", "outbox")
+SANDBOX_NAMES = ("openai", "mcp", "crm", "outbox", "webhooks")
 # How long each stop signal is given before the next, harder one.
 GRACE_S = {signal.SIGTERM: 4.0, signal.SIGQUIT: 3.0, signal.SIGKILL: 2.0}
 PACE_S = 15.0
@@ -118,7 +118,7 @@ class Launcher:
     host: str
     port: int
     demo: bool = True
-    sandbox_base_port: int | None = None  # None: the web port + 1..4 when free, else any free ports
+    sandbox_base_port: int | None = None  # None: the web port + 1..5 when free, else any free ports
     concurrency: int = 8
     pace: float = PACE_S
     out: Callable[[str], None] = print

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.db import connection
 from django.db.models import QuerySet
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from stopdesk.notify.models import Delivery
 
@@ -41,8 +42,19 @@ def review_queue_facts(*, now: datetime | None = None) -> QueueFacts:
     with connection.cursor() as cursor:
         cursor.execute(QUEUE_SQL, [now])
         uncertain, past, oldest_item, waiting, oldest_compensation = cursor.fetchone()
-    oldest = min((t for t in (oldest_item, oldest_compensation) if t is not None), default=None)
+    found = (_as_datetime(t) for t in (oldest_item, oldest_compensation) if t is not None)
+    oldest = min(found, default=None)
     return QueueFacts(uncertain, past, waiting, oldest, now)
+
+
+def _as_datetime(value: datetime | str) -> datetime:
+    """PostgreSQL returns datetimes; SQLite returns raw SQL aggregates as text (UTC)."""
+    if isinstance(value, datetime):
+        return value
+    parsed = parse_datetime(value)
+    if parsed is None:
+        raise ValueError(f"not a timestamp: {value!r}")
+    return parsed if timezone.is_aware(parsed) else parsed.replace(tzinfo=UTC)
 
 
 def deliveries_recent() -> QuerySet[Delivery]:
