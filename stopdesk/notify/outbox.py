@@ -90,7 +90,7 @@ def notifications_write(rows: Iterable[Notification]) -> list[int]:
     rows = list(rows)
     if not rows:
         return []
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):  # part of the caller's transaction (its event's)
         Notification.objects.bulk_create(rows, ignore_conflicts=True, batch_size=500)
         keys = [r.dedupe_key for r in rows]
         # ignore_conflicts leaves pks unset; read back this transaction's rows by key.
@@ -133,7 +133,7 @@ def _trace_facts(item: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _item_words(item: dict[str, Any] | None) -> str:
+def item_words(item: dict[str, Any] | None) -> str:
     if not item:
         return "An item"
     name = item["label"] or f"{item['noun']} #{item['id']}"
@@ -142,7 +142,7 @@ def _item_words(item: dict[str, Any] | None) -> str:
 
 def _notification(event: EventLike, topic: str, item: dict[str, Any] | None) -> Notification:
     task_id = event.task_id or (item["task_id"] if item else None)
-    what = _item_words(item)
+    what = item_words(item)
     deadline = item["investigate_by"] if item else None
     data: dict[str, Any] = {"event_kind": event.kind, "task_id": task_id, "item_id": event.item_id}
     if topic == Topic.ITEM_UNCERTAIN:
@@ -170,13 +170,13 @@ def _notification(event: EventLike, topic: str, item: dict[str, Any] | None) -> 
         task_id=task_id,
         item_id=event.item_id,
         title=title[:300],
-        body=_body(title, task_id),
+        body=notification_body(title, task_id),
         data=data,
         created_at=timezone.now(),
     )
 
 
-def _body(title: str, task_id: int | None) -> str:
+def notification_body(title: str, task_id: int | None) -> str:
     base = str(settings.STOPDESK_NOTIFY["BASE_URL"]).rstrip("/")
     where = f"Task: {base}/tasks/{task_id}/" if task_id else ""
     return "\n".join(line for line in (title + ".", where, f"Review queue: {base}/queue/") if line)

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from stopdesk.models import Task, WorkItem
 from stopdesk.notify.models import Heartbeat, Notification
-from stopdesk.notify.outbox import _body, _item_words, notifications_write
+from stopdesk.notify.outbox import item_words, notification_body, notifications_write
 from stopdesk.notify.topics import Topic
 from stopdesk.states import SETTLED, ItemState
 
@@ -52,8 +52,8 @@ def notifications_scan(*, now: datetime | None = None, limit: int = 500) -> dict
                 dedupe_key=f"{topic}:item:{i['id']}:{i['investigate_by'].isoformat()}",
                 task_id=i["task_id"],
                 item_id=i["id"],
-                title=(t := f"{_item_words(i)}: investigate-by {i['investigate_by']:%Y-%m-%d %H:%M} UTC {verb}"),
-                body=_body(t, i["task_id"]),
+                title=(t := f"{item_words(i)}: investigate-by {i['investigate_by']:%Y-%m-%d %H:%M} UTC {verb}"),
+                body=notification_body(t, i["task_id"]),
                 data={"task_id": i["task_id"], "item_id": i["id"], "investigate_by": i["investigate_by"].isoformat()},
             )
             for i in items
@@ -81,7 +81,7 @@ def notifications_scan(*, now: datetime | None = None, limit: int = 500) -> dict
             dedupe_key=f"{Topic.STOP_UNSETTLED}:task:{t['id']}",
             task_id=t["id"],
             title=(title := f"Stop of task {t['title']!r} has not settled after {minutes} min"),
-            body=_body(title, t["id"]),
+            body=notification_body(title, t["id"]),
             data={"task_id": t["id"], "stop_requested_at": t["stop_requested_at"].isoformat()},
         )
         for t in tasks

@@ -70,7 +70,7 @@ def items_move(
         ):
             raise ValueError("every row must set the same columns, none of them shared, and not `evidence`")
     selection = WorkItem.objects.filter(where, state__in=from_states).values("id")
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):  # joins the caller's transaction, if any
         move = _move_postgres if is_postgres() else _move_portable
         # Items that become uncertain notify (stopdesk/notify): their ids are needed for that.
         ids = move(selection, from_states, to_state, columns, actor, kind, message, True, rows)
