@@ -56,13 +56,15 @@ class MovedItem:
     pk: None = None
     data: dict[str, Any] = field(default_factory=dict)
 
+    @staticmethod
+    def notifies(*, kind: str, from_state: str, to_state: str | None) -> bool:
+        """Whether a set-based move writes notifications (most do not: cancels, reschedules)."""
+        return topic_for(kind=kind, from_state=from_state, to_state=to_state or from_state) is not None
+
     @classmethod
     def many(cls, ids: Sequence[int], *, kind: str, from_state: str, to_state: str | None) -> list[MovedItem]:
-        """A set-based move's events; none to build when the move does not notify (the common case)."""
-        to_state = to_state or from_state
-        if topic_for(kind=kind, from_state=from_state, to_state=to_state) is None:
-            return []
-        return [cls(i, kind, from_state, to_state) for i in ids]
+        """A set-based move's events, one per moved item."""
+        return [cls(i, kind, from_state, to_state or from_state) for i in ids]
 
 
 def notify_for_events(events: Sequence[EventLike]) -> list[int]:

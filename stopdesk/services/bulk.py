@@ -8,6 +8,7 @@ into its evidence, and its event's data; they travel as arrays in the same state
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,12 +71,15 @@ def items_move(
         ):
             raise ValueError("every row must set the same columns, none of them shared, and not `evidence`")
     selection = WorkItem.objects.filter(where, state__in=from_states).values("id")
-    with transaction.atomic(savepoint=False):  # joins the caller's transaction, if any
-        move = _move_postgres if is_postgres() else _move_portable
-        # Items that become uncertain notify (stopdesk/notify): their ids are needed for that.
-        ids = move(selection, from_states, to_state, columns, actor, kind, message, True, rows)
-        notify_for_events(MovedItem.many(ids, kind=kind, from_state=from_states[0], to_state=to_state))
-    return ids if return_ids else len(ids)
+    move = _move_postgres if is_postgres() else _move_portable
+    # A move that notifies (items becoming uncertain, stopdesk/notify) writes its outbox rows in
+    # the same transaction, and needs the ids for them; any other move stays one statement.
+    notifies = MovedItem.notifies(kind=kind, from_state=from_states[0], to_state=to_state)
+    with transaction.atomic(savepoint=False) if notifies else contextlib.nullcontext():
+        moved = move(selection, from_states, to_state, columns, actor, kind, message, return_ids or notifies, rows)
+        if notifies:
+            notify_for_events(MovedItem.many(moved, kind=kind, from_state=from_states[0], to_state=to_state))
+    return len(moved) if notifies and not return_ids else moved
 
 
 def _move_postgres(selection, from_states, to_state, columns, actor, kind, message, return_ids, rows):  # type: ignore[no-untyped-def]
