@@ -30,7 +30,16 @@ from django.conf import settings
 from reconcile.sandbox.server import LOOPBACK, Sandbox, start_all
 from stopdesk import config
 
-SANDBOX_NAMES = ("openai", "mcp", "crm", "outbox", "webhooks")
+SANDBOX_NAMES = ("openai", "mcp", "crm", "outbox")
+# A system the user set up themselves is used as it is; the sandbox stands in only for the rest.
+USER_SETTINGS = {
+    "openai": "OPENAI_BASE_URL",
+    "mcp": "STOPDESK_MCP_URL",
+    "crm": "STOPDESK_CRM_URL",
+    "outbox": "STOPDESK_OUTBOX_URL",
+}
+LABELS = {"openai": "OpenAI", "mcp": "MCP", "crm": "CRM", "outbox": "Outbox"}
+RECEIVER = "webhooks"  # the sandbox's webhook receiver: not a system of the user's
 # How long each stop signal is given before the next, harder one.
 GRACE_S = {signal.SIGTERM: 4.0, signal.SIGQUIT: 3.0, signal.SIGKILL: 2.0}
 PACE_S = 15.0
@@ -98,6 +107,12 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+def own_systems(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The systems whose URL the user set, by sandbox name."""
+    env = os.environ if environ is None else environ
+    return {name: env[var] for name, var in USER_SETTINGS.items() if env.get(var, "").strip()}
+
+
 def free_port(host: str = LOOPBACK) -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
@@ -118,7 +133,7 @@ class Launcher:
     host: str
     port: int
     demo: bool = True
-    sandbox_base_port: int | None = None  # None: the web port + 1..5 when free, else any free ports
+    sandbox_base_port: int | None = None  # None: the web port + 1..4 when free, else any free ports
     concurrency: int = 8
     pace: float = PACE_S
     out: Callable[[str], None] = print
@@ -143,7 +158,7 @@ class Launcher:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
         try:
-            config.preflight()
+            config.preflight(create=True)  # up migrates the database it needs
             admin_password, cast_password = self.prepare()
             self.start_sandbox()
             self.start_children()
@@ -187,43 +202,46 @@ class Launcher:
         connection.close()  # the children write from here on; hold no SQLite lock
         return admin_password, cast_password
 
+    @property
+    def own(self) -> dict[str, str]:
+        return own_systems()
+
     def start_sandbox(self) -> None:
+        # The webhook receiver always runs: it is where the demo's notifications go.
+        stand_ins = [name for name in SANDBOX_NAMES if name not in self.own] + [RECEIVER]
         base = self.sandbox_base_port if self.sandbox_base_port is not None else self.port + 1
-        wanted = {name: base + offset for offset, name in enumerate(SANDBOX_NAMES)}
+        wanted = {name: base + offset for offset, name in enumerate((*SANDBOX_NAMES, RECEIVER)) if name in stand_ins}
         if base == 0 or not all(_port_free(LOOPBACK, p) for p in wanted.values()):
             wanted = {}
-        self.sandbox = start_all(ports=wanted or None)
-        # Drafts take long enough that a person can stop them mid-run, short enough to finish.
-        self.sandbox.openai.configure(run_s=max(5.0, self.pace * 4.5))
+        self.sandbox = start_all(ports=wanted or None, only=stand_ins)
+        if "openai" in stand_ins:
+            # Drafts take long enough that a person can stop them mid-run, short enough to finish.
+            self.sandbox.openai.configure(run_s=max(5.0, self.pace * 4.5))
         self.metrics_token = os.environ.get("STOPDESK_METRICS_TOKEN") or secrets.token_urlsafe(16)
-        if self.sandbox.webhooks is not None:
-            from django.db import connection
+        from django.db import connection
 
-            from reconcile.sandbox.webhooks import DEMO_SECRET
-            from stopdesk.notify.models import WebhookEndpoint
+        from reconcile.sandbox.webhooks import DEMO_SECRET
+        from stopdesk.notify.models import WebhookEndpoint
 
-            # The demo's notifications go to the sandbox receiver, which verifies their signatures.
-            WebhookEndpoint.objects.update_or_create(
-                name="sandbox receiver", defaults={"url": self.sandbox.urls["webhooks"], "secret": DEMO_SECRET}
-            )
-            connection.close()
+        # The demo's notifications go to the sandbox receiver, which verifies their signatures.
+        WebhookEndpoint.objects.update_or_create(
+            name="sandbox receiver", defaults={"url": self.sandbox.urls[RECEIVER], "secret": DEMO_SECRET}
+        )
+        connection.close()
 
     def child_env(self) -> dict[str, str]:
         assert self.sandbox is not None
-        urls = self.sandbox.urls
         env = dict(os.environ)
         env.update(
-            STOPDESK_DATA_DIR=str(self.data_dir),
-            DJANGO_SETTINGS_MODULE="stopdesk.settings",
-            PYTHONUNBUFFERED="1",
-            OPENAI_BASE_URL=urls["openai"],
-            OPENAI_API_KEY=env.get("STOPDESK_SANDBOX_OPENAI_KEY", "sk-sandbox"),
-            STOPDESK_MCP_URL=urls["mcp"],
-            STOPDESK_CRM_URL=urls["crm"],
-            STOPDESK_OUTBOX_URL=urls["outbox"],
-            STOPDESK_METRICS_TOKEN=self.metrics_token,
-            STOPDESK_BASE_URL=self.url,
+            STOPDESK_DATA_DIR=str(self.data_dir), DJANGO_SETTINGS_MODULE="stopdesk.settings", PYTHONUNBUFFERED="1"
         )
+        # Only the stand-ins' URLs are filled in; what the user set stays as they set it.
+        for name, url in self.sandbox.urls.items():
+            if name in USER_SETTINGS:
+                env[USER_SETTINGS[name]] = url
+        env.update(STOPDESK_METRICS_TOKEN=self.metrics_token, STOPDESK_BASE_URL=self.url)
+        if "openai" in self.sandbox.urls:
+            env["OPENAI_API_KEY"] = env.get("STOPDESK_SANDBOX_OPENAI_KEY", "sk-sandbox")
         env.setdefault("LOG_LEVEL", "INFO")
         return env
 
@@ -309,11 +327,12 @@ class Launcher:
                 f"             drafts now; MCP lookup at +{p:.0f}s; CRM record at +{2 * p:.0f}s; "
                 f"email at +{3 * p:.0f}s; done at about +{4.5 * p:.0f}s. Press Stop at any point.",
             ]
+        lines += self.systems_lines(urls)
         lines += [
-            f"  Sandbox    CRM {urls['crm']}/  (edit a record as someone else)",
-            f"             OpenAI {urls['openai']}  MCP {urls['mcp']}  outbox {urls['outbox']}/messages",
-            f"  Webhooks   {urls.get('webhooks', '-')}  (signed notifications, verified; GET lists them)",
+            f"  Webhooks   {urls[RECEIVER]}  (signed notifications, verified there; GET lists them)",
             f"  Metrics    curl -H 'Authorization: Bearer {self.metrics_token}' {self.url}/metrics",
+        ]
+        lines += [
             f"  Data       {self.data_dir}  (logs in {self.data_dir / 'logs'})",
             "  New demo   .venv/bin/python manage.py demo_task [--stage drafts|tools|record|email|done]"
             + (
@@ -325,6 +344,19 @@ class Launcher:
             "Press Ctrl-C to stop everything.",
         ]
         self.out("\n".join(lines))
+
+    def systems_lines(self, sandbox_urls: dict[str, str]) -> list[str]:
+        """One line per external system: the user's own (real) or the sandbox's stand-in."""
+        own, lines = self.own, []
+        for name in SANDBOX_NAMES:
+            label = f"{LABELS[name]:<7}"
+            if name in own:
+                lines.append(f"  {label}    {config.redact(own[name])}  (yours, from {USER_SETTINGS[name]}: real)")
+            else:
+                hint = "  (edit a record as someone else)" if name == "crm" else ""
+                path = "/messages" if name == "outbox" else ("/" if name == "crm" else "")
+                lines.append(f"  {label}    {sandbox_urls[name]}{path}  (sandbox){hint}")
+        return lines
 
     def supervise(self) -> int:
         while not self.stopping.wait(0.5):

@@ -139,7 +139,10 @@ class ExternalRecord(models.Model):
     recorded_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["system", "record_id"], name="external_record_unique")]
+        # Unique per item, not globally: a global key let one runtime claim (and probe) ids that
+        # another runtime's real effects then could not record.
+        constraints = [models.UniqueConstraint(fields=["item", "system", "record_id"], name="external_record_per_item")]
+        indexes = [models.Index(fields=["system", "record_id"], name="external_record_lookup")]
 
     def __str__(self) -> str:
         return f"{self.system}:{self.record_id}@{self.version}"
@@ -242,6 +245,8 @@ class ApiIdempotency(models.Model):
     endpoint = models.CharField(max_length=200)
     status = models.PositiveSmallIntegerField()
     body = models.JSONField()
+    # sha256 of the validated request: the same key with another body is refused, not replayed.
+    fingerprint = models.CharField(max_length=64, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

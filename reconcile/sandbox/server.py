@@ -12,7 +12,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Self, cast
@@ -172,14 +172,10 @@ class Sandbox:
 
     @property
     def urls(self) -> dict[str, str]:
-        """Base URLs to configure clients with (OpenAI's includes `/v1`, MCP's `/mcp`)."""
-        return {
-            "openai": self.servers["openai"].url + "/v1",
-            "mcp": self.servers["mcp"].url + MCP_PATH,
-            "crm": self.servers["crm"].url,
-            "outbox": self.servers["outbox"].url,
-            **({"webhooks": self.servers["webhooks"].url + "/hooks"} if "webhooks" in self.servers else {}),
-        }
+        """Base URLs to configure clients with (OpenAI's includes `/v1`, MCP's `/mcp`), for the
+        parties that are served."""
+        suffix = {"openai": "/v1", "mcp": MCP_PATH, "webhooks": "/hooks"}
+        return {name: server.url + suffix.get(name, "") for name, server in self.servers.items()}
 
     def stop(self) -> None:
         for server in self.servers.values():
@@ -210,11 +206,14 @@ def start_all(
     outbox: Outbox | None = None,
     webhooks: WebhookReceiver | None = None,
     ports: dict[str, int] | None = None,
+    only: Collection[str] | None = None,
 ) -> Sandbox:
-    """Start all parties and the webhook receiver (fresh ones unless given) and return them with their servers.
+    """Start the four parties and the webhook receiver (fresh ones unless given) and return them
+    with their servers.
 
     `ports` pins ports by party name (`openai`, `mcp`, `crm`, `outbox`), e.g. for a
     management command whose URLs go into settings; unpinned parties get a free port.
+    `only` serves just those parties (the others exist, unserved, with no URL).
     """
     ports = ports or {}
     parties: dict[str, SandboxParty] = {
@@ -227,7 +226,8 @@ def start_all(
     servers: dict[str, BackgroundServer] = {}
     try:
         for name, party in parties.items():
-            servers[name] = BackgroundServer(party.app, name=name, port=ports.get(name, 0)).start()
+            if only is None or name in only:
+                servers[name] = BackgroundServer(party.app, name=name, port=ports.get(name, 0)).start()
     except BaseException:
         for server in servers.values():
             server.stop()

@@ -15,10 +15,10 @@ class TaskStopped(LedgerError):
         super().__init__(f"Task {task_id} was stopped; item {item_id} was not started and is cancelled.")
 
 
-class RecordConflict(LedgerError):
-    """The external record is already the effect of another item; one effect has one cause."""
+class InvalidRecordId(LedgerError):
+    """The record id cannot travel back to its system as one URL path segment."""
 
-    code = "record_conflict"
+    code = "invalid_record_id"
 
 
 class IllegalTransition(LedgerError):

@@ -11,6 +11,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from stopdesk.demo.agent import STAGES
 from stopdesk.demo.start import demo_task_start, demo_task_wait
+from stopdesk.management.ready import require_migrated_database
 
 
 class Command(BaseCommand):
@@ -33,6 +34,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, stage: str = "", pace: float = 15.0, wait: float = 0.0, **options: Any) -> None:
+        require_migrated_database()
         if pace < 0:
             raise CommandError("--pace must be zero or more seconds.")
         task = demo_task_start(stage=stage, pace=pace)
