@@ -161,6 +161,7 @@ class Launcher:
             config.preflight(create=True)  # up migrates the database it needs
             admin_password, cast_password = self.prepare()
             self.start_sandbox()
+            self.register_receiver()
             self.start_children()
             if not self.wait_ready():
                 return 1
@@ -218,16 +219,19 @@ class Launcher:
             # Drafts take long enough that a person can stop them mid-run, short enough to finish.
             self.sandbox.openai.configure(run_s=max(5.0, self.pace * 4.5))
         self.metrics_token = os.environ.get("STOPDESK_METRICS_TOKEN") or secrets.token_urlsafe(16)
+
+    def register_receiver(self) -> None:
+        """The demo's notifications go to the sandbox receiver, which verifies their signatures."""
         from django.db import connection
 
         from reconcile.sandbox.webhooks import DEMO_SECRET
         from stopdesk.notify.models import WebhookEndpoint
 
-        # The demo's notifications go to the sandbox receiver, which verifies their signatures.
+        assert self.sandbox is not None
         WebhookEndpoint.objects.update_or_create(
             name="sandbox receiver", defaults={"url": self.sandbox.urls[RECEIVER], "secret": DEMO_SECRET}
         )
-        connection.close()
+        connection.close()  # the children write from here on; hold no SQLite lock
 
     def child_env(self) -> dict[str, str]:
         assert self.sandbox is not None

@@ -235,7 +235,9 @@ STOPDESK = {
 # webhook endpoints are rows edited in the admin.
 STOPDESK_NOTIFY = {
     "BASE_URL": os.environ.get("STOPDESK_BASE_URL", "http://localhost:8000"),
-    "EMAIL": os.environ.get("STOPDESK_NOTIFY_EMAIL", "1") == "1",
+    # In production, email is on once a mail server is configured (EMAIL_HOST).
+    "EMAIL": os.environ.get("STOPDESK_NOTIFY_EMAIL", "1" if os.environ.get("EMAIL_HOST") or not PRODUCTION else "0")
+    == "1",
     "INVESTIGATE_NEAR_MINUTES": float(os.environ.get("STOPDESK_INVESTIGATE_NEAR_MINUTES", "120")),
     "STOP_UNSETTLED_MINUTES": float(os.environ.get("STOPDESK_STOP_UNSETTLED_MINUTES", "30")),
     "TIMEOUT_SECONDS": float(os.environ.get("STOPDESK_WEBHOOK_TIMEOUT_SECONDS", "10")),
@@ -263,6 +265,9 @@ if os.environ.get("EMAIL_HOST"):
             },
         }
     }
+elif PRODUCTION:
+    # No mail server configured: email notifications are off (STOPDESK_NOTIFY_EMAIL below).
+    MAILERS = {"default": {"BACKEND": "django.core.mail.backends.smtp.EmailBackend"}}
 else:
     MAILERS = {"default": {"BACKEND": "django.core.mail.backends.console.EmailBackend"}}
 DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "stopdesk@localhost")
