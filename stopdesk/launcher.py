@@ -41,6 +41,7 @@ USER_SETTINGS = {
 LABELS = {"openai": "OpenAI", "mcp": "MCP", "crm": "CRM", "outbox": "Outbox"}
 RECEIVER = "webhooks"  # the sandbox's webhook receiver: not a system of the user's
 # How long each stop signal is given before the next, harder one.
+WEB_URL_FILE = "web.url"
 GRACE_S = {signal.SIGTERM: 4.0, signal.SIGQUIT: 3.0, signal.SIGKILL: 2.0}
 PACE_S = 15.0
 
@@ -166,6 +167,8 @@ class Launcher:
             if not self.wait_ready():
                 return 1
             task = self.start_demo() if self.demo else None
+            # `manage.py demo_task` (another process) reads it, to print the task's full address.
+            (self.data_dir / WEB_URL_FILE).write_text(self.url + "\n")
             self.banner(admin_password, cast_password, task)
             return self.supervise()
         finally:
@@ -386,12 +389,43 @@ class Launcher:
         if self.sandbox is not None:
             self.sandbox.stop()
             self.sandbox = None
+        with contextlib.suppress(OSError):
+            (self.data_dir / WEB_URL_FILE).unlink()
         self.out("Stopped.")
 
     def _stop_child(self, child: Child) -> None:
         steps = child.stop()
         if "SIGQUIT" in steps and child.name == "worker":
-            self.out("  worker: a task was still running; the next start reconciles it from the database.")
+            # A slow graceful shutdown alone does not mean work was cut short: say so only when the
+            # ledger shows a job still running.
+            running = _jobs_running()
+            if running:
+                self.out(
+                    f"  worker: {running} job{'s were' if running != 1 else ' was'} still running; "
+                    "the next start reconciles them from the database."
+                )
+
+
+def _jobs_running() -> int:
+    from django.db import connection
+
+    from stopdesk.models import WorkItem
+    from stopdesk.states import ItemState, Kind
+
+    try:
+        return WorkItem.objects.filter(state=ItemState.RUNNING, kind=Kind.LOCAL_WORKER).count()
+    except Exception:  # a message at shutdown must not fail the shutdown
+        return 0
+    finally:
+        connection.close()
+
+
+def web_url(default: str = "http://127.0.0.1:8000") -> str:
+    """The address `manage.py up` serves on, as it wrote it to the data folder."""
+    try:
+        return (Path(settings.DATA_DIR) / WEB_URL_FILE).read_text().strip() or default
+    except OSError:
+        return default
 
 
 def _database_label() -> str:

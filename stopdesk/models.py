@@ -61,7 +61,8 @@ class Task(models.Model):
         ordering = ["-created_at"]
 
     def __str__(self) -> str:
-        return self.title
+        # With its id: several tasks often share a title (every demo run is "Invoice analysis").
+        return f"#{self.pk} {self.title}"
 
     @property
     def is_stopped(self) -> bool:
@@ -115,6 +116,12 @@ class WorkItem(models.Model):
     @property
     def plural(self) -> str:
         return self.noun_plural or pluralize(self.noun)
+
+    @property
+    def review_required(self) -> bool:
+        """In the review queue: uncertain (its own section), or a late or contradicting report.
+        This is what the API, the admin and the pages call needs_review."""
+        return self.needs_review or self.state == ItemState.UNCERTAIN
 
 
 def pluralize(noun: str) -> str:
@@ -251,6 +258,8 @@ class ApiIdempotency(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["runtime", "key", "endpoint"], name="api_idempotency_unique")]
+        verbose_name = "API idempotency key"
+        verbose_name_plural = "API idempotency keys"
 
     def __str__(self) -> str:
         return f"{self.endpoint} {self.key}"

@@ -546,7 +546,7 @@ def item_info(item: WorkItem) -> ItemInfo:
         cancel_requested_at=item.cancel_requested_at,
         investigate_by=item.investigate_by,
         outcome=item.outcome,
-        needs_review=item.needs_review,
+        needs_review=item.review_required,
         detail=item.detail,
         evidence=item.evidence,
     )

@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from stopdesk.models import Event, WorkItem
 from stopdesk.notify.outbox import MovedItem, notify_for_events
+from stopdesk.services.settled import tasks_settle_after_move
 from stopdesk.services.sql import is_postgres
 from stopdesk.states import TERMINAL, can_move
 
@@ -79,6 +80,7 @@ def items_move(
         moved = move(selection, from_states, to_state, columns, actor, kind, message, return_ids or notifies, rows)
         if notifies:
             notify_for_events(MovedItem.many(moved, kind=kind, from_state=from_states[0], to_state=to_state))
+    tasks_settle_after_move(where=where, to_state=to_state, ids=list(rows) if rows is not None else None)
     return len(moved) if notifies and not return_ids else moved
 
 

@@ -15,8 +15,9 @@ from stopdesk.models import ExternalRecord, Task, WorkItem
 from stopdesk.record_ids import record_id_problem
 from stopdesk.services.errors import IllegalTransition, InvalidRecordId
 from stopdesk.services.events import event_record
+from stopdesk.services.settled import task_reopen, task_settle_after_commit
 from stopdesk.services.sql import ClockNow
-from stopdesk.states import TERMINAL, ItemState, Kind, can_move
+from stopdesk.states import SETTLED, TERMINAL, ItemState, Kind, can_move
 
 S = ItemState
 
@@ -76,6 +77,8 @@ def item_register(
                 outcome="registered after Stop; never started",
                 kind="boundary_refused",
             )
+        else:
+            task_reopen(task_id=task_id, actor=actor)
     return item
 
 
@@ -129,6 +132,8 @@ def item_transition(
             message=message or (outcome or ""),
             data={"evidence": evidence} if evidence else {},
         )
+        if to_state in SETTLED:
+            task_settle_after_commit(task_id=item.task_id)
     return item
 
 

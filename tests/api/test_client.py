@@ -53,7 +53,10 @@ def test_start_raises_stop_requested_after_a_stop_from_another_thread(sd, live_s
     with pytest.raises(StopRequested):
         sd.heartbeat(first.id)
     assert sd.cancel(first.id).state == S.CANCELLED
-    assert sd.get_task(task.id).summary == "Stopped new work. Two drafts stopped before they finished."
+    # The first draft had started, the second never did.
+    assert sd.get_task(task.id).summary == (
+        "Stopped new work. One draft cancelled before it started. One draft stopped before it finished."
+    )
 
 
 def test_submit_raises_stop_requested_and_the_action_body_never_runs(sd):

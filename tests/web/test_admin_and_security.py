@@ -77,14 +77,14 @@ def test_csrf_is_enforced_on_htmx_posts(roles):
     task = running_task()
     client = Client(enforce_csrf_checks=True)
     client.force_login(roles["operator"])
-    refused = client.post(reverse("task-stop", args=[task.pk]), **htmx("stop-control"))
+    refused = client.post(reverse("task-stop", args=[task.pk]), **htmx("stop-action"))
     assert refused.status_code == 403
     assert not StopRequest.objects.filter(task=task).exists()
     page = client.get(reverse("task-detail", args=[task.pk])).content.decode()
     # The token is set once on <body> for every htmx request.
     assert 'hx-headers=\'{"X-CSRFToken": "' in page
     token = client.cookies["csrftoken"].value
-    allowed = client.post(reverse("task-stop", args=[task.pk]), HTTP_X_CSRFTOKEN=token, **htmx("stop-control"))
+    allowed = client.post(reverse("task-stop", args=[task.pk]), HTTP_X_CSRFTOKEN=token, **htmx("stop-action"))
     assert allowed.status_code == 200
 
 
