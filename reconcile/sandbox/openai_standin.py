@@ -241,7 +241,7 @@ class OpenAIStandin(SandboxParty):
 
     # --- HTTP handlers ----------------------------------------------------------------
 
-    async def _create(self, request: Request) -> JSONResponse:
+    async def _create(self, request: Request) -> JSONResponse | StreamingResponse:
         await self.arrive("create")
         try:
             body = await request.json()

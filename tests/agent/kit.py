@@ -97,4 +97,43 @@ async def run_openai_agents(runtime: Any, task_id: int, base_url: str, model: st
     return result.final_output
 
 
-FRAMEWORKS: dict[str, Runner] = {"openai-agents": run_openai_agents}
+async def run_pydantic_ai(runtime: Any, task_id: int, base_url: str, model: str, tools: Tools, **kw: Any) -> Any:
+    from openai import AsyncOpenAI
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    from stopdesk.agent.frameworks.pydantic_ai import run_agent
+
+    client = AsyncOpenAI(base_url=base_url, api_key="no-key-needed", max_retries=0)
+    functions = tools.functions()
+    agent = Agent(OpenAIChatModel(model, provider=OpenAIProvider(openai_client=client)), tools=functions)
+    result = await run_agent(runtime, task_id, agent, "Add Acme as a lead", tools=functions, **kw)
+    return result.output
+
+
+async def run_langgraph(runtime: Any, task_id: int, base_url: str, model: str, tools: Tools, **kw: Any) -> Any:
+    from langchain.agents import create_agent
+    from langchain_core.tools import StructuredTool
+    from langchain_openai import ChatOpenAI
+    from openai import AsyncOpenAI
+
+    from stopdesk.agent.frameworks.langgraph import StopdeskMiddleware, run_agent
+
+    # A client of this event loop: langchain-openai's default async HTTP client is cached process-wide,
+    # and each test runs its own loop.
+    client = AsyncOpenAI(base_url=base_url, api_key="no-key-needed", max_retries=0)
+    chat = ChatOpenAI(model=model, root_async_client=client, async_client=client.chat.completions, api_key="unused")
+    lc_tools = [StructuredTool.from_function(coroutine=f) for f in tools.functions()]
+    graph = create_agent(chat, tools=lc_tools, middleware=[StopdeskMiddleware()])
+    state = await run_agent(
+        runtime, task_id, graph, {"messages": [{"role": "user", "content": "Add Acme as a lead"}]}, **kw
+    )
+    return state["messages"][-1].content
+
+
+FRAMEWORKS: dict[str, Runner] = {
+    "openai-agents": run_openai_agents,
+    "pydantic-ai": run_pydantic_ai,
+    "langgraph": run_langgraph,
+}

@@ -107,16 +107,27 @@ class StopdeskRun:
         if self.stopped.is_set():
             self._fire(callback)
 
-    async def run[T](self, work: Awaitable[T]) -> T:
-        """Run `work` (e.g. `Runner.run(...)`) as a task that Stop cancels; raise RunStopped if it did.
-        Cancellation is given `cleanup_s` for the framework's own `finally` blocks."""
+    async def run[T](
+        self,
+        work: Awaitable[T],
+        *,
+        cancel: Callable[[], Any] | None = None,
+        stopped_errors: tuple[type[BaseException], ...] = (),
+    ) -> T:
+        """Run `work` (e.g. `Runner.run(...)`) as a task; on Stop call `cancel` (the framework's own
+        cancel; default: cancel the task) and raise RunStopped once the run has ended. The run gets
+        `cleanup_s` for its own `finally` blocks. `stopped_errors` are how the framework reports
+        its own cancel (pydantic-ai's RunCancelled)."""
         task = asyncio.ensure_future(work)
-        self.on_stop(task.cancel)
+        self.on_stop(cancel or task.cancel)
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
             if not self.stopped.is_set():
                 task.cancel()
+                raise
+        except stopped_errors:
+            if not self.stopped.is_set():
                 raise
         await self._bounded(task)
         raise RunStopped(f"Task {self.task_id} was stopped.")

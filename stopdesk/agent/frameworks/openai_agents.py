@@ -113,7 +113,7 @@ class StopdeskModel(Model):
         async with run.model_request():
             async for event in self.inner.stream_response(*args, **kwargs):
                 if getattr(event, "type", "") == "response.completed":
-                    _record_hosted(run, event.response.output)
+                    _record_hosted(run, getattr(event, "response").output)  # noqa: B009 - narrows the union
                 yield event
 
     async def close(self) -> None:
