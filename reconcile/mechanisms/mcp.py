@@ -1,18 +1,16 @@
-"""MCP tool calls through the official `mcp` SDK, and their cancellation.
+"""MCP tool calls through the official `mcp` SDK: the adapter that cancels and reads them back.
 
-Plain calls (`mcp_call_tool`): the call runs in a cancel scope watched against the ledger; Stop
-cancels the scope and the SDK sends `notifications/cancelled`. No response follows a cancelled
-call, so a read-only tool ends `cancelled` and any other tool ends `uncertain`: the server may
-well have finished the work (reference servers do). Annotations are hints from the server and are
-recorded as evidence of why the item ended as it did.
+Plain calls (`stopdesk.agent.mcp.mcp_call_tool`) are cancelled by their caller: the call runs in a
+cancel scope watched against the ledger, and Stop cancels the scope (the SDK sends
+`notifications/cancelled`). No response follows a cancelled call, so a read-only tool ends
+`cancelled` and any other tool ends `uncertain`: the server may well have finished the work
+(reference servers do). Annotations are hints from the server and are recorded as evidence of why
+the item ended as it did. This adapter reads a plain call's end back from the ledger.
 
-Task-augmented calls (protocol 2025-11-25, `mcp_start_task`): the task id is the item's handle;
-Stop sends `tasks/cancel` and reads the final status back with `tasks/get` (-32602 on cancel means
-"already terminal or unknown": look it up). The SDK types these messages but does not dispatch
-them, so they go over the SDK's own session: tasks/get and tasks/cancel through
-`ClientSession.send_request`, and the task-augmented tools/call through the session's dispatcher,
-because `send_request` validates every tools/call answer as a CallToolResult and would reject the
-CreateTaskResult.
+Task-augmented calls (protocol 2025-11-25, `stopdesk.agent.mcp.mcp_start_task`): the task id is the
+item's handle; Stop sends `tasks/cancel` and reads the final status back with `tasks/get` (-32602
+on cancel means "already terminal or unknown": look it up). The SDK types these messages but does
+not dispatch them, so they go over the SDK's own session (`ClientSession.send_request`).
 """
 
 from __future__ import annotations
@@ -20,15 +18,16 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, cast
+from typing import Any
 
 import anyio
 import mcp_types as types
+from django.utils import timezone
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from reconcile.mechanisms.base import Capability, ItemRef, Mechanism, MechanismSettings, Observation, Seen
-from reconcile.mechanisms.registry import register
+from reconcile.mechanisms.base import LEDGER_FINAL, Capability, ItemRef, Mechanism, MechanismSettings, Observation, Seen
+from stopdesk.states import ItemState
 
 log = logging.getLogger(__name__)
 INVALID_PARAMS = -32602
@@ -39,7 +38,6 @@ TASK_STATUS = {
     "failed": Seen.FAILED,
     "cancelled": Seen.CANCELLED,
 }
-LEDGER_FINAL = {"completed": Seen.COMPLETED, "failed": Seen.FAILED, "cancelled": Seen.CANCELLED}
 
 
 @asynccontextmanager
@@ -61,7 +59,7 @@ def annotations_of(tool: types.Tool) -> dict[str, Any]:
     }
 
 
-async def _describe(client: Client, url: str, tool: str) -> dict[str, Any]:
+async def describe(client: Client, url: str, tool: str) -> dict[str, Any]:
     listing = await client.list_tools()
     found = next((t for t in listing.tools if t.name == tool), None)
     if found is None:
@@ -78,142 +76,6 @@ async def _describe(client: Client, url: str, tool: str) -> dict[str, Any]:
     }
 
 
-async def _db(fn: Any, /, **kwargs: Any) -> Any:
-    from reconcile.mechanisms.aio import _db as run_in_thread
-
-    return await run_in_thread(fn, **kwargs)
-
-
-async def _pass_boundary(item_id: int, actor: str, facts: dict[str, Any]) -> None:
-    from reconcile.services.handles import item_record_detail
-    from stopdesk.services.boundary import item_start, item_submit
-
-    await _db(item_record_detail, item_id=item_id, detail={"mcp": facts})
-    if facts["annotations"]["readOnlyHint"]:
-        await _db(item_start, item_id=item_id, actor=actor, worker="mcp")
-    else:
-        # A call that may change the world is an external action: submitted_at marks it.
-        await _db(item_submit, item_id=item_id, idempotency_key=f"mcp-item-{item_id}", actor=actor, worker="mcp")
-
-
-async def mcp_call_tool(
-    *,
-    item_id: int,
-    url: str,
-    tool: str,
-    arguments: dict[str, Any] | None = None,
-    actor: str,
-    poll_s: float = 0.5,
-    timeout_s: float = 300.0,
-) -> types.CallToolResult | None:
-    """Agent side: record server, tool, protocol version and annotations; pass the boundary; call
-    the tool while watching the ledger; cancel the call on Stop. Returns the result, or None when
-    the call was cancelled (the item is then recorded cancelled or uncertain)."""
-    from stopdesk.services.items import item_finish, item_heartbeat, item_transition
-    from stopdesk.states import ItemState
-
-    result: list[types.CallToolResult] = []
-    refused: Exception | None = None
-    async with connect(url, timeout_s=timeout_s) as client:
-        facts = await _describe(client, url, tool)
-        try:
-            await _pass_boundary(item_id, actor, facts)
-        except Exception as exc:  # raised after the session closes, not wrapped in its task group
-            refused = exc
-        stopped = anyio.Event()
-
-        async def call(scope: anyio.CancelScope) -> None:
-            # `_meta.stopdesk_item` ties the call to its item at the server (as the OpenAI metadata does).
-            result.append(
-                await client.call_tool(
-                    tool, arguments or {}, meta=cast(types.RequestParamsMeta, {"stopdesk_item": str(item_id)})
-                )
-            )
-            scope.cancel()
-
-        async def watch(scope: anyio.CancelScope) -> None:
-            while True:
-                await anyio.sleep(poll_s)
-                if await _db(item_heartbeat, item_id=item_id):
-                    stopped.set()
-                    scope.cancel()  # the SDK sends notifications/cancelled for the call
-                    return
-
-        if refused is None:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(call, tg.cancel_scope)
-                tg.start_soon(watch, tg.cancel_scope)
-
-    if refused is not None:
-        raise refused
-    if result:
-        outcome = result[0]
-        text = " ".join(getattr(c, "text", "") for c in outcome.content)[:200]
-        await _db(item_finish, item_id=item_id, succeeded=not outcome.is_error, actor=actor, outcome=text or "done")
-        return outcome
-    read_only = facts["annotations"]["readOnlyHint"]
-    evidence = {"annotations": facts["annotations"], "notification": "notifications/cancelled sent by the SDK"}
-    await _db(
-        item_transition,
-        item_id=item_id,
-        to_state=ItemState.CANCELLED if read_only else ItemState.UNCERTAIN,
-        actor=actor,
-        outcome="cancelled; read-only tool"
-        if read_only
-        else "cancelled call; no answer follows and no status lookup exists",
-        evidence=evidence,
-        allowed_from=frozenset({ItemState.RUNNING}),
-    )
-    return None
-
-
-async def _raw_request(client: Client, method: str, params: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    session = client.session
-    data: dict[str, Any] = {"method": method, "params": params}
-    opts: dict[str, Any] = {"timeout": timeout_s}
-    session._stamp(data, opts)  # type: ignore[arg-type]  # the negotiated version's headers
-    return await session._dispatcher.send_raw_request(method, data.get("params"), opts)  # type: ignore[arg-type]
-
-
-async def _start_task(
-    url: str, tool: str, arguments: dict[str, Any], ttl_ms: int | None, item_id: int, actor: str, timeout_s: float
-) -> tuple[str, dict[str, Any]]:
-    async with connect(url, timeout_s=timeout_s) as client:
-        facts = await _describe(client, url, tool)
-        if not facts["server_tasks"] or facts["task_support"] not in ("optional", "required"):
-            raise ValueError(f"{tool!r} on {url} cannot run as a task")
-        try:
-            await _pass_boundary(item_id, actor, facts)
-        except Exception as exc:  # raised after the session closes, not wrapped in its task group
-            return "", {"refused": exc}
-        params: dict[str, Any] = {
-            "name": tool,
-            "arguments": arguments,
-            "task": {} if ttl_ms is None else {"ttl": ttl_ms},
-            "_meta": {"stopdesk_item": str(item_id)},
-        }
-        answer = await _raw_request(client, "tools/call", params, timeout_s)
-        task = types.CreateTaskResult.model_validate(answer, by_name=False).task
-        return task.task_id, {**facts, "task_status": task.status, "ttl_ms": task.ttl}
-
-
-def mcp_start_task(
-    *, item_id: int, url: str, tool: str, arguments: dict[str, Any] | None = None, actor: str, ttl_ms: int | None = None
-) -> str:
-    """Agent side: start a task-augmented tool call and store the task id as the item's handle
-    before anything else. Returns the task id. Raises TaskStopped if Stop came first."""
-    from reconcile.mechanisms.registry import mechanism_settings
-    from reconcile.services.handles import item_record_handle
-
-    timeout = mechanism_settings("mcp").call_timeout_s
-    task_id, facts = anyio.run(_start_task, url, tool, arguments or {}, ttl_ms, item_id, actor, timeout)
-    if "refused" in facts:
-        raise facts["refused"]
-    item_record_handle(item_id=item_id, handle=task_id, actor=actor, detail={"mcp": facts})
-    return task_id
-
-
-@register
 class McpToolCall(Mechanism):
     name = "mcp"
     capabilities = frozenset({Capability.CANCEL, Capability.INSPECT})
@@ -302,11 +164,9 @@ def _is_task(item: ItemRef) -> bool:
 
 def _plain_call(item: ItemRef) -> Observation:
     """A plain call's caller records its end in the ledger; read it back from there."""
-    from django.utils import timezone
-
     if item.state in LEDGER_FINAL:
         return Observation(LEDGER_FINAL[item.state], remote_status=f"ledger: {item.state}")
-    if item.state == "running" and item.lease_until is not None and item.lease_until > timezone.now():
+    if item.state == ItemState.RUNNING and item.lease_until is not None and item.lease_until > timezone.now():
         return Observation(Seen.RUNNING, remote_status="caller alive", message="The caller cancels its own call.")
     annotations = (item.detail.get("mcp") or {}).get("annotations") or {}
     if annotations.get("readOnlyHint"):
