@@ -285,7 +285,8 @@ class OpenAIStandin(SandboxParty):
             )
             if script is not None:
                 index, turn = script.turn_for(body.get("input"))
-                stored.tool_items = [sm.mcp_call_item(m) for m in turn.mcp_calls]
+                launched = sm.responses_output(turn, response_id=stored.id)
+                stored.tool_items = [i for i in launched if i["type"] != "message"]
                 stored.output_text = turn.text or stored.output_text
                 self._log("responses", script, index, background=True)
             self._responses[stored.id] = stored

@@ -40,9 +40,14 @@ def item_register(
     parent: WorkItem | int | None = None,
     idempotency_key: str = "",
     detail: dict[str, Any] | None = None,
+    observed: bool = False,
 ) -> WorkItem:
     """Record a child before it is dispatched. Registering after Stop is allowed (the record must be
-    complete), but such an item can never pass the boundary."""
+    complete), but such an item can never pass the boundary.
+
+    `observed` records work that already ran outside our boundary (a tool a model response called
+    on the provider's side, found in its output): it is registered running, because it did start,
+    and is not cancelled by a Stop that came after it started."""
     if kind not in Kind.values:
         raise ValueError(f"Unknown kind {kind!r}; expected one of {', '.join(Kind.values)}.")
     if not registry.known(mechanism):
@@ -62,11 +67,16 @@ def item_register(
             label=label,
             idempotency_key=idempotency_key,
             detail=detail or {},
+            **({"state": S.RUNNING, "started_at": timezone.now()} if observed else {}),
         )
         event_record(
-            kind="item_registered", actor=actor, item=item, to_state=item.state, data={"noun": noun, "kind": kind}
+            kind="item_registered",
+            actor=actor,
+            item=item,
+            to_state=item.state,
+            data={"noun": noun, "kind": kind, **({"observed": True} if observed else {})},
         )
-        if Task.objects.filter(pk=task_id, stop_requested_at__isnull=False).exists():
+        if not observed and Task.objects.filter(pk=task_id, stop_requested_at__isnull=False).exists():
             # Recorded, so the ledger is complete, but it can never start: settle it now rather
             # than leave the stopped task looking unsettled. (A registration racing the stop's
             # own fan-out is caught by stops_resume_fanout.)

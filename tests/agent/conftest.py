@@ -11,7 +11,7 @@ from reconcile.mechanisms import registry
 from reconcile.sandbox.crm import CRM
 from reconcile.sandbox.openai_standin import OpenAIStandin
 from reconcile.sandbox.server import BackgroundServer
-from stopdesk.runtime import LocalRuntime
+from stopdesk.agent.runtime import LocalRuntime
 
 
 @pytest.fixture(scope="module")
