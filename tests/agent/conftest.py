@@ -11,7 +11,7 @@ from reconcile.mechanisms import registry
 from reconcile.sandbox.crm import CRM
 from reconcile.sandbox.openai_standin import OpenAIStandin
 from reconcile.sandbox.server import BackgroundServer
-from stopdesk.agent.runtime import LocalRuntime
+from stopdesk.agent.frameworks.local import FrameworkRuntime
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def crm() -> Iterator[tuple[CRM, str]]:
 
 
 @pytest.fixture
-def runtime(transactional_db) -> LocalRuntime:  # type: ignore[no-untyped-def]
+def runtime(transactional_db) -> FrameworkRuntime:  # type: ignore[no-untyped-def]
     registry.reset()
     # Stop's cancellation jobs are run by the test itself (the reconcile service), not by Celery.
-    return LocalRuntime(actor="agent:test", dispatch=lambda ids: None)
+    return FrameworkRuntime(actor="agent:test", dispatch=lambda ids: None)

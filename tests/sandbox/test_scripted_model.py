@@ -131,7 +131,7 @@ def test_background_scripted_response_keeps_its_hosted_calls_after_a_cancel(open
 
 
 def test_an_unknown_script_is_a_404_naming_the_model_and_a_bad_script_a_400(openai_standin: Standin) -> None:
-    party, server = openai_standin
+    _party, server = openai_standin
     with pytest.raises(openai.NotFoundError, match="script:nope"):
         sdk(server).responses.create(model="script:nope", input="hi")
     bad = httpx.post(server.url + "/_control/scripts", json={"name": "x", "turns": []})

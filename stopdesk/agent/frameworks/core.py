@@ -24,6 +24,7 @@ import inspect
 import json
 import logging
 import sys
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -78,9 +79,10 @@ class StopdeskRun:
         self._watcher: asyncio.Task[None] | None = None
         self._token: contextvars.Token[StopdeskRun | None] | None = None
         self.model_requests = 0
-        # A sync runtime (LocalRuntime, Client) runs on one thread of its own: its database
-        # connection is then one that this run can close when it ends.
-        self._thread: ThreadPoolExecutor | None = None
+        # A sync runtime (LocalRuntime, Client) runs on threads of this run's own (writes, and the
+        # Stop watch apart so a poll never queues behind them): their database connections are
+        # then ones this run can close when it ends.
+        self._threads: dict[str, ThreadPoolExecutor] = {}
 
     # --- the run's life ---------------------------------------------------------------------
 
@@ -95,9 +97,8 @@ class StopdeskRun:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watcher
         await self.flush()
-        if self._thread is not None:
-            await asyncio.get_running_loop().run_in_executor(self._thread, _close_db_connections)
-            self._thread.shutdown(wait=False)
+        for lane, pool in self._threads.items():
+            await _close_pool_connections(pool, LANE_THREADS[lane])
         if self._token is not None:
             CURRENT.reset(self._token)
 
@@ -167,9 +168,13 @@ class StopdeskRun:
 
     async def _poll_stop(self) -> None:
         # Until the pushed watch is wired in, ask the ledger; the boundary is the guarantee either way.
+        cheap = hasattr(self.runtime, "task_stopped")
         while True:
-            task = await self._call("get_task", self.task_id)
-            if task.stopped:
+            if cheap:
+                stopped = await self._call("task_stopped", self.task_id, lane="watch")
+            else:
+                stopped = (await self._call("get_task", self.task_id, lane="watch")).stopped
+            if stopped:
                 return
             await asyncio.sleep(self._poll_s)
 
@@ -218,26 +223,21 @@ class StopdeskRun:
         if declaration.http:
             detail["http"] = {"system": declaration.system, **declaration.http}
         external = declaration.external
-        item = await self._call(
-            "register",
-            self.task_id,
-            kind=kind or ("external_operation" if external else "local_worker"),
-            noun=declaration.noun or f"{name} call",
-            mechanism=mechanism or ("http" if declaration.http else "manual"),
-            handle=call_id,
-            label=name,
-            idempotency_key=key,
-            detail=detail,
-        )
         try:
-            if external:
-                await self._call("submit", item.id, idempotency_key=key, worker=self.worker)
-            else:
-                await self._call("start", item.id, worker=self.worker)
+            item_id = await self._register_started(
+                submit_key=key if external else "",
+                kind=kind or ("external_operation" if external else "local_worker"),
+                noun=declaration.noun or f"{name} call",
+                mechanism=mechanism or ("http" if declaration.http else "manual"),
+                handle=call_id,
+                label=name,
+                idempotency_key=key,
+                detail=detail,
+            )
         except StopRequested:
             self.stop_seen()
             return stopped_result
-        flight = _InFlight(item.id, name, declaration, external)
+        flight = _InFlight(item_id, name, declaration, external)
         self._in_flight[call_id] = flight
         try:
             result = await body()
@@ -251,9 +251,9 @@ class StopdeskRun:
             reason = f"{type(exc).__name__}: {exc}"[:200]
             if external:
                 # A call that raised may still have landed on the other side.
-                self._later(self._call("mark_uncertain", item.id, detail=f"outcome unknown after {reason}"), name)
+                self._later(self._call("mark_uncertain", item_id, detail=f"outcome unknown after {reason}"), name)
             else:
-                self._later(self._call("finish", item.id, status="failed", detail=reason), name)
+                self._later(self._call("finish", item_id, status="failed", detail=reason), name)
             raise
         self._in_flight.pop(call_id, None)
         failure = self._failed.pop(call_id, None)
@@ -261,16 +261,30 @@ class StopdeskRun:
             # The framework turned the tool's exception into text for the model; the ledger keeps it failed.
             status = "uncertain" if external else "failed"
             if status == "uncertain":
-                self._later(self._call("mark_uncertain", item.id, detail=f"outcome unknown after {failure}"), name)
+                self._later(self._call("mark_uncertain", item_id, detail=f"outcome unknown after {failure}"), name)
             else:
-                self._later(self._call("finish", item.id, status="failed", detail=failure), name)
+                self._later(self._call("finish", item_id, status="failed", detail=failure), name)
             return result
-        self._later(self._call("finish", item.id, status="completed", detail=_clip_text(result)), name)
+        self._later(self._call("finish", item_id, status="completed", detail=_clip_text(result)), name)
         return result
 
     def note_failure(self, call_id: str, error: BaseException, *, answer: Any = None) -> None:
         """The framework caught the tool's exception and answered the model with `answer`."""
         self._failed[call_id] = f"{type(error).__name__}: {error}"[:200]
+
+    async def _register_started(self, *, submit_key: str, **register: Any) -> int:
+        """Register and pass the boundary: one round trip where the runtime offers it."""
+        if hasattr(self.runtime, "register_started"):
+            item_id: int = await self._call(
+                "register_started", self.task_id, submit_key=submit_key, worker=self.worker, **register
+            )
+            return item_id
+        item = await self._call("register", self.task_id, **register)
+        if submit_key:
+            await self._call("submit", item.id, idempotency_key=submit_key, worker=self.worker)
+        else:
+            await self._call("start", item.id, worker=self.worker)
+        return int(item.id)
 
     async def _settle_interrupted(self, flight: _InFlight, why: str) -> None:
         try:
@@ -313,11 +327,10 @@ class StopdeskRun:
 
     async def _model_begin(self, label: str, started: asyncio.Future[int | None]) -> None:
         try:
-            item = await self._call(
-                "register", self.task_id, kind="model_request", noun="draft", label=label, mechanism="manual"
+            item_id = await self._register_started(
+                submit_key="", kind="model_request", noun="draft", label=label, mechanism="manual"
             )
-            await self._call("start", item.id, worker=self.worker)
-            started.set_result(item.id)
+            started.set_result(item_id)
         except StopRequested:
             started.set_result(None)  # the boundary cancelled it: a draft never started
         except BaseException as exc:
@@ -337,13 +350,14 @@ class StopdeskRun:
 
     # --- plumbing -----------------------------------------------------------------------------
 
-    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    async def _call(self, method: str, *args: Any, lane: str = "writes", **kwargs: Any) -> Any:
         fn = getattr(self.runtime, method)
         if inspect.iscoroutinefunction(fn):
             return await fn(*args, **kwargs)
-        if self._thread is None:
-            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stopdesk-run")
-        return await asyncio.get_running_loop().run_in_executor(self._thread, lambda: fn(*args, **kwargs))
+        pool = self._threads.get(lane)
+        if pool is None:
+            pool = self._threads[lane] = ThreadPoolExecutor(LANE_THREADS[lane], thread_name_prefix=f"stopdesk-{lane}")
+        return await asyncio.get_running_loop().run_in_executor(pool, lambda: fn(*args, **kwargs))
 
     def _later(self, work: Awaitable[Any], name: str) -> None:
         task = asyncio.ensure_future(work)
@@ -357,11 +371,24 @@ class StopdeskRun:
             log.error("stopdesk write %s failed: %r", task.get_name(), task.exception())
 
 
-def _close_db_connections() -> None:
+LANE_THREADS = {"writes": 4, "watch": 1}
+
+
+def _close_db_connections(barrier: threading.Barrier) -> None:
     if "django.db" in sys.modules:
         from django.db import connections
 
         connections.close_all()
+    # Every thread of the pool waits here, so each one takes exactly one of these jobs.
+    barrier.wait(timeout=5)
+
+
+async def _close_pool_connections(pool: ThreadPoolExecutor, threads: int) -> None:
+    barrier = threading.Barrier(threads)
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(threading.BrokenBarrierError):
+        await asyncio.gather(*(loop.run_in_executor(pool, _close_db_connections, barrier) for _ in range(threads)))
+    pool.shutdown(wait=False)
 
 
 def current_run() -> StopdeskRun:
