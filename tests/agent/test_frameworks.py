@@ -86,20 +86,63 @@ def test_a_full_run_records_every_tool_call_and_model_request(framework, model, 
 def test_stop_before_a_tool_call_means_its_body_never_runs(framework, model, runtime):
     party, url = model
     name = party.load_script(
-        Script.build("stop-first", [Turn(tool_calls=(ToolCall("lookup", {"q": "Acme"}),)), Turn(text="done")])
+        Script.build(
+            "stop-first",
+            [Turn(tool_calls=(ToolCall("lookup", {"q": "Acme"}),), delay_s=0.5), Turn(text="done")],
+        )
     )
     task = runtime.create_task("Look Acme up")
-    runtime.request_stop(task.id, reason="changed my mind")
     tools = Tools()
+    asked = threading.Event()
+
+    def model_is_thinking() -> bool:
+        drafts = WorkItem.objects.filter(task_id=task.id, kind="model_request", state=S.RUNNING)
+        return bool(party.model_log()) and drafts.exists()
+
+    watcher = threading.Thread(target=lambda: _set_when(asked, model_is_thinking))
+    watcher.start()
+    operator = stop_when(asked, runtime, task.id)  # Stop while the model is thinking about the tool call
 
     # The push never arrives here (watch=never): only the boundary stands between Stop and the tool.
     with pytest.raises(RunStopped):
         run(framework, runtime, task.id, url, name, tools, watch=never)
+    operator.join(5)
+    watcher.join(5)
 
     assert tools.calls["lookup"] == 0
     (tool,) = tools_of(task.id)
     assert (tool.label, tool.state, tool.handle) == ("lookup", S.CANCELLED, "call_0_0")
     assert len(party.model_log()) == 1  # the model never got a second turn
+
+
+def test_a_model_answer_that_arrives_after_stop_is_discarded_and_no_tool_is_called(framework, model, runtime):
+    party, url = model
+    name = party.load_script(
+        Script.build("stopped-before", [Turn(tool_calls=(ToolCall("lookup", {"q": "Acme"}),)), Turn(text="done")])
+    )
+    task = runtime.create_task("Look Acme up")
+    runtime.request_stop(task.id, reason="changed my mind")
+    tools = Tools()
+
+    with pytest.raises(RunStopped):
+        run(framework, runtime, task.id, url, name, tools, watch=never)
+
+    assert tools.calls["lookup"] == 0 and tools_of(task.id) == []
+    (draft,) = items(task.id)
+    assert (draft.kind, draft.state) == ("model_request", S.CANCELLED)
+    assert task_summary(Task.objects.get(pk=task.id)) == "Stopped new work. One draft discarded."
+
+
+def _set_when(event: threading.Event, condition: Any, within_s: float = 10.0) -> None:
+    from django.db import connections
+
+    try:
+        deadline = time.monotonic() + within_s
+        while not condition() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        event.set()
+    finally:
+        connections.close_all()
 
 
 def test_stop_during_a_slow_tool_cancels_it_and_its_cleanup_runs(framework, model, runtime):

@@ -75,7 +75,7 @@ class StopdeskRun:
         self._on_stop: list[Callable[[], Any]] = []
         self._in_flight: dict[str, _InFlight] = {}
         self._failed: dict[str, str] = {}
-        self._writes: set[asyncio.Task[Any]] = set()
+        self._writes: set[asyncio.Future[Any]] = set()
         self._watcher: asyncio.Task[None] | None = None
         self._token: contextvars.Token[StopdeskRun | None] | None = None
         self.model_requests = 0
@@ -127,18 +127,22 @@ class StopdeskRun:
             if not self.stopped.is_set():
                 task.cancel()
                 raise
-        except stopped_errors:
+        except (StopRequested, *stopped_errors):
             if not self.stopped.is_set():
                 raise
         await self._bounded(task)
         raise RunStopped(f"Task {self.task_id} was stopped.")
 
     async def flush(self) -> None:
-        """Wait (bounded) for the ledger writes made off the caller's path."""
-        if self._writes:
-            _done, pending = await asyncio.wait(set(self._writes), timeout=self.cleanup_s)
-            for task in pending:
-                log.warning("stopdesk write still pending after %.1fs: %s", self.cleanup_s, task.get_name())
+        """Wait (bounded) for the ledger writes made off the caller's path, including any that
+        those writes queue in turn."""
+        deadline = asyncio.get_running_loop().time() + self.cleanup_s
+        while self._writes:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                log.warning("%d stopdesk writes still pending after %.1fs", len(self._writes), self.cleanup_s)
+                return
+            await asyncio.wait(set(self._writes), timeout=left)
 
     async def _watch_then_stop(self) -> None:
         try:
@@ -243,8 +247,11 @@ class StopdeskRun:
             result = await body()
         except asyncio.CancelledError:
             if self._in_flight.pop(call_id, None) is not None:
-                # Shielded: the cancellation that interrupted the body must not also lose its record.
-                await _shielded(self._settle_interrupted(flight, "interrupted by Stop"), self.cleanup_s)
+                # Shielded, and tracked: the cancellation that interrupted the body must not also lose
+                # its record, and a framework that does not wait for its cancelled tool tasks still
+                # has the run wait for the write (flush) before it ends.
+                settle = self._later(self._settle_interrupted(flight, "interrupted by Stop"), name)
+                await _shielded(settle, self.cleanup_s)
             raise
         except Exception as exc:
             self._in_flight.pop(call_id, None)
@@ -303,7 +310,11 @@ class StopdeskRun:
 
     @contextlib.asynccontextmanager
     async def model_request(self, label: str = "") -> AsyncIterator[None]:
-        """Around one model request: a draft item. Refused (StopRequested) after Stop."""
+        """Around one model request: a draft item. Refused (StopRequested) after Stop.
+
+        The item is recorded while the request is out (off the caller's path) and awaited before the
+        answer is handed to the framework: if the boundary refused it, Stop came first and the
+        answer is discarded, so the ledger's "discarded" and what the agent did agree."""
         if self.stopped.is_set():
             raise StopRequested(f"Task {self.task_id} was stopped.", task=self.task_id)
         self.model_requests += 1
@@ -313,6 +324,9 @@ class StopdeskRun:
         outcome: tuple[str, str] = ("completed", "")
         try:
             yield
+            if await asyncio.shield(started) == REFUSED:
+                self.stop_seen()
+                raise StopRequested(f"Task {self.task_id} was stopped; the answer is discarded.", task=self.task_id)
         except asyncio.CancelledError:
             outcome = ("cancelled", "discarded by Stop")
             raise
@@ -332,7 +346,7 @@ class StopdeskRun:
             )
             started.set_result(item_id)
         except StopRequested:
-            started.set_result(None)  # the boundary cancelled it: a draft never started
+            started.set_result(REFUSED)  # the boundary cancelled it: a draft never started
         except BaseException as exc:
             started.set_result(None)
             if not isinstance(exc, Exception):
@@ -341,7 +355,7 @@ class StopdeskRun:
 
     async def _model_end(self, started: asyncio.Future[int | None], status: str, detail: str) -> None:
         item_id = await started
-        if item_id is None:
+        if item_id is None or item_id == REFUSED:
             return
         if status == "cancelled":
             await self._call("cancel", item_id, detail=detail)
@@ -359,18 +373,21 @@ class StopdeskRun:
             pool = self._threads[lane] = ThreadPoolExecutor(LANE_THREADS[lane], thread_name_prefix=f"stopdesk-{lane}")
         return await asyncio.get_running_loop().run_in_executor(pool, lambda: fn(*args, **kwargs))
 
-    def _later(self, work: Awaitable[Any], name: str) -> None:
+    def _later(self, work: Awaitable[Any], name: str) -> asyncio.Future[Any]:
         task = asyncio.ensure_future(work)
-        task.set_name(f"stopdesk:{name}")
-        self._writes.add(task)
+        if isinstance(task, asyncio.Task):
+            task.set_name(f"stopdesk:{name}")
+        self._writes.add(task)  # type: ignore[arg-type]
         task.add_done_callback(self._written)
+        return task
 
-    def _written(self, task: asyncio.Task[Any]) -> None:
+    def _written(self, task: asyncio.Future[Any]) -> None:
         self._writes.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.error("stopdesk write %s failed: %r", task.get_name(), task.exception())
+            log.error("stopdesk write failed: %r", task.exception())
 
 
+REFUSED = -1  # a model request's item that the boundary refused
 LANE_THREADS = {"writes": 4, "watch": 1}
 
 

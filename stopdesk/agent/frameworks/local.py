@@ -12,7 +12,6 @@ from typing import Any
 
 from stopdesk.agent.runtime import LocalRuntime
 from stopdesk.client.errors import StopRequested
-from stopdesk.models import Task
 from stopdesk.services.boundary import item_register_started
 from stopdesk.services.errors import TaskStopped
 
