@@ -73,7 +73,13 @@ class Tools:
             await asyncio.sleep(0.3)
             return f"waited {n}"
 
-        return [lookup, slow_report, create_lead, wait_a_bit]
+        @declare(read_only=True, noun="check")
+        async def broken_check(q: str) -> str:
+            """A check that always fails."""
+            tools.calls["broken_check"] += 1
+            raise ValueError(f"no data for {q}")
+
+        return [lookup, slow_report, create_lead, wait_a_bit, broken_check]
 
 
 Runner = Callable[..., Awaitable[Any]]

@@ -83,6 +83,28 @@ def test_a_full_run_records_every_tool_call_and_model_request(framework, model, 
     assert tool.detail["tool"]["arguments"] == {"q": "Acme"}
 
 
+def test_a_tool_that_raises_is_recorded_failed(framework, model, runtime):
+    party, url = model
+    name = party.load_script(
+        Script.build("broken", [Turn(tool_calls=(ToolCall("broken_check", {"q": "Acme"}),)), Turn(text="gave up")])
+    )
+    task = runtime.create_task("Check Acme")
+    tools = Tools()
+
+    if framework in ("langgraph", "pydantic-ai"):
+        # LangGraph's tool node (handle_tool_errors covers invalid arguments only) and pydantic-ai
+        # (only ModelRetry goes back to the model) re-raise a tool's own exception: the run fails,
+        # with or without stopdesk. The Agents SDK answers the model with the error instead.
+        with pytest.raises(ValueError, match="no data for Acme"):
+            run(framework, runtime, task.id, url, name, tools)
+    else:
+        assert run(framework, runtime, task.id, url, name, tools) == "gave up"
+        assert [e["turn"] for e in party.model_log()] == [0, 1]  # the model was asked again, with the error
+
+    (tool,) = tools_of(task.id)
+    assert (tool.state, tool.outcome) == (S.FAILED, "ValueError: no data for Acme")
+
+
 def test_stop_before_a_tool_call_means_its_body_never_runs(framework, model, runtime):
     party, url = model
     name = party.load_script(

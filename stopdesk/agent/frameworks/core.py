@@ -127,7 +127,7 @@ class StopdeskRun:
             if not self.stopped.is_set():
                 task.cancel()
                 raise
-        except (StopRequested, *stopped_errors):
+        except (StopRequested, *stopped_errors):  # type: ignore[misc]  # a tuple of exception classes
             if not self.stopped.is_set():
                 raise
         await self._bounded(task)

@@ -99,8 +99,11 @@ async def run_agent(
     *,
     cleanup_s: float = 5.0,
     watch: Any = None,
+    poll_s: float = 0.2,
     **invoke_kwargs: Any,
 ) -> Any:
     """`graph.ainvoke(input)` under `task_id`; Stop cancels the graph's task (RunStopped)."""
-    async with StopdeskRun(runtime, task_id, framework=FRAMEWORK, cleanup_s=cleanup_s, watch=watch) as run:
+    async with StopdeskRun(
+        runtime, task_id, framework=FRAMEWORK, cleanup_s=cleanup_s, watch=watch, poll_s=poll_s
+    ) as run:
         return await run.run(graph.ainvoke(input, **invoke_kwargs))

@@ -11,17 +11,18 @@
 
 Hook points (read in the installed SDK): a `FunctionTool`'s `on_invoke_tool(ToolContext, json)`
 runs the body after the SDK's own guardrails and approvals, and `ToolContext.tool_call_id` is the
-model's call id, so the wrapper puts the boundary right before the body; the tool's failure
-formatter receives the exception (the SDK otherwise turns it into text for the model), so a failed
-call is recorded failed. Model requests go through a `Model` wrapper (`get_response` /
-`stream_response`), which also sees hosted `mcp_call` items the provider ran and records them as
-remote tools. Stop cancels the asyncio task of `Runner.run`, or calls
-`RunResultStreaming.cancel(mode="immediate")` for a streamed run.
+model's call id, so the wrapper puts the boundary right before the body. A tool's exception reaches
+the wrapper (the body runs from a copy whose failure policy is "raise"), so a failed call is
+recorded failed, and the tool's own formatter then answers the model. Model requests go through a
+`Model` wrapper (`get_response` / `stream_response`), which also sees hosted `mcp_call` items the
+provider ran and records them as remote tools. Stop cancels the asyncio task of `Runner.run`, or
+calls `RunResultStreaming.cancel(mode="immediate")` for a streamed run.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -41,36 +42,33 @@ FRAMEWORK = "openai-agents"
 def guard_tool(tool: FunctionTool, declaration: ToolDeclaration | None = None) -> FunctionTool:
     """The same tool, with the ledger and the boundary around its body (a copy; `tool` is unchanged)."""
     declared = declaration or declaration_of(tool)
-    original = tool.on_invoke_tool
     formatter = resolve_function_tool_failure_error_function(tool)
-    failures: dict[str, BaseException] = {}
+    # The body runs from a copy whose failure policy is "raise", so the ledger sees the exception
+    # (the SDK's invoker binds the policy to the tool it was made for); the tool's own formatter
+    # then answers the model, as it would have without stopdesk.
+    inner = dataclasses.replace(tool)
+    set_function_tool_failure_error_function(inner, None)
+    original = inner.on_invoke_tool
 
     async def invoke(ctx: Any, payload: str) -> Any:
         run = CURRENT.get()
         if run is None:
-            return await original(ctx, payload)
-
-        async def body() -> Any:
-            result = await original(ctx, payload)
-            error = failures.pop(ctx.tool_call_id, None)
-            if error is not None:
-                run.note_failure(ctx.tool_call_id, error, answer=result)
-            return result
-
-        return await run.tool_call(
-            call_id=ctx.tool_call_id,
-            name=tool.name,
-            arguments=_arguments(payload),
-            body=body,
-            declaration=declared,
-        )
-
-    def on_failure(ctx: Any, error: Exception) -> Any:
-        failures[getattr(ctx, "tool_call_id", "")] = error
-        return formatter(ctx, error) if formatter is not None else f"An error occurred while running the tool: {error}"
+            return await tool.on_invoke_tool(ctx, payload)
+        try:
+            return await run.tool_call(
+                call_id=ctx.tool_call_id,
+                name=tool.name,
+                arguments=_arguments(payload),
+                body=lambda: original(ctx, payload),
+                declaration=declared,
+            )
+        except Exception as exc:
+            if formatter is None:
+                raise
+            answer = formatter(ctx, exc)
+            return await answer if inspect.isawaitable(answer) else answer
 
     guarded = dataclasses.replace(tool, on_invoke_tool=invoke)
-    set_function_tool_failure_error_function(guarded, on_failure)
     setattr(guarded, "__stopdesk_tool__", declared)  # noqa: B010 - the attribute name is shared with declare()
     return guarded
 
@@ -148,11 +146,14 @@ async def run_agent(
     on_event: Callable[[Any], Any] | None = None,
     cleanup_s: float = 5.0,
     watch: Any = None,
+    poll_s: float = 0.2,
     **runner_kwargs: Any,
 ) -> RunResult | RunResultStreaming:
     """Run `agent` under `task_id`: the ledger sees every call, and Stop ends the run (RunStopped)."""
     agent = instrument(agent)
-    async with StopdeskRun(runtime, task_id, framework=FRAMEWORK, cleanup_s=cleanup_s, watch=watch) as run:
+    async with StopdeskRun(
+        runtime, task_id, framework=FRAMEWORK, cleanup_s=cleanup_s, watch=watch, poll_s=poll_s
+    ) as run:
         if not streamed:
             return await run.run(Runner.run(agent, input, **runner_kwargs))
         result = Runner.run_streamed(agent, input, **runner_kwargs)

@@ -73,13 +73,16 @@ async def run_agent(
     declarations: dict[str, ToolDeclaration] | None = None,
     cleanup_s: float = 5.0,
     watch: Any = None,
+    poll_s: float = 0.2,
     **run_kwargs: Any,
 ) -> Any:
     """`agent.run(prompt)` under `task_id`; Stop fires the run's CancellationToken (RunStopped)."""
     capability = StopdeskCapability.for_tools(tools)
     capability.declarations.update(declarations or {})
     token = CancellationToken()
-    async with StopdeskRun(runtime, task_id, framework=FRAMEWORK, cleanup_s=cleanup_s, watch=watch) as run:
+    async with StopdeskRun(
+        runtime, task_id, framework=FRAMEWORK, cleanup_s=cleanup_s, watch=watch, poll_s=poll_s
+    ) as run:
         work = agent.run(
             prompt,
             cancellation_token=token,
