@@ -72,3 +72,12 @@ def test_the_example_stops_when_stop_is_pressed(example, live_server, model):
         lines[-1]
         == "Stopped new work. One report stopped before it finished. Two drafts completed. Two lookups completed."
     )
+
+
+def test_the_readme_shows_the_openai_agents_example_as_it_is():
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    match = re.search(r"<!-- readme-example: openai_agents_agent.py -->\s*```python\n(.*?)```", text, re.S)
+    assert match, "the README lost its framework example"
+    assert match.group(1) == (ROOT / "docs" / "examples" / "openai_agents_agent.py").read_text()
