@@ -81,7 +81,8 @@ class FrameworkDriver(Driver):
             """Create a lead in the CRM."""
             async with httpx.AsyncClient(timeout=timeout) as http:
                 answer = await http.post(base + "/records", json={"name": name}, headers={"Idempotency-Key": key})
-                answer.raise_for_status()
+            if answer.is_error:
+                raise RuntimeError(f"the CRM answered {answer.status_code}")
             return f"created {answer.json()['id']}"
 
         child = Child(0, lambda: None, key=key)

@@ -258,7 +258,9 @@ class StopdeskRun:
             reason = f"{type(exc).__name__}: {exc}"[:200]
             if external:
                 # A call that raised may still have landed on the other side.
-                self._later(self._call("mark_uncertain", item_id, detail=f"outcome unknown after {reason}"), name)
+                self._later(
+                    self._call("mark_uncertain", item_id, detail=_clip_text(f"outcome unknown after {reason}")), name
+                )
             else:
                 self._later(self._call("finish", item_id, status="failed", detail=reason), name)
             raise
@@ -268,7 +270,9 @@ class StopdeskRun:
             # The framework turned the tool's exception into text for the model; the ledger keeps it failed.
             status = "uncertain" if external else "failed"
             if status == "uncertain":
-                self._later(self._call("mark_uncertain", item_id, detail=f"outcome unknown after {failure}"), name)
+                self._later(
+                    self._call("mark_uncertain", item_id, detail=_clip_text(f"outcome unknown after {failure}")), name
+                )
             else:
                 self._later(self._call("finish", item_id, status="failed", detail=failure), name)
             return result
@@ -299,10 +303,11 @@ class StopdeskRun:
                 # The stop service asked the http mechanism to look the key up; it decides.
                 return
             if flight.declaration.read_only:
-                await self._call("cancel", flight.item_id, detail=f"{flight.name}: {why}")
+                await self._call("cancel", flight.item_id, detail=_clip_text(f"{flight.name}: {why}"))
             else:
                 undeclared = "" if flight.declaration.effect != "unknown" else " (undeclared: possibly destructive)"
-                await self._call("mark_uncertain", flight.item_id, detail=f"{flight.name}: {why}{undeclared}")
+                detail = _clip_text(f"{flight.name}: {why}{undeclared}")
+                await self._call("mark_uncertain", flight.item_id, detail=detail)
         except Exception:
             log.exception("could not record the interrupted %s call (item %s)", flight.name, flight.item_id)
 
