@@ -20,8 +20,8 @@ from reconcile.mechanisms.mcp import connect, describe
 from reconcile.mechanisms.registry import mechanism_settings
 from reconcile.services.handles import item_record_detail, item_record_handle
 from stopdesk.agent.aio import in_thread
-from stopdesk.services.boundary import item_start, item_submit
-from stopdesk.services.items import item_finish, item_heartbeat, item_transition
+from stopdesk.services.items import item_finish, item_heartbeat
+from stopdesk.services.transitions import item_start, item_submit, item_transition
 from stopdesk.states import ItemState
 
 
