@@ -15,7 +15,8 @@ from typing import Any
 from django.db import transaction
 
 from stopdesk.models import WorkItem
-from stopdesk.services.items import item_register, item_transition
+from stopdesk.services.items import item_register
+from stopdesk.services.transitions import item_transition
 from stopdesk.states import ItemState, Kind
 
 S = ItemState

@@ -13,10 +13,10 @@ from django.utils.module_loading import import_string
 
 from reconcile.mechanisms import registry
 from stopdesk.models import ExternalRecord, Task, WorkItem
-from stopdesk.services.errors import RecordConflict, UnknownMechanism
+from stopdesk.services.errors import RecordConflict, TaskStopped, UnknownMechanism
 from stopdesk.services.events import event_record
 from stopdesk.services.sql import ClockNow
-from stopdesk.services.transitions import item_late_result, item_transition
+from stopdesk.services.transitions import item_late_result, item_start, item_submit, item_transition
 from stopdesk.states import TERMINAL, UNSTARTED, ItemState, Kind
 
 S = ItemState
@@ -90,6 +90,41 @@ def item_register(
                 kind="boundary_refused",
             )
     return item
+
+
+def item_register_started(
+    *,
+    task_id: int,
+    actor: str,
+    worker: str = "",
+    lease_seconds: int | None = None,
+    submit_key: str = "",
+    **register: Any,
+) -> int:
+    """Register a child and pass the boundary (start, or submit with `submit_key`) in one
+    transaction, so one commit: for work that starts the moment it is known (a framework's tool call
+    or model request). Returns the item id; raises TaskStopped after Stop, with the item recorded
+    and cancelled, so the ledger still has every call."""
+    with transaction.atomic():
+        item = item_register(task=task_id, actor=actor, **register)
+        stopped = item.state == S.CANCELLED  # registered after Stop
+        if not stopped:
+            try:
+                if submit_key:
+                    item_submit(
+                        item_id=item.pk,
+                        idempotency_key=submit_key,
+                        actor=actor,
+                        worker=worker,
+                        lease_seconds=lease_seconds,
+                    )
+                else:
+                    item_start(item_id=item.pk, actor=actor, worker=worker, lease_seconds=lease_seconds)
+            except TaskStopped:
+                stopped = True  # the boundary cancelled it; that write commits with the registration
+    if stopped:
+        raise TaskStopped(task_id, item.pk)
+    return item.pk
 
 
 def _readiness_check(*, mechanism: str, kind: str, detail: dict[str, Any] | None) -> None:

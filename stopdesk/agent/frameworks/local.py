@@ -12,8 +12,9 @@ from typing import Any
 
 from stopdesk.agent.runtime import LocalRuntime
 from stopdesk.client.errors import StopRequested
-from stopdesk.services.boundary import item_register_started
 from stopdesk.services.errors import TaskStopped
+from stopdesk.services.items import item_register_started
+from stopdesk.states import ItemState
 
 
 class FrameworkRuntime(LocalRuntime):
@@ -30,7 +31,7 @@ class FrameworkRuntime(LocalRuntime):
                 **register,
             )
         except TaskStopped as exc:
-            raise StopRequested(str(exc), task=task_id, item=exc.item_id, state="cancelled") from exc
+            raise StopRequested(str(exc), task=task_id, item=exc.item_id, state=ItemState.CANCELLED) from exc
 
     def task_stopped(self, task_id: int) -> bool:
         return self._tasks().filter(pk=task_id, stop_requested_at__isnull=False).exists()

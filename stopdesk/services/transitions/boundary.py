@@ -22,7 +22,6 @@ from django.utils import timezone
 from stopdesk.models import Task, WorkItem
 from stopdesk.services.errors import IllegalTransition, TaskStopped
 from stopdesk.services.events import event_record
-from stopdesk.services.items import item_register
 from stopdesk.services.sql import is_postgres
 from stopdesk.states import ItemState
 
@@ -82,39 +81,6 @@ def item_submit(
     if not idempotency_key:
         raise ValueError("An external action needs an idempotency key, so its result can be looked up.")
     _pass(item_id=item_id, actor=actor, worker=worker, lease_seconds=lease_seconds, submit=True, key=idempotency_key)
-
-
-def item_register_started(
-    *,
-    task_id: int,
-    actor: str,
-    worker: str = "",
-    lease_seconds: int | None = None,
-    submit_key: str = "",
-    **register: Any,
-) -> int:
-    """Register a child and pass the boundary (start, or submit with `submit_key`) in one
-    transaction, so one commit: for work that starts the moment it is known (a framework's tool call
-    or model request). Returns the item id; raises TaskStopped after Stop, with the item recorded
-    and cancelled, so the ledger still has every call."""
-    with transaction.atomic():
-        item = item_register(task=task_id, actor=actor, **register)
-        stopped = item.state == S.CANCELLED  # registered after Stop
-        if not stopped:
-            try:
-                _pass(
-                    item_id=item.pk,
-                    actor=actor,
-                    worker=worker,
-                    lease_seconds=lease_seconds,
-                    submit=bool(submit_key),
-                    key=submit_key,
-                )
-            except TaskStopped:
-                stopped = True  # the statement cancelled it; that write commits with the registration
-    if stopped:
-        raise TaskStopped(task_id, item.pk)
-    return item.pk
 
 
 def _pass(*, item_id: int, actor: str, worker: str, lease_seconds: int | None, submit: bool, key: str) -> None:
