@@ -81,6 +81,13 @@ def test_a_full_run_records_every_tool_call_and_model_request(framework, model, 
     assert tool.handle == "call_0_0"
     assert tool.detail["tool"]["effect"] == "read_only"
     assert tool.detail["tool"]["arguments"] == {"q": "Acme"}
+    hosted = [i for i in rows if i.kind == "remote_tool"]
+    if framework == "openai-agents":
+        # The Responses answer carried an mcp_call the provider ran: recorded with its status.
+        (call,) = hosted
+        assert (call.label, call.state, call.handle) == ("docs.search", S.COMPLETED, "mcp_0_0")
+    else:
+        assert hosted == []  # Chat Completions has no hosted tools
 
 
 def test_a_tool_that_raises_is_recorded_failed(framework, model, runtime):

@@ -39,7 +39,13 @@ from stopdesk.agent.frameworks.hosted import record_hosted_calls
 FRAMEWORK = "openai-agents"
 
 
-def guard_tool(tool: FunctionTool, declaration: ToolDeclaration | None = None) -> FunctionTool:
+def guard_tool(
+    tool: FunctionTool,
+    declaration: ToolDeclaration | None = None,
+    *,
+    kind: str = "",
+    extra: dict[str, Any] | None = None,
+) -> FunctionTool:
     """The same tool, with the ledger and the boundary around its body (a copy; `tool` is unchanged)."""
     declared = declaration or declaration_of(tool)
     formatter = resolve_function_tool_failure_error_function(tool)
@@ -61,6 +67,8 @@ def guard_tool(tool: FunctionTool, declaration: ToolDeclaration | None = None) -
                 arguments=_arguments(payload),
                 body=lambda: original(ctx, payload),
                 declaration=declared,
+                kind=kind,
+                extra=extra,
             )
         except Exception as exc:
             if formatter is None:
@@ -85,6 +93,31 @@ def stopdesk_tool(fn: Callable[..., Any] | None = None, /, **options: Any) -> An
         return guard_tool(function_tool(target, **options), declaration_of(target))
 
     return build(fn) if fn is not None else build
+
+
+def guard_mcp_tool(tool: FunctionTool) -> FunctionTool:
+    """A tool the SDK made from an MCP server's tool list: recorded as a remote tool with the
+    server's annotations; read-only only when the server says `readOnlyHint`, otherwise possibly
+    destructive (the spec's default)."""
+    server, name, _ = tool._mcp_tool_binding or ("", tool.name, None)
+    hints = getattr(tool, "_mcp_annotations", None)
+    read_only = bool(getattr(hints, "read_only_hint", None) or getattr(hints, "readOnlyHint", None))
+    annotations = hints.model_dump(by_alias=True, exclude_none=True) if hints is not None else {}
+    declaration = ToolDeclaration(effect="read_only" if read_only else "unknown", noun=f"{name} call")
+    extra = {"mcp": {"server": server, "tool": name, "annotations": annotations}}
+    return guard_tool(tool, declaration, kind="remote_tool", extra=extra)
+
+
+class StopdeskAgent(Agent[Any]):
+    """An Agent whose MCP servers' tools are guarded too: the SDK lists them on every turn."""
+
+    async def get_mcp_tools(self, run_context: Any) -> list[Any]:
+        tools = await super().get_mcp_tools(run_context)
+        return [guard_mcp_tool(t) if isinstance(t, FunctionTool) and not _guarded(t) else t for t in tools]
+
+
+def _guarded(tool: FunctionTool) -> bool:
+    return getattr(tool.on_invoke_tool, "__name__", "") == "invoke"
 
 
 class StopdeskModel(Model):
@@ -127,13 +160,14 @@ def instrument(agent: Agent[Any], declarations: dict[str, ToolDeclaration] | Non
     declarations = declarations or {}
     tools = []
     for tool in agent.tools:
-        if isinstance(tool, FunctionTool) and tool.on_invoke_tool.__name__ != "invoke":
+        if isinstance(tool, FunctionTool) and not _guarded(tool):
             tool = guard_tool(tool, declarations.get(tool.name))
         tools.append(tool)
     if not isinstance(agent.model, Model):
         raise TypeError("give the agent a Model instance (e.g. OpenAIResponsesModel(...)) so its requests are recorded")
     model = agent.model if isinstance(agent.model, StopdeskModel) else StopdeskModel(agent.model)
-    return agent.clone(tools=tools, model=model)
+    fields = {f.name: getattr(agent, f.name) for f in dataclasses.fields(agent) if f.init}
+    return StopdeskAgent(**{**fields, "tools": tools, "model": model})
 
 
 async def run_agent(
