@@ -4,7 +4,8 @@ The child is a real framework agent run against the sandbox's scripted model: th
 one tool call, `create_lead`, declared as an external action on the CRM (idempotency key, status
 lookup), which the framework integration registers, passes through the boundary and records.
 The drill's "child" is that tool call's item once the framework has registered it; when Stop came
-before the model's answer, no tool call exists and the child is the discarded draft.
+before the model's answer, no tool call exists and the child is the discarded draft (or, when Stop
+reached the run before it asked the model anything, the run itself, recorded never started).
 
     python manage.py stopdrill --mechanism openai-agents --mechanism pydantic-ai --mechanism langgraph
 """
@@ -19,10 +20,12 @@ import httpx
 
 from reconcile.drills.agent import crm_declaration
 from reconcile.drills.core import Child, DrillContext, wait_until
-from reconcile.drills.drivers import REVIEW, Driver, _arrived, _sandbox, _task, register_driver, wait_done
+from reconcile.drills.drivers import AGENT, REVIEW, Driver, _arrived, _sandbox, _task, register_driver, wait_done
 from reconcile.sandbox import crm as crm_faults
 from reconcile.sandbox.scripted_model import Script, ToolCall, Turn
 from stopdesk.models import WorkItem
+from stopdesk.services.items import item_register
+from stopdesk.states import Kind
 
 SCRIPT = Script.build("drill-lead", [Turn(tool_calls=(ToolCall("create_lead", {"name": "Acme"}),)), Turn(text="done")])
 
@@ -123,6 +126,11 @@ class FrameworkDriver(Driver):
         item = WorkItem.objects.filter(task=_task(ctx), idempotency_key=child.key).first()
         if item is None and fallback:
             item = WorkItem.objects.filter(task=_task(ctx)).order_by("id").first()
+        if item is None and fallback:
+            # Stop reached the run before it asked the model anything (the framework's task was
+            # cancelled first): nothing was dispatched. The drill records the run itself, which the
+            # ledger settles as never started, so there is an item to judge.
+            item = item_register(task=_task(ctx), kind=Kind.LOCAL_WORKER, noun="agent run", actor=AGENT)
         if item is not None:
             child.item_id = item.pk
 

@@ -241,7 +241,7 @@ def _store(run: DrillRun, report: Report) -> None:
                 passed=bool(o.passed),
                 items=o.items,
                 task_id=o.task_id,
-                related_item_id=o.item_id,
+                related_item_id=o.item_id or None,
             )
             for o in report.ran
         ]

@@ -320,10 +320,16 @@ class StopdeskRun:
         The item is recorded while the request is out (off the caller's path) and awaited before the
         answer is handed to the framework: if the boundary refused it, Stop came first and the
         answer is discarded, so the ledger's "discarded" and what the agent did agree."""
-        if self.stopped.is_set():
-            raise StopRequested(f"Task {self.task_id} was stopped.", task=self.task_id)
         self.model_requests += 1
         label = label or f"model request {self.model_requests}"
+        if self.stopped.is_set():
+            # Never sent; still recorded (cancelled by the boundary), so every request the framework
+            # made is in the ledger.
+            with contextlib.suppress(StopRequested):
+                await self._register_started(
+                    submit_key="", kind="model_request", noun="draft", label=label, mechanism="manual"
+                )
+            raise StopRequested(f"Task {self.task_id} was stopped.", task=self.task_id)
         started = asyncio.get_running_loop().create_future()
         self._later(self._model_begin(label, started), label)
         outcome: tuple[str, str] = ("completed", "")
