@@ -14,6 +14,8 @@ Bound to a `Runtime`, it sees and changes only that runtime's tasks (another's t
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
@@ -24,7 +26,7 @@ from pydantic import BaseModel
 
 from stopdesk.agent import schemas
 from stopdesk.client.action import ExternalAction
-from stopdesk.client.errors import Conflict, InvalidRequest, NotFound, StopRequested
+from stopdesk.client.errors import Conflict, IdempotencyKeyReused, InvalidRequest, NotFound, StopRequested
 from stopdesk.client.types import HeartbeatInfo, ItemInfo, RecordInfo, StopInfo, TaskDetail, TaskInfo
 from stopdesk.models import ApiIdempotency, ExternalRecord, Runtime, StopRequest, Task, WorkItem
 from stopdesk.services.errors import IllegalTransition, TaskStopped, ToolNotReady, UnknownMechanism
@@ -69,6 +71,7 @@ class LocalRuntime:
             "create_task",
             TaskInfo,
             lambda: task_info(task_create(title=args.title, actor=self.actor, runtime=self.runtime)),
+            args,
         )
 
     def get_task(self, task_id: int) -> TaskDetail:
@@ -135,7 +138,7 @@ class LocalRuntime:
                 )
             return item_info(item)
 
-        return self._once(request_key, f"register:{task.pk}", ItemInfo, produce)
+        return self._once(request_key, f"register:{task.pk}", ItemInfo, produce, args)
 
     def get_item(self, item_id: int) -> ItemInfo:
         return item_info(self._item(item_id))
@@ -158,7 +161,7 @@ class LocalRuntime:
                 item_start(item_id=item_id, actor=self.actor, worker=args.worker, lease_seconds=args.lease_seconds)
             return item_info(WorkItem.objects.get(pk=item_id))
 
-        return self._once_transition(request_key, f"start:{item_id}", ItemInfo, produce)
+        return self._once_transition(request_key, f"start:{item_id}", ItemInfo, produce, args)
 
     def submit(
         self,
@@ -189,7 +192,7 @@ class LocalRuntime:
                 )
             return item_info(WorkItem.objects.get(pk=item_id))
 
-        return self._once_transition(request_key, f"submit:{item_id}", ItemInfo, produce)
+        return self._once_transition(request_key, f"submit:{item_id}", ItemInfo, produce, args)
 
     def heartbeat(self, item_id: int, *, lease_seconds: int | None = None, raise_on_stop: bool = True) -> HeartbeatInfo:
         """Extend a running item's lease and answer whether Stop was requested. With
@@ -252,19 +255,10 @@ class LocalRuntime:
                     state=item.state,
                     item=item.pk,
                 )
-            existing = ExternalRecord.objects.filter(system=args.system, record_id=args.record_id).exclude(
-                item__task_id=item.task_id
-            )
-            if existing.exists():
-                raise Conflict(
-                    f"{args.system} {args.record_id} is already recorded for another task.",
-                    code="record_conflict",
-                    field="record_id",
-                )
             record = item_attach_record(item_id=item.pk, actor=self.actor, **args.model_dump())
             return record_info(record)
 
-        return self._once(request_key, f"attach_record:{item.pk}", RecordInfo, produce)
+        return self._once(request_key, f"attach_record:{item.pk}", RecordInfo, produce, args)
 
     def finish(
         self,
@@ -296,7 +290,7 @@ class LocalRuntime:
             )
             return item_info(result)
 
-        return self._once(request_key, f"finish:{item.pk}", ItemInfo, produce)
+        return self._once(request_key, f"finish:{item.pk}", ItemInfo, produce, args)
 
     def mark_uncertain(
         self, item_id: int, *, detail: str = "", evidence: dict[str, Any] | None = None, request_key: str | None = None
@@ -315,6 +309,7 @@ class LocalRuntime:
                 args.detail or "outcome unknown",
                 args.evidence,
             ),
+            args,
         )
 
     def cancel(self, item_id: int, *, detail: str = "", request_key: str | None = None) -> ItemInfo:
@@ -329,6 +324,7 @@ class LocalRuntime:
             lambda: self._move(
                 item_id, S.CANCELLED, frozenset({S.QUEUED, S.RUNNING}), args.detail or "stopped between steps", None
             ),
+            args,
         )
 
     def external_action(
@@ -387,7 +383,12 @@ class LocalRuntime:
         return item_info(item)
 
     def _once_transition(
-        self, key: str | None, operation: str, kind: type[ItemInfo], produce: Callable[[], ItemInfo]
+        self,
+        key: str | None,
+        operation: str,
+        kind: type[ItemInfo],
+        produce: Callable[[], ItemInfo],
+        args: BaseModel,
     ) -> ItemInfo:
         """Like `_once`, for the boundary's transitions, which refuse a repeat on their own (a
         started item cannot start again). So the work goes first, and the stored answer is read
@@ -395,6 +396,7 @@ class LocalRuntime:
         twin waits on the item's row lock, so the winner's answer is committed when it looks."""
         if not key or self.runtime is None:
             return produce()
+        fingerprint = request_fingerprint(args)
         # No atomic block of our own around the work: the boundary is one statement, and its
         # refusals (a Conflict, or StopRequested after it cancelled the item) must leave the
         # caller's transaction usable and the cancellation recorded.
@@ -404,20 +406,27 @@ class LocalRuntime:
             seen = ApiIdempotency.objects.filter(runtime=self.runtime, key=key, endpoint=operation).first()
             if seen is None:
                 raise
-            return kind.from_json(seen.body)
+            return kind.from_json(_replayable(seen, fingerprint))
         ApiIdempotency.objects.create(
-            runtime=self.runtime, key=key, endpoint=operation, status=200, body=result.to_json()
+            runtime=self.runtime,
+            key=key,
+            endpoint=operation,
+            status=200,
+            body=result.to_json(),
+            fingerprint=fingerprint,
         )
         return result
 
     def _once[T: (TaskInfo, ItemInfo, RecordInfo)](
-        self, key: str | None, operation: str, kind: type[T], produce: Callable[[], T]
+        self, key: str | None, operation: str, kind: type[T], produce: Callable[[], T], args: BaseModel
     ) -> T:
         """With a request key, do the work once per (runtime, key, operation) and answer every
-        repeat with the first answer. Only successes are kept: a refused request wrote nothing and
-        may be sent again."""
+        repeat of the same request with the first answer; the same key with another body is
+        refused (IdempotencyKeyReused). Only successes are kept: a refused request wrote nothing
+        and may be sent again."""
         if not key or self.runtime is None:
             return produce()
+        fingerprint = request_fingerprint(args)
         nested = connection.in_atomic_block
         try:
             # No savepoint inside a caller's transaction: if a concurrent twin wins the unique key,
@@ -425,7 +434,7 @@ class LocalRuntime:
             with transaction.atomic(savepoint=not nested):
                 seen = ApiIdempotency.objects.filter(runtime=self.runtime, key=key, endpoint=operation).first()
                 if seen is not None:
-                    return kind.from_json(seen.body)
+                    return kind.from_json(_replayable(seen, fingerprint))
                 try:
                     result = produce()
                 except StopRequested as exc:
@@ -434,15 +443,37 @@ class LocalRuntime:
                     refused = exc
                 else:
                     ApiIdempotency.objects.create(
-                        runtime=self.runtime, key=key, endpoint=operation, status=200, body=result.to_json()
+                        runtime=self.runtime,
+                        key=key,
+                        endpoint=operation,
+                        status=200,
+                        body=result.to_json(),
+                        fingerprint=fingerprint,
                     )
                     return result
         except IntegrityError:
             if nested:
                 raise
             seen = ApiIdempotency.objects.get(runtime=self.runtime, key=key, endpoint=operation)
-            return kind.from_json(seen.body)
+            return kind.from_json(_replayable(seen, fingerprint))
         raise refused
+
+
+def request_fingerprint(args: BaseModel) -> str:
+    """What was asked, independent of key order and of defaults spelled out or left off: the
+    validated arguments, canonically serialised and hashed."""
+    canonical = json.dumps(args.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _replayable(seen: ApiIdempotency, fingerprint: str) -> Any:
+    # Rows stored before fingerprints existed have none; they replay as they always did.
+    if seen.fingerprint and seen.fingerprint != fingerprint:
+        raise IdempotencyKeyReused(
+            "This Idempotency-Key was already used for a different request; use a new key for new work.",
+            field="Idempotency-Key",
+        )
+    return seen.body
 
 
 def _dispatch_or_log(item_ids: list[int]) -> None:
@@ -517,7 +548,7 @@ def item_info(item: WorkItem) -> ItemInfo:
         cancel_requested_at=item.cancel_requested_at,
         investigate_by=item.investigate_by,
         outcome=item.outcome,
-        needs_review=item.needs_review,
+        needs_review=item.review_required,
         detail=item.detail,
         evidence=item.evidence,
     )
