@@ -231,10 +231,8 @@ def test_stop_after_the_external_action_was_submitted_reconciles_the_record(fram
     record = ExternalRecord.objects.get(item=lead)
     assert lead.state == S.COMPLETED
     assert (record.system, record.record_id) == ("crm", crm_party.records()[0]["id"])
-    # Nothing was left to stop: the lead landed, and the summary says so rather than "cancelled".
-    assert task_summary(lead.task) == (
-        "Stop requested; nothing was left to stop. One lead created; review required. One draft completed."
-    )
+    # The lead landed and reconciliation found it: the summary says so rather than "cancelled".
+    assert task_summary(lead.task) == "Stopped new work. One lead created; review required. One draft completed."
 
 
 def test_concurrent_tool_calls_in_one_turn_are_each_recorded_and_run_in_parallel(framework, model, runtime):
