@@ -17,9 +17,9 @@ from stopdesk.models import ExternalRecord, Task, WorkItem
 from stopdesk.record_ids import record_id_problem
 from stopdesk.services.errors import InvalidRecordId, TaskStopped, UnknownMechanism
 from stopdesk.services.events import event_record
-from stopdesk.services.settled import task_reopen
 from stopdesk.services.sql import ClockNow
 from stopdesk.services.transitions import item_late_result, item_start, item_submit, item_transition
+from stopdesk.services.transitions.settled import task_reopen
 from stopdesk.states import TERMINAL, UNSTARTED, ItemState, Kind
 
 S = ItemState

@@ -8,6 +8,8 @@
   state the caller decided on; not a move, so no event);
 - `boundary`: `item_start` and `item_submit`, the cancellation boundary (one statement on
   PostgreSQL that checks Stop and moves the item, with its event).
+- `settled`: a task's `settled_at` after a settling move, and its reopening when new work comes
+  (conditional statements with their events).
 
 Every move is one of `stopdesk.states.TRANSITIONS`; states are named through `ItemState`, never as
 string literals, and the columns a move may set besides the state are `FIELDS`. Both PostgreSQL

@@ -22,8 +22,8 @@ from django.utils import timezone
 from stopdesk.models import Task, WorkItem
 from stopdesk.services.errors import IllegalTransition, TaskStopped
 from stopdesk.services.events import event_record
-from stopdesk.services.settled import task_settle_after_commit
 from stopdesk.services.sql import is_postgres
+from stopdesk.services.transitions.settled import task_settle_after_commit
 from stopdesk.states import ItemState
 
 S = ItemState

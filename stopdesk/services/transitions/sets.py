@@ -19,8 +19,8 @@ from django.db.models import Field, Q
 from django.utils import timezone
 
 from stopdesk.models import Event, WorkItem
-from stopdesk.services.settled import tasks_settle_after_move
 from stopdesk.services.sql import is_postgres
+from stopdesk.services.transitions.settled import tasks_settle_after_move
 from stopdesk.services.transitions.single import check_fields
 from stopdesk.states import TERMINAL, can_move
 

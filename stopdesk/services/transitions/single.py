@@ -12,7 +12,7 @@ from django.utils import timezone
 from stopdesk.models import WorkItem
 from stopdesk.services.errors import IllegalTransition
 from stopdesk.services.events import event_record
-from stopdesk.services.settled import task_settle_after_commit
+from stopdesk.services.transitions.settled import task_settle_after_commit
 from stopdesk.states import SETTLED, TERMINAL, ItemState, can_move
 
 S = ItemState
