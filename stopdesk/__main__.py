@@ -1,12 +1,13 @@
-"""The production entry point: `python -m stopdesk {check,migrate,web,worker,beat}`.
+"""The production entry point: `python -m stopdesk {check,migrate,web,watch,worker,beat}`.
 
 Each command first checks the configuration and that the database and the broker answer, and
 exits with one readable line when they do not; then it replaces itself with the real server
-(gunicorn, `celery worker`, `celery beat`), so signals from the container reach it directly.
+(gunicorn, uvicorn for the stop watch endpoint, `celery worker`, `celery beat`), so signals from
+the container reach it directly.
 
 Environment: DATABASE_URL, CELERY_BROKER_URL, SECRET_KEY, ALLOWED_HOSTS, STOPDESK_ENV=production,
-OPENAI_API_KEY / OPENAI_BASE_URL; STOPDESK_BIND_HOST (127.0.0.1; the image sets 0.0.0.0), PORT (8000),
-WEB_CONCURRENCY (2), WORKER_CONCURRENCY (8).
+OPENAI_API_KEY / OPENAI_BASE_URL; STOPDESK_BIND_HOST (127.0.0.1; the image sets 0.0.0.0), PORT (8000;
+`watch`: WATCH_PORT, 8001), WEB_CONCURRENCY (2), WORKER_CONCURRENCY (8).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 
-USAGE = "usage: python -m stopdesk {check,migrate,web,worker,beat} [extra arguments for the server]"
+USAGE = "usage: python -m stopdesk {check,migrate,web,watch,worker,beat} [extra arguments for the server]"
 
 
 def _exec(argv: list[str]) -> None:
@@ -23,7 +24,7 @@ def _exec(argv: list[str]) -> None:
 
 
 def main(argv: list[str]) -> None:
-    if not argv or argv[0] not in ("check", "migrate", "web", "worker", "beat"):
+    if not argv or argv[0] not in ("check", "migrate", "web", "watch", "worker", "beat"):
         print(USAGE, file=sys.stderr)
         raise SystemExit(2)
     command, extra = argv[0], argv[1:]
@@ -35,6 +36,7 @@ def main(argv: list[str]) -> None:
 
     # Checked for every command, so `check` finds a bad number before `web` or `worker` would.
     port = config.integer("PORT", 8000, maximum=65535)
+    watch_port = config.integer("WATCH_PORT", 8001, maximum=65535)
     host = config.bind_host()
     web_processes = config.integer("WEB_CONCURRENCY", 2)
     worker_processes = config.integer("WORKER_CONCURRENCY", 8)
@@ -42,7 +44,8 @@ def main(argv: list[str]) -> None:
 
     if problems := timing_problems():
         raise config.ConfigError(problems[0])
-    config.preflight(broker=command != "migrate", create=command == "migrate")
+    # The watch server only reads: it needs the database, not the broker.
+    config.preflight(broker=command not in ("migrate", "watch"), create=command == "migrate")
     python = sys.executable
     if command == "check":
         print("stopdesk: configuration ok; the database and the broker answer.")
@@ -54,6 +57,14 @@ def main(argv: list[str]) -> None:
             "--bind", f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
             "--worker-class", "gthread", "--workers", str(web_processes), "--threads", "8",
             "--access-logfile", "-", "--no-control-socket", *extra,
+        ])  # fmt: skip
+    elif command == "watch":
+        # One process, one event loop: every waiting watcher is a future woken by the process's one
+        # LISTEN connection, so a thousand of them cost no threads and no database connections.
+        _exec([
+            python, "-m", "uvicorn", "stopdesk.asgi:application",
+            "--host", host, "--port", str(watch_port),
+            "--no-access-log", "--timeout-keep-alive", "75", *extra,
         ])  # fmt: skip
     elif command == "worker":
         _exec([

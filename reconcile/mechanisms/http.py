@@ -86,7 +86,7 @@ def _link(template: str, record_id: str) -> str:
         return ""
 
 
-def _unsafe(fact: RecordFact, problem: str) -> str:
+def unsafe_record_id_outcome(fact: RecordFact, problem: str) -> str:
     return f"{fact.system} answered with record id {fact.record_id[:60]!r}, which {problem}; review it by hand"[:200]
 
 
@@ -196,7 +196,9 @@ class HttpOperation(Mechanism):
             )
         fact = record_fact(decl, response)
         if (problem := record_id_problem(fact.record_id)) is not None:
-            return Observation(Seen.UNKNOWABLE, remote_status="unsafe record id", message=_unsafe(fact, problem))
+            return Observation(
+                Seen.UNKNOWABLE, remote_status="unsafe record id", message=unsafe_record_id_outcome(fact, problem)
+            )
         body = response.json()
         failed = str(body.get("status", "")).lower() in ("failed", "error", "rejected")
         return Observation(

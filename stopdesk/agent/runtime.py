@@ -17,7 +17,9 @@ import contextlib
 import hashlib
 import json
 import logging
+import threading
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import Any, Literal
 
 from django.db import IntegrityError, connection, transaction
@@ -27,18 +29,20 @@ from pydantic import BaseModel
 from stopdesk.agent import schemas
 from stopdesk.client.action import ExternalAction
 from stopdesk.client.errors import Conflict, IdempotencyKeyReused, InvalidRequest, NotFound, StopRequested
-from stopdesk.client.types import HeartbeatInfo, ItemInfo, RecordInfo, StopInfo, TaskDetail, TaskInfo
+from stopdesk.client.types import HeartbeatInfo, ItemInfo, RecordInfo, StopInfo, StopWatchInfo, TaskDetail, TaskInfo
 from stopdesk.models import ApiIdempotency, ExternalRecord, Runtime, StopRequest, Task, WorkItem
-from stopdesk.services.errors import IllegalTransition, TaskStopped, ToolNotReady, UnknownMechanism
+from stopdesk.services.errors import HandleConflict, IllegalTransition, TaskStopped, ToolNotReady, UnknownMechanism
 from stopdesk.services.items import (
     item_attach_record,
     item_finish,
     item_heartbeat,
     item_register,
+    item_set_handle,
     item_transition,
     task_create,
 )
 from stopdesk.services.stop import dispatch_cancellations, task_request_stop
+from stopdesk.services.stop_watch import stop_hub
 from stopdesk.services.transitions import item_start, item_submit
 from stopdesk.states import ItemState
 from stopdesk.summary import task_summary
@@ -97,6 +101,13 @@ class LocalRuntime:
             task_id=task.pk, actor=self.actor, reason=args.reason, dispatch=self.dispatch or _dispatch_or_log
         )
         return stop_info(outcome.stop_request, created=outcome.created)
+
+    def watch_stop(self, task_id: int, *, poll_s: float = 25.0) -> LocalStopWatch:
+        """A handle set (like a threading.Event) the moment the task's Stop commits, pushed by the
+        process's one listener. `poll_s` is the HTTP client's long-poll length; here there is no
+        poll."""
+        task = self._task(task_id)
+        return LocalStopWatch(task.pk)
 
     # Items
     def register(
@@ -221,6 +232,22 @@ class LocalRuntime:
                 state=item.state,
             )
         return beat
+
+    def record_handle(
+        self, item_id: int, *, handle: str, detail: dict[str, Any] | None = None, request_key: str | None = None
+    ) -> ItemInfo:
+        """Record the handle of work dispatched after registration (register, start or submit,
+        dispatch, then this), so Stop can cancel it through its mechanism. Refused (Conflict) for
+        an item that never passed the boundary, or that has another handle."""
+        args = _parse(schemas.RecordHandle, handle=handle, detail=detail)
+        self._check_item(item_id)
+
+        def produce() -> ItemInfo:
+            with _ledger_errors():
+                item = item_set_handle(item_id=item_id, handle=args.handle, actor=self.actor, detail=args.detail)
+            return item_info(item)
+
+        return self._once(request_key, f"record_handle:{item_id}", ItemInfo, produce, args)
 
     def attach_record(
         self,
@@ -459,6 +486,30 @@ class LocalRuntime:
         raise refused
 
 
+class LocalStopWatch:
+    """`Client.watch_stop`'s handle, in-process: set by push when the task's Stop commits."""
+
+    def __init__(self, task_id: int) -> None:
+        self.task_id = task_id
+        self.info: StopWatchInfo | None = None
+        self.error: Exception | None = None
+        self._stopped = threading.Event()
+        self._unwatch = stop_hub().watch_checked(task_id, self._set)
+
+    def _set(self, task_id: int, requested_at: datetime | None) -> None:
+        self.info = StopWatchInfo(task_id, True, requested_at)
+        self._stopped.set()
+
+    def is_set(self) -> bool:
+        return self._stopped.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._stopped.wait(timeout)
+
+    def cancel(self) -> None:
+        self._unwatch()
+
+
 def request_fingerprint(args: BaseModel) -> str:
     """What was asked, independent of key order and of defaults spelled out or left off: the
     validated arguments, canonically serialised and hashed."""
@@ -511,6 +562,8 @@ def _ledger_errors() -> Iterator[None]:
         raise InvalidRequest(str(exc), code=exc.code, field="mechanism", tool=exc.tool, missing=exc.missing) from exc
     except UnknownMechanism as exc:
         raise InvalidRequest(str(exc), code=exc.code, field="mechanism") from exc
+    except HandleConflict as exc:
+        raise Conflict(str(exc), code=exc.code, field="handle", item=exc.item_id, handle=exc.handle) from exc
 
 
 def task_info(task: Task) -> TaskInfo:

@@ -7,9 +7,9 @@
   the from-state in its WHERE) and `items_schedule` (next check and progress, guarded by the
   state the caller decided on; not a move, so no event);
 - `boundary`: `item_start` and `item_submit`, the cancellation boundary (one statement on
-  PostgreSQL that checks Stop and moves the item, with its event).
-- `settled`: a task's `settled_at` after a settling move, and its reopening when new work comes
-  (conditional statements with their events).
+  PostgreSQL that checks Stop and moves the item, with its event);
+- `settled`: the task's `settled_at` that follows from its items' states, with its event, written
+  after the move that settled the last item commits.
 
 Every move is one of `stopdesk.states.TRANSITIONS`; states are named through `ItemState`, never as
 string literals, and the columns a move may set besides the state are `FIELDS`. Both PostgreSQL
