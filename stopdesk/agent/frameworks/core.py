@@ -70,7 +70,7 @@ class StopdeskRun:
         self.worker = worker or f"{framework}-agent"
         self.cleanup_s = cleanup_s
         self.stopped = asyncio.Event()
-        self._watch = watch or self._poll_stop
+        self._watch = watch or self._watch_stop
         self._poll_s = poll_s
         self._on_stop: list[Callable[[], Any]] = []
         self._in_flight: dict[str, _InFlight] = {}
@@ -169,6 +169,28 @@ class StopdeskRun:
                 self._later(outcome, "framework-cancel")
         except Exception:
             log.exception("framework cancel raised")
+
+    async def _watch_stop(self) -> None:
+        """Stop by push: the runtime's `watch_stop` (the HTTP client long-polls the watch endpoint,
+        answered by LISTEN/NOTIFY; in-process, the process's listener sets a handle). A runtime
+        without it, or a watch that fails, falls back to polling; the boundary holds either way."""
+        watch = getattr(self.runtime, "watch_stop", None)
+        if watch is None:
+            return await self._poll_stop()
+        try:
+            if inspect.iscoroutinefunction(watch):
+                await watch(self.task_id)
+                return
+            handle = await self._call("watch_stop", self.task_id, lane="watch")
+        except Exception:
+            log.exception("watch_stop failed; polling for Stop instead")
+            return await self._poll_stop()
+        try:
+            # The in-process handle is set from the listener's thread; looking at it costs nothing.
+            while not handle.is_set():
+                await asyncio.sleep(0.02)
+        finally:
+            handle.cancel()
 
     async def _poll_stop(self) -> None:
         # Until the pushed watch is wired in, ask the ledger; the boundary is the guarantee either way.
