@@ -111,6 +111,10 @@ def item_register_started(
     or model request). Returns the item id; raises TaskStopped after Stop, with the item recorded
     and cancelled, so the ledger still has every call."""
     with transaction.atomic():
+        # The task row first, as the boundary does: registering may reopen a settled task (an
+        # UPDATE of that row) and the boundary then takes its share lock; two parallel tool calls
+        # taking them in the other order deadlocked.
+        list(Task.objects.select_for_update().filter(pk=task_id).values_list("pk", flat=True))
         item = item_register(task=task_id, actor=actor, **register)
         stopped = item.state == S.CANCELLED  # registered after Stop
         if not stopped:

@@ -241,13 +241,13 @@ def test_concurrent_tool_calls_in_one_turn_are_each_recorded_and_run_in_parallel
     name = party.load_script(Script.build("parallel", [Turn(tool_calls=calls), Turn(text="all done")]))
     task = runtime.create_task("Wait three times")
     tools = Tools()
-    began = time.monotonic()
 
     answer = run(framework, runtime, task.id, url, name, tools)
 
     assert answer == "all done"
-    assert time.monotonic() - began < 0.3 * 3  # three 0.3 s tools did not run one after another
     rows = tools_of(task.id)
+    # They ran at once: each one started before any of them finished.
+    assert max(i.started_at for i in rows) < min(i.finished_at for i in rows)
     assert sorted(i.handle for i in rows) == ["call_0_0", "call_0_1", "call_0_2"]
     assert {i.state for i in rows} == {S.COMPLETED}
     assert {i.detail["tool"]["effect"] for i in rows} == {"unknown"}  # undeclared
