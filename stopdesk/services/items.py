@@ -113,8 +113,9 @@ def item_register_started(
     with transaction.atomic():
         # The task row first, as the boundary does: registering may reopen a settled task (an
         # UPDATE of that row) and the boundary then takes its share lock; two parallel tool calls
-        # taking them in the other order deadlocked.
-        list(Task.objects.select_for_update().filter(pk=task_id).values_list("pk", flat=True))
+        # taking them in the other order deadlocked. NO KEY UPDATE, as an UPDATE takes: it leaves
+        # the foreign-key checks of other writers' events (KEY SHARE) free.
+        list(Task.objects.select_for_update(no_key=True).filter(pk=task_id).values_list("pk", flat=True))
         item = item_register(task=task_id, actor=actor, **register)
         stopped = item.state == S.CANCELLED  # registered after Stop
         if not stopped:

@@ -404,7 +404,16 @@ class StopdeskRun:
         pool = self._threads.get(lane)
         if pool is None:
             pool = self._threads[lane] = ThreadPoolExecutor(LANE_THREADS[lane], thread_name_prefix=f"stopdesk-{lane}")
-        return await asyncio.get_running_loop().run_in_executor(pool, lambda: fn(*args, **kwargs))
+        for attempt in range(DEADLOCK_RETRIES + 1):
+            try:
+                return await asyncio.get_running_loop().run_in_executor(pool, lambda: fn(*args, **kwargs))
+            except Exception as exc:
+                # PostgreSQL chose this write as a deadlock victim and rolled it back whole; the
+                # ledger's writes are safe to repeat (a repeated result changes nothing).
+                if attempt == DEADLOCK_RETRIES or "deadlock detected" not in str(exc):
+                    raise
+                await asyncio.sleep(0.01 * (attempt + 1))
+        raise AssertionError("unreachable")
 
     def _later(self, work: Awaitable[Any], name: str) -> asyncio.Future[Any]:
         task = asyncio.ensure_future(work)
@@ -421,6 +430,7 @@ class StopdeskRun:
 
 
 REFUSED = -1  # a model request's item that the boundary refused
+DEADLOCK_RETRIES = 3
 LANE_THREADS = {"writes": 4, "watch": 1}
 
 
