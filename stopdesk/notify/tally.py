@@ -15,6 +15,7 @@ from django.utils import timezone
 from stopdesk.models import CancellationAttempt, Event, Task, WorkItem
 from stopdesk.notify.heartbeat import heartbeat_record
 from stopdesk.notify.models import Delivery, Heartbeat
+from stopdesk.states import ItemState
 
 TALLY = "metrics_tally"
 # Audit event kinds counted for /metrics (each a counter).
@@ -75,7 +76,7 @@ def metrics_tally() -> dict[str, Any]:
             .annotate(n=Count("id"))
             .order_by()
         ],
-        "needs_review": WorkItem.objects.filter(needs_review=True).exclude(state="uncertain").count(),
+        "needs_review": WorkItem.objects.filter(needs_review=True).exclude(state=ItemState.UNCERTAIN).count(),
         "cancel_attempts": [
             [mechanism, action, "unanswered" if ok is None else ("ok" if ok else "failed"), n]
             for mechanism, action, ok, n in CancellationAttempt.objects.values_list("mechanism", "action", "ok")
