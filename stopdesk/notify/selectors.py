@@ -15,12 +15,11 @@ from stopdesk.states import ItemState
 
 # Uncertain items (partial index item_uncertain_deadline) and compensations waiting for a person
 # (index on state, proposed_at): counted and dated in one statement whatever the ledger's size.
-UNCERTAIN = ItemState.UNCERTAIN.value
-QUEUE_SQL = f"""
+QUEUE_SQL = """
 SELECT
-  (SELECT count(*) FROM stopdesk_workitem WHERE state = '{UNCERTAIN}'),
-  (SELECT count(*) FROM stopdesk_workitem WHERE state = '{UNCERTAIN}' AND investigate_by < %s),
-  (SELECT min(updated_at) FROM stopdesk_workitem WHERE state = '{UNCERTAIN}'),
+  (SELECT count(*) FROM stopdesk_workitem WHERE state = %(uncertain)s),
+  (SELECT count(*) FROM stopdesk_workitem WHERE state = %(uncertain)s AND investigate_by < %(now)s),
+  (SELECT min(updated_at) FROM stopdesk_workitem WHERE state = %(uncertain)s),
   (SELECT count(*) FROM reconcile_compensation WHERE state IN ('proposed', 'escalated')),
   (SELECT min(proposed_at) FROM reconcile_compensation WHERE state IN ('proposed', 'escalated'))
 """
@@ -42,7 +41,9 @@ class QueueFacts:
 def review_queue_facts(*, now: datetime | None = None) -> QueueFacts:
     now = now or timezone.now()
     with connection.cursor() as cursor:
-        cursor.execute(QUEUE_SQL, [now])
+        # The state is a parameter (named in states.py only); Django binds it on the client, so the
+        # planner still sees the partial index's literal.
+        cursor.execute(QUEUE_SQL, {"uncertain": ItemState.UNCERTAIN.value, "now": now})
         uncertain, past, oldest_item, waiting, oldest_compensation = cursor.fetchone()
     found = (_as_datetime(t) for t in (oldest_item, oldest_compensation) if t is not None)
     oldest = min(found, default=None)
