@@ -279,10 +279,29 @@ STOPDESK_METRICS_TOKEN = os.environ.get("STOPDESK_METRICS_TOKEN", "")
 # Readiness: a worker or beat heartbeat older than this counts as down.
 STOPDESK_READY_MAX_AGE_SECONDS = float(os.environ.get("STOPDESK_READY_MAX_AGE_SECONDS", "120"))
 
-# External systems a compensation talks to (reconcile/services/compensators.py), by ExternalRecord.system.
-STOPDESK_SYSTEMS = {
-    "crm": {"base_url": os.environ.get("STOPDESK_CRM_URL", "http://127.0.0.1:8765"), "timeout": 10.0},
-    "outbox": {"base_url": os.environ.get("STOPDESK_OUTBOX_URL", "http://127.0.0.1:8766"), "timeout": 10.0},
+# External systems, by name (`ExternalRecord.system`, an http item's `"system"`): one generic
+# declaration each for the HTTP adapter (reconcile/mechanisms/http.py), which reads records back,
+# looks operations up and runs approved compensations with them. Relative URLs join `base_url`.
+# The sandbox CRM versions records as an integer and takes it back in If-Match as `"v<version>"`;
+# the mail outbox offers no reversal, so a sent message can only be reported.
+STOPDESK_MECHANISMS.setdefault("http", {}).setdefault("options", {})["systems"] = {
+    "crm": {
+        "base_url": os.environ.get("STOPDESK_CRM_URL", "http://127.0.0.1:8765"),
+        "lookup_url": "/records?idempotency_key={idempotency_key}",
+        "record_url": "/records/{record_id}",
+        "version_field": "version",
+        "reverse": {
+            "action": "archive",
+            "label": "Archive the record",
+            "url": "/records/{record_id}/archive",
+            "if_match": '"v{version}"',
+        },
+    },
+    "outbox": {
+        "base_url": os.environ.get("STOPDESK_OUTBOX_URL", "http://127.0.0.1:8766"),
+        "lookup_url": "/messages?idempotency_key={idempotency_key}",
+        "record_url": "/messages/{record_id}",
+    },
 }
 
 # The MCP tool server the demo agent calls (the sandbox's, under `manage.py up`).

@@ -7,11 +7,14 @@ The declaration lives on the item (`detail["http"]`), written before the action 
      "lookup_url": "http://crm/records?idempotency_key={idempotency_key}",
      "record_url": "http://crm/records/{record_id}",               # read_version()
      "cancel_url": "http://crm/ops/{idempotency_key}/cancel",       # optional
-     "reverse": {"action": "archive", "url": "http://crm/records/{record_id}/archive"},  # optional
+     "reverse": {"action": "archive", "url": "http://crm/records/{record_id}/archive",  # optional
+                 "label": "Archive the record", "if_match": '"v{version}"'},
      "id_field": "id", "version_field": "version"}
 
 Systems may also be declared once in settings, STOPDESK_MECHANISMS["http"]["options"]["systems"]
-[name], with the same keys; the item's declaration wins.
+[name], with the same keys plus `base_url`, which URLs starting with "/" are joined to; the item's
+declaration wins. `reverse.if_match` is how the system wants its version back in If-Match
+(default: the version, quoted as an ETag).
 
 For compensation (run only after approval, by the compensation workflow): `read_version(record)`
 and `reverse(record, expected_version)`, which sends the version as If-Match and never forces.
@@ -44,10 +47,12 @@ def declaration(detail: dict[str, Any], systems: dict[str, Any], system: str | N
     return {**systems.get(system or declared.get("system", ""), {}), **declared}
 
 
-def _fill(template: str, **values: str) -> str:
+def _fill(template: str, base_url: str = "", **values: str) -> str:
     """Each value becomes one percent-encoded path segment (never `..`, never a `/`): ids are data.
-    Raises UnsafeRecordId for a value that cannot be one."""
-    return template.format(**{k: path_segment(v) for k, v in values.items()})
+    A template starting with "/" is joined to the system's `base_url`. Raises UnsafeRecordId for a
+    value that cannot be one."""
+    filled = template.format(**{k: path_segment(v) for k, v in values.items()})
+    return base_url.rstrip("/") + filled if filled.startswith("/") and base_url else filled
 
 
 def _version_of(response: httpx.Response, body: dict[str, Any], field_name: str) -> str:
@@ -56,10 +61,10 @@ def _version_of(response: httpx.Response, body: dict[str, Any], field_name: str)
     return response.headers.get("etag", "")
 
 
-def _if_match(version: str) -> str:
+def _if_match(version: str, template: str = "") -> str:
     if version.startswith(('"', "W/")) or version == "*":
         return version
-    return f'"{version}"'
+    return template.format(version=version) if template else f'"{version}"'
 
 
 def record_fact(decl: dict[str, Any], response: httpx.Response) -> RecordFact:
@@ -74,14 +79,14 @@ def record_fact(decl: dict[str, Any], response: httpx.Response) -> RecordFact:
         effect=decl.get("effect", "created"),
         reversible=bool(reverse),
         reversal=reverse.get("action", ""),
-        link=_link(link, record_id),
+        link=_link(link, record_id, decl.get("base_url", "")),
     )
 
 
-def _link(template: str, record_id: str) -> str:
+def _link(template: str, record_id: str, base_url: str = "") -> str:
     # An unsafe id gets no link; recording it is refused by the ledger with the reason.
     try:
-        return _fill(template, record_id=record_id) if template else ""
+        return _fill(template, base_url, record_id=record_id) if template else ""
     except UnsafeRecordId:
         return ""
 
@@ -153,7 +158,8 @@ class HttpOperation(Mechanism):
         try:
             with self._http() as http:
                 answer = http.post(
-                    _fill(url, idempotency_key=item.idempotency_key), headers={"Idempotency-Key": item.idempotency_key}
+                    _fill(url, decl.get("base_url", ""), idempotency_key=item.idempotency_key),
+                    headers={"Idempotency-Key": item.idempotency_key},
                 )
             cancel = f"HTTP {answer.status_code}"
             answered = answer.status_code < 500
@@ -176,7 +182,7 @@ class HttpOperation(Mechanism):
             return Observation(Seen.UNKNOWABLE, remote_status="no lookup", message="No status lookup was declared.")
         try:
             with self._http() as http:
-                response = http.get(_fill(url, idempotency_key=item.idempotency_key))
+                response = http.get(_fill(url, decl.get("base_url", ""), idempotency_key=item.idempotency_key))
         except UnsafeRecordId as exc:
             return Observation(Seen.UNKNOWABLE, remote_status="unsafe key", message=str(exc))
         except httpx.HTTPError as exc:
@@ -219,7 +225,7 @@ class HttpOperation(Mechanism):
             return VersionRead(False, error=f"no record_url declared for system {record.system!r}")
         try:
             with httpx.Client(timeout=timeout_s or self.settings.call_timeout_s) as http:
-                response = http.get(_fill(url, record_id=record.record_id))
+                response = http.get(_fill(url, decl.get("base_url", ""), record_id=record.record_id))
         except UnsafeRecordId as exc:
             return VersionRead(False, error=str(exc))
         except httpx.HTTPError as exc:
@@ -248,8 +254,8 @@ class HttpOperation(Mechanism):
             with httpx.Client(timeout=timeout_s or self.settings.call_timeout_s) as http:
                 response = http.request(
                     spec.get("method", "POST"),
-                    _fill(spec["url"], record_id=record.record_id),
-                    headers={"If-Match": _if_match(expected_version), "X-Actor": actor},
+                    _fill(spec["url"], decl.get("base_url", ""), record_id=record.record_id),
+                    headers={"If-Match": _if_match(expected_version, spec.get("if_match", "")), "X-Actor": actor},
                 )
         except UnsafeRecordId as exc:
             return Reversal("error", error=str(exc))

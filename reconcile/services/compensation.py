@@ -10,22 +10,17 @@ transaction, and records the result in a new one (pretix's refund pattern).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-import httpx
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from reconcile.mechanisms import registry
+from reconcile.mechanisms.http import HttpOperation
 from reconcile.models import COMPENSATION_TRANSITIONS, Compensation, CompensationState, Escalation
-from reconcile.services.compensators import (
-    Action,
-    CompensationError,
-    StaleVersion,
-    compensator_for,
-    normalize_version,
-)
 from stopdesk.models import ExternalRecord
 from stopdesk.services.errors import LedgerError
 from stopdesk.services.events import actor_for, event_record
@@ -44,9 +39,44 @@ class ReauthenticationRequired(CompensationRefused):
     code = "reauthentication_required"
 
 
+REPORT_ONLY = "report_only"
+
+
+@dataclass(frozen=True)
+class Action:
+    name: str
+    label: str
+    writes: bool  # False: nothing is sent to the other system (report only)
+
+
+REPORT = Action(REPORT_ONLY, "Report only (nothing can be reversed)", writes=False)
+
+
+def normalize_version(value: str | int | None) -> str:
+    """`W/"v3"`, `"v3"`, `v3` and `3` are one version: systems and runtimes spell ETags differently."""
+    text = str(value if value is not None else "").strip()
+    return text.removeprefix("W/").strip('"').removeprefix("v")
+
+
+def _http() -> HttpOperation:
+    """The HTTP adapter reads records back and reverses them, configured per system in
+    STOPDESK_MECHANISMS["http"]["options"]["systems"] (or on the record's item)."""
+    return cast(HttpOperation, registry.get("http"))
+
+
+def _reversal(record: ExternalRecord) -> dict[str, Any]:
+    item = record.item if record.item_id else None
+    return dict(_http().declaration(item.detail if item is not None else {}, system=record.system).get("reverse") or {})
+
+
 def compensation_actions(record: ExternalRecord) -> list[Action]:
-    """The actions that fit this record, as its system's compensator lists them."""
-    return compensator_for(record.system).actions(record)
+    """The record's declared reversal, if it has one, and report-only. A system without a declared
+    reversal (a sent email, a system nobody configured) gets report-only: never guess."""
+    spec = _reversal(record)
+    if not record.reversible or not spec.get("url") or not spec.get("action"):
+        return [REPORT]
+    name = str(spec["action"])
+    return [Action(name, str(spec.get("label") or f"{name.capitalize()} the record"), writes=True), REPORT]
 
 
 def compensation_propose(*, record_id: int, action: str, by: Any, note: str = "") -> Compensation:
@@ -170,22 +200,34 @@ def compensation_execute(*, compensation_id: int) -> Compensation:
         except CompensationRefused:
             return compensation  # another worker claimed it between our read and our update
     record = compensation.external_record
-    compensator = compensator_for(record.system)
     expected = normalize_version(compensation.expected_version)
-    # Outside any transaction: the other system may be slow, and our rows must not wait on it.
-    try:
-        observed = compensator.read_version(record)
-    except (CompensationError, httpx.HTTPError) as exc:
-        return _fail(compensation, f"Could not read the record's current version: {exc}")
-    if observed != expected:
-        return _escalate_stale(compensation, expected, observed)
-    try:
-        result = compensator.run(record, compensation.action, expected)
-    except StaleVersion as exc:
-        # Someone edited between our read and our write; the precondition caught it.
-        return _escalate_stale(compensation, expected, exc.observed)
-    except (CompensationError, httpx.HTTPError) as exc:
-        return _fail(compensation, str(exc) or type(exc).__name__)
+    if compensation.action == REPORT_ONLY:
+        # Nothing is sent anywhere: the compensation is the recorded report.
+        observed = expected
+        result: dict[str, Any] = {
+            "reported": True,
+            "note": f"{record.system} {record.record_id} cannot be reversed; reported only.",
+        }
+    elif compensation.action not in {a.name for a in compensation_actions(record)}:
+        return _fail(compensation, f"{record.system} offers no {compensation.action} for this record")
+    else:
+        http = _http()
+        # Outside any transaction: the other system may be slow, and our rows must not wait on it.
+        read = http.read_version(record)
+        if not read.ok:
+            status = f"HTTP {read.status_code} " if read.status_code else ""
+            return _fail(compensation, f"Could not read the record's current version: {status}{read.error}".strip())
+        observed = normalize_version(read.version)
+        if observed != expected:
+            return _escalate_stale(compensation, expected, observed)
+        reversal = http.reverse(record, expected, actor="stopdesk:compensation")
+        if reversal.outcome == "version_mismatch":
+            # Someone edited between our read and our write; the precondition caught it.
+            return _escalate_stale(compensation, expected, normalize_version(reversal.current_version))
+        if not reversal.done:
+            status = f"HTTP {reversal.status_code} " if reversal.status_code else ""
+            return _fail(compensation, f"{compensation.action} {record.record_id}: {status}{reversal.error}".strip())
+        result = {"status": reversal.body.get("status"), "version": normalize_version(reversal.new_version)}
     with transaction.atomic():
         _move(
             compensation,

@@ -141,7 +141,7 @@ class InvoiceAnalysis:
         return " ".join(getattr(part, "text", "") for part in result.content).strip()
 
     def create_record(self, lookup: str) -> str:
-        crm = str(settings.STOPDESK_SYSTEMS["crm"]["base_url"]).rstrip("/")
+        crm = _system_url("crm")
         item_id = self.child(
             kind=Kind.EXTERNAL_OPERATION, noun="record", mechanism="http", label="Open a review case in the CRM"
         )
@@ -168,7 +168,7 @@ class InvoiceAnalysis:
         return submitted.record.record_id if submitted.record else ""
 
     def send_email(self, record_id: str) -> str:
-        outbox = str(settings.STOPDESK_SYSTEMS["outbox"]["base_url"]).rstrip("/")
+        outbox = _system_url("outbox")
         item_id = self.child(
             kind=Kind.EXTERNAL_OPERATION, noun="email", mechanism="http", label="Tell accounts a review case is open"
         )
@@ -227,3 +227,8 @@ def invoice_analysis(
     except TaskStopped as exc:
         # A child was refused at the boundary: Stop came first, nothing was sent for it.
         raise StopRequested() from exc
+
+
+def _system_url(name: str) -> str:
+    """The system's base URL, from the HTTP adapter's one configuration of external systems."""
+    return str(settings.STOPDESK_MECHANISMS["http"]["options"]["systems"][name]["base_url"]).rstrip("/")

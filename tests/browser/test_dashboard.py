@@ -7,11 +7,11 @@ from __future__ import annotations
 import threading
 
 import pytest
-from django.conf import settings
 
 from reconcile.models import Compensation
 from stopdesk.models import WorkItem
 from stopdesk.states import ItemState
+from tests.web.conftest import system_url
 from tests.web.scenes import crm_effect, proposal, running_task, settle, uncertain_item
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -33,7 +33,7 @@ def world(roles, crm, eager):  # type: ignore[no-untyped-def]
 
     app.loader.import_default_modules()  # the cancel job Stop dispatches runs eagerly here
     task = running_task("Draft the Q3 supplier emails")
-    crm_url = settings.STOPDESK_SYSTEMS["crm"]["base_url"]
+    crm_url = system_url("crm")
     record = crm_effect(crm_url, name="ACME Ltd")
     other = crm_effect(crm_url, name="Globex GmbH")
     item = uncertain_item(label="Upload price list to the partner portal")

@@ -3,9 +3,11 @@ as a real server on loopback, and Celery jobs run eagerly."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 
 import pytest
+from django.conf import settings as django_settings
 from django.core.cache import cache
 from django.test import Client
 
@@ -62,11 +64,18 @@ def crm_server() -> Iterator[tuple[CRM, BackgroundServer]]:
 
 @pytest.fixture
 def crm(crm_server, settings):  # type: ignore[no-untyped-def]
-    """The sandbox CRM, reset, with STOPDESK_SYSTEMS pointing at it."""
+    """The sandbox CRM, reset, with the HTTP adapter's "crm" system pointing at it."""
     party, server = crm_server
     party.reset()
-    settings.STOPDESK_SYSTEMS = {**settings.STOPDESK_SYSTEMS, "crm": {"base_url": server.url, "timeout": 5.0}}
+    mechanisms = copy.deepcopy(settings.STOPDESK_MECHANISMS)
+    mechanisms["http"]["options"]["systems"]["crm"]["base_url"] = server.url
+    settings.STOPDESK_MECHANISMS = mechanisms
     return party
+
+
+def system_url(name: str) -> str:
+    """A configured external system's base URL (the HTTP adapter's `systems` option)."""
+    return str(django_settings.STOPDESK_MECHANISMS["http"]["options"]["systems"][name]["base_url"])
 
 
 @pytest.fixture

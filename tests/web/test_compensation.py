@@ -19,14 +19,14 @@ from reconcile.services.compensation import (
 )
 from stopdesk.models import Event, StopRequest, WorkItem
 from stopdesk.views.auth import REAUTH_SESSION_KEY
-from tests.web.conftest import htmx
+from tests.web.conftest import htmx, system_url
 from tests.web.scenes import crm_effect, mail_effect, proposal
 
 pytestmark = pytest.mark.django_db
 
 
 def _crm_url() -> str:
-    return settings.STOPDESK_SYSTEMS["crm"]["base_url"]
+    return system_url("crm")
 
 
 @pytest.fixture
@@ -133,20 +133,20 @@ def test_a_record_edited_in_between_is_escalated_with_both_versions_and_nothing_
 
 
 def test_an_edit_between_the_read_and_the_write_is_caught_by_if_match(roles, crm, eager, monkeypatch):
-    from reconcile.services import compensators
+    from reconcile.mechanisms.http import HttpOperation
 
     record = crm_effect(_crm_url())
     c = proposal(record, roles["reviewer"])
     Compensation.objects.filter(pk=c.pk).update(state="approved")
-    real_read = compensators.CRMCompensator.read_version
+    real_read = HttpOperation.read_version
 
-    def read_then_someone_edits(self, rec):  # type: ignore[no-untyped-def]
-        version = real_read(self, rec)
+    def read_then_someone_edits(self, rec, **kwargs):  # type: ignore[no-untyped-def]
+        version = real_read(self, rec, **kwargs)
         crm.edit(rec.record_id, actor="a colleague")
         return version
 
     # The race is staged on the CRM's side; our executor runs unchanged.
-    monkeypatch.setattr(compensators.CRMCompensator, "read_version", read_then_someone_edits)
+    monkeypatch.setattr(HttpOperation, "read_version", read_then_someone_edits)
     compensation_execute(compensation_id=c.pk)
     c.refresh_from_db()
     assert c.state == "escalated" and c.observed_version == "2"

@@ -5,12 +5,12 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.conf import settings
 from django.utils import timezone
 
 from reconcile.models import Compensation
 from reconcile.services.compensation import compensation_execute, compensations_sweep
 from stopdesk.models import Event
+from tests.web.conftest import system_url
 from tests.web.scenes import crm_effect, proposal
 
 pytestmark = pytest.mark.django_db
@@ -24,7 +24,7 @@ def _approved_long_ago(c: Compensation, roles, minutes: int = 5) -> None:  # typ
 
 
 def test_an_approved_compensation_whose_job_was_lost_is_queued_again_and_runs_once(roles, crm):
-    record = crm_effect(settings.STOPDESK_SYSTEMS["crm"]["base_url"])
+    record = crm_effect(system_url("crm"))
     c = proposal(record, roles["reviewer"])
     _approved_long_ago(c, roles)
     queued: list[int] = []
@@ -37,14 +37,14 @@ def test_an_approved_compensation_whose_job_was_lost_is_queued_again_and_runs_on
 
 
 def test_a_recent_approval_is_left_to_its_own_job(roles, crm):
-    record = crm_effect(settings.STOPDESK_SYSTEMS["crm"]["base_url"])
+    record = crm_effect(system_url("crm"))
     c = proposal(record, roles["reviewer"])
     _approved_long_ago(c, roles, minutes=0)
     assert compensations_sweep(enqueue=lambda pk: None)["requeued"] == []
 
 
 def test_a_compensation_whose_worker_died_mid_run_is_escalated_not_retried(roles, crm):
-    record = crm_effect(settings.STOPDESK_SYSTEMS["crm"]["base_url"])
+    record = crm_effect(system_url("crm"))
     c = proposal(record, roles["reviewer"])
     Compensation.objects.filter(pk=c.pk).update(
         state="running", approved_by=roles["approver"], started_at=timezone.now() - timedelta(minutes=30)

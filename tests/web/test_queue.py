@@ -12,7 +12,7 @@ from reconcile.models import Compensation, Escalation
 from stopdesk.models import Event, WorkItem
 from stopdesk.states import ItemState
 from tests.factories import make_task
-from tests.web.conftest import htmx
+from tests.web.conftest import htmx, system_url
 from tests.web.scenes import mail_effect, proposal, uncertain_item
 
 pytestmark = pytest.mark.django_db
@@ -136,6 +136,4 @@ def test_propose_lists_the_actions_that_fit_the_record(as_user, crm):
 
 
 def _crm_url(crm) -> str:  # type: ignore[no-untyped-def]
-    from django.conf import settings
-
-    return settings.STOPDESK_SYSTEMS["crm"]["base_url"]
+    return system_url("crm")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from django.conf import settings
 
 from reconcile.models import Compensation
 from reconcile.services.compensation import compensation_execute
@@ -15,6 +14,7 @@ from stopdesk.services.items import item_attach_record, item_finish, item_regist
 from stopdesk.services.transitions import item_submit
 from stopdesk.states import Kind
 from tests.factories import ACTOR, make_task
+from tests.web.conftest import system_url
 from tests.web.scenes import proposal
 
 pytestmark = pytest.mark.django_db
@@ -79,7 +79,7 @@ def test_the_runtime_api_refuses_an_unsafe_id_naming_the_field(record_id):
 def test_the_decoy_path_no_longer_archives_someone_elses_record(crm, roles, eager):
     """The reported attack: decoy/../victim was archived as the victim. Now it never gets recorded,
     and a row written before the fix (raw, bypassing the service) fails without a write."""
-    base = settings.STOPDESK_SYSTEMS["crm"]["base_url"]
+    base = system_url("crm")
     crm.seed("decoy-0704", name="Decoy")
     crm.seed("crm-2", name="Victim")
     record = _effect(base, "decoy-0704")
@@ -92,7 +92,7 @@ def test_the_decoy_path_no_longer_archives_someone_elses_record(crm, roles, eage
 
 @pytest.mark.parametrize("record_id", AWKWARD, ids=repr)
 def test_an_awkward_id_reaches_exactly_its_own_record(crm, roles, eager, record_id):
-    base = settings.STOPDESK_SYSTEMS["crm"]["base_url"]
+    base = system_url("crm")
     crm.seed("crm-2", name="Bystander")
     crm.seed("a", name="Bystander a")
     crm.seed(record_id, name="Target")
@@ -108,6 +108,6 @@ def test_a_read_back_naming_another_record_is_refused_before_any_write(crm, role
     crm.seed("crm-2", name="Survivor")
     crm.seed("crm-3", name="Merged away")
     crm.merge("crm-3", into="crm-2")
-    c = _run(_effect(settings.STOPDESK_SYSTEMS["crm"]["base_url"], "crm-3"), roles)
+    c = _run(_effect(system_url("crm"), "crm-3"), roles)
     assert c.state == "failed" and "crm-2" in c.error and "crm-3" in c.error
     assert crm.counts.count("archive") == 0 and crm.get("crm-2")["status"] == "active"
