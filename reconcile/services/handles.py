@@ -36,3 +36,21 @@ def item_record_detail(*, item_id: int, detail: dict[str, Any]) -> None:
 def item_attach_fact(*, item_id: int, fact: RecordFact, actor: str) -> ExternalRecord:
     """Attach an external record as an adapter observed it (the fact's fields are the ledger's)."""
     return item_attach_record(item_id=item_id, actor=actor, **dataclasses.asdict(fact))
+
+
+def item_add_evidence(*, item_id: int, evidence: dict[str, Any], actor: str, message: str) -> None:
+    """Add an observation to an item's evidence without changing its state (progress the server
+    kept reporting after a cancel, say), with an event saying what was seen."""
+    with transaction.atomic():
+        item = WorkItem.objects.select_for_update().get(pk=item_id)
+        item.evidence = {**item.evidence, **evidence}
+        item.save(update_fields=["evidence"])
+        event_record(
+            kind="evidence",
+            actor=actor,
+            item=item,
+            from_state=item.state,
+            to_state=item.state,
+            message=message,
+            data={"evidence": evidence},
+        )
