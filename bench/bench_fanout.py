@@ -66,7 +66,7 @@ def run() -> list[Figure]:
 def _start_items(url: str, concurrency: int) -> list[int]:
     from django.db import connection
 
-    from reconcile.mechanisms.openai import response_create
+    from stopdesk.agent.openai import response_create
     from stopdesk.services.items import item_register, task_create
     from stopdesk.states import Kind
 

@@ -176,10 +176,10 @@ def _leak_race() -> list[Figure]:
     from django.db import transaction
 
     from bench import celery_tasks
+    from stopdesk.agent.workers import dispatch
     from stopdesk.celery import app
     from stopdesk.models import Task
     from stopdesk.services.stop import task_request_stop
-    from stopdesk.workers import dispatch
 
     broker = os.environ.get("STOPDESK_BENCH_REDIS_URL", "redis://127.0.0.1:6379/10")
     redis.Redis.from_url(broker).flushdb()

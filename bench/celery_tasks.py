@@ -3,8 +3,8 @@ from outside the worker."""
 
 from pathlib import Path
 
+from stopdesk.agent.workers import LedgerTask
 from stopdesk.celery import app
-from stopdesk.workers import LedgerTask
 
 
 @app.task(name="bench.plain_mark")

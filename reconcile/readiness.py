@@ -94,22 +94,8 @@ def _ref(mechanism: str, kind: str = "", detail: dict[str, Any] | None = None) -
 
 
 def _can(adapter: Mechanism, capability: Capability, ref: ItemRef | None) -> bool:
-    if not adapter.can(capability, ref):
-        return False
-    if ref is not None and adapter.name == "http" and capability in (Capability.INSPECT, Capability.REVERSE):
-        # The HTTP adapter answers these per item only for cancel; what it can look up or reverse
-        # depends on the operation's declaration (on the item, or per system in settings).
-        decl = _http_declaration(ref.detail)
-        return bool(
-            decl.get("lookup_url") if capability == Capability.INSPECT else (decl.get("reverse") or {}).get("url")
-        )
-    return True
-
-
-def _http_declaration(detail: dict[str, Any]) -> dict[str, Any]:
-    declared = dict(detail.get("http") or {})
-    systems = registry.mechanism_settings("http").options.get("systems", {})
-    return {**systems.get(declared.get("system", ""), {}), **declared}
+    # Per item where it depends on the item's declaration (an HTTP operation's lookup URL...).
+    return adapter.can(capability, ref)
 
 
 def verdict_for(
@@ -126,8 +112,6 @@ def verdict_for(
         reverse=_can(adapter, Capability.REVERSE, ref),
         drill=latest_drill(mechanism),
     )
-    if mechanism not in registry.names():
-        verdict.reasons.append(f"unknown mechanism: handled by the manual rule ({adapter.name})")
     if not verdict.inspect:
         verdict.reasons.append("missing capability: inspect (no status lookup, so a lost answer stays unknown)")
     if verdict.drill is not None and verdict.drill.failed:
@@ -150,7 +134,7 @@ def verdict_for(
 def verdicts() -> list[Verdict]:
     """Every registered mechanism, and each HTTP system declared in settings."""
     found = [verdict_for(name) for name in registry.names()]
-    systems = registry.mechanism_settings("http").options.get("systems", {}) if "http" in registry.names() else {}
+    systems = registry.mechanism_settings("http").options.get("systems", {})
     for system in sorted(systems):
         found.append(verdict_for("http", detail={"http": {"system": system}}, tool=f"http:{system}"))
     return found

@@ -1,3 +1,6 @@
-from stopdesk.celery import app as celery_app
+"""stopdesk: the ledger that makes an agent's Stop button honest.
 
-__all__ = ["celery_app"]
+Nothing is imported here, so `import stopdesk.client` (httpx only) and the pure parts
+(`stopdesk.states`, `reconcile.engine`) load without Django. The Celery app is loaded when Django
+starts (`StopdeskConfig.ready`) and by `celery -A stopdesk`, which finds `stopdesk.celery`.
+"""

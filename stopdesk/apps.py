@@ -8,6 +8,8 @@ class StopdeskConfig(AppConfig):
     def ready(self) -> None:
         from django.db.models.signals import post_save
 
+        # The Celery app, so that @shared_task binds to it in every Django process.
+        import stopdesk.celery  # noqa: F401
         from stopdesk.logs import log_event
 
         # Every audit event also becomes a log line carrying its task and item ids.

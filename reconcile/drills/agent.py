@@ -9,9 +9,9 @@ from typing import Any
 
 from celery import shared_task
 
+from stopdesk.agent.workers import LedgerTask, StopRequested
 from stopdesk.services.errors import TaskStopped
 from stopdesk.states import Kind
-from stopdesk.workers import LedgerTask, StopRequested
 
 
 def crm_declaration(base: str, system: str = "crm") -> dict[str, Any]:
@@ -35,7 +35,7 @@ def outbox_declaration(base: str, system: str = "outbox") -> dict[str, Any]:
 
 def crm_step(*, parent_id: int, task_id: int, crm_url: str, key: str, actor: str, system: str = "crm") -> None:
     """One external action as its own child item: registered, then through the boundary."""
-    from reconcile.mechanisms.http import http_submit
+    from stopdesk.agent.http import http_submit
     from stopdesk.services.items import item_register
 
     decl = crm_declaration(crm_url, system)

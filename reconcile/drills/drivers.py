@@ -93,7 +93,7 @@ class OpenAIDriver(Driver):
     }
 
     def child(self, ctx: DrillContext, variant: str) -> Child:
-        from reconcile.mechanisms.openai import response_create
+        from stopdesk.agent.openai import response_create
 
         sandbox = _sandbox(ctx)
         party = sandbox.sandbox.openai
@@ -142,7 +142,7 @@ class HttpDriver(Driver):
     }
 
     def child(self, ctx: DrillContext, variant: str) -> Child:
-        from reconcile.mechanisms.http import http_submit
+        from stopdesk.agent.http import http_submit
 
         sandbox = _sandbox(ctx)
         crm, outbox = sandbox.sandbox.crm, sandbox.sandbox.outbox
@@ -293,8 +293,8 @@ class ManualDriver(Driver):
     not_applicable = {"cancel_endpoint_down": "manual has no cancellation endpoint; it waits for a report"}
 
     def child(self, ctx: DrillContext, variant: str) -> Child:
+        from stopdesk.agent.runtime import LocalRuntime
         from stopdesk.client.errors import StopRequested
-        from stopdesk.runtime import LocalRuntime
 
         sandbox = _sandbox(ctx)
         outbox = sandbox.sandbox.outbox
@@ -404,7 +404,7 @@ class McpDriver(Driver):
         self, ctx: DrillContext, tool: str, *, name: str, seconds: float, timeout_s: float = 30.0,
         expect: frozenset[str] | None = None,
     ) -> Child:  # fmt: skip
-        from reconcile.mechanisms.mcp import mcp_call_tool
+        from stopdesk.agent.mcp import mcp_call_tool
 
         url = _sandbox(ctx).urls["mcp"]
         item = self._item(ctx, "lookup" if tool == "slow_lookup" else "write")
@@ -423,7 +423,7 @@ class McpDriver(Driver):
         return ctx.add(Child(item.pk, run, key=key, expect=expect, name=name))
 
     def _task_child(self, ctx: DrillContext, *, seconds: float, expect: frozenset[str] | None = None) -> Child:
-        from reconcile.mechanisms.mcp import mcp_start_task
+        from stopdesk.agent.mcp import mcp_start_task
 
         url = _sandbox(ctx).urls["mcp"]
         item = self._item(ctx, "export")
@@ -554,7 +554,7 @@ class AsyncioDriver(Driver):
         import asyncio
         import threading
 
-        from reconcile.mechanisms.aio import supervise
+        from stopdesk.agent.aio import supervise
 
         sandbox = _sandbox(ctx)
         crm, outbox = sandbox.sandbox.crm, sandbox.sandbox.outbox

@@ -118,9 +118,9 @@ class Integration:
                 elif answer.status_code != 404:
                     found.append(("crm", key, str(item.pk), f"lookup answered HTTP {answer.status_code}"))
             if item.mechanism == "openai" and item.handle:
-                from reconcile.mechanisms.openai import client_for
+                from stopdesk.agent.openai import openai_client
 
-                client = client_for(
+                client = openai_client(
                     base_url=self.openai_base_url or None, api_key=self.openai_api_key or None, timeout_s=self.timeout_s
                 )
                 status = client.responses.with_raw_response.retrieve(item.handle).http_response.json().get("status")
@@ -197,7 +197,7 @@ class IntegrationCrmDriver(_IntegrationDriver):
 
     def child(self, ctx: DrillContext, variant: str) -> Child:
         from reconcile.drills.agent import crm_declaration
-        from reconcile.mechanisms.http import http_submit
+        from stopdesk.agent.http import http_submit
 
         base = self.integration.crm_url.rstrip("/")
         decl = crm_declaration(base, self.integration.crm_system)
@@ -236,7 +236,7 @@ class IntegrationOpenAIDriver(_IntegrationDriver):
         return f"openai (your endpoint at {urlparse(self.integration.openai_base_url).netloc or 'api.openai.com'})"
 
     def child(self, ctx: DrillContext, variant: str) -> Child:
-        from reconcile.mechanisms.openai import response_create
+        from stopdesk.agent.openai import response_create
 
         item = item_register(
             task=self._task(ctx), kind=Kind.MODEL_REQUEST, noun="draft", actor=AGENT, mechanism="openai"
@@ -275,7 +275,7 @@ class IntegrationMcpDriver(_IntegrationDriver):
         return f"mcp (your tool {self.integration.mcp_tool} at {urlparse(self.integration.mcp_url).netloc})"
 
     def child(self, ctx: DrillContext, variant: str) -> Child:
-        from reconcile.mechanisms.mcp import mcp_call_tool
+        from stopdesk.agent.mcp import mcp_call_tool
 
         item = item_register(task=self._task(ctx), kind=Kind.REMOTE_TOOL, noun="lookup", actor=AGENT, mechanism="mcp")
         integration = self.integration
@@ -294,14 +294,17 @@ class IntegrationMcpDriver(_IntegrationDriver):
 def mcp_refusal(integration: Integration) -> str:
     """Why the MCP tool may not be drilled on the user's server ("" when it may): only a tool the
     server annotates read-only is called."""
-    from reconcile.mechanisms.mcp import _describe, connect
+    from reconcile.mechanisms import mcp_servers
+    from reconcile.mechanisms.registry import mechanism_settings
+    from stopdesk.agent.mcp import describe
 
-    async def describe() -> dict[str, Any]:
-        async with connect(integration.mcp_url, timeout_s=integration.timeout_s) as client:
-            return await _describe(client, integration.mcp_url, integration.mcp_tool)
+    async def facts_of_tool() -> dict[str, Any]:
+        spec = mcp_servers.resolve(integration.mcp_url, mechanism_settings("mcp").options)
+        async with mcp_servers.open_client(spec, timeout_s=integration.timeout_s) as conn:
+            return await describe(conn, integration.mcp_tool, {})
 
     try:
-        facts = anyio.run(describe)
+        facts = anyio.run(facts_of_tool)
     except Exception as exc:
         return f"could not describe {integration.mcp_tool!r}: {type(exc).__name__}: {exc}"[:300]
     if not facts["annotations"]["readOnlyHint"]:

@@ -1,244 +1,18 @@
-"""asyncio: a supervisor for in-process agent code, and the adapter that reads its answers.
+"""asyncio children: the adapter that reads back what the supervisor recorded.
 
-    async with supervise(actor="agent:planner") as group:
-        group.start(item_a, draft_invoice)            # async def draft_invoice(child): ...
-        group.start(item_b, send_reminder)
-
-Each child passes the boundary before it runs, and its outcome is recorded when it ends. The
-supervisor heartbeats its children and watches the ledger; when Stop is requested it cancels
-them, gives their `finally` blocks `cleanup_s` to run, and records each one:
-- returned: completed (even after the stop: the work finished, and says so);
-- raised: failed;
-- cancelled before any external action: cancelled;
-- cancelled after `await child.submit(key)`: awaiting_reconciliation. Cancelling a coroutine only
-  stops our waiting; it proves nothing about what the remote side received or committed;
-- still running after cleanup_s: awaiting_reconciliation (it cannot be forced).
+The supervisor (`stopdesk.agent.aio.supervise`) runs in the agent's own process and records each
+child's outcome in the ledger; nothing outside that process can cancel a coroutine, so this adapter
+can only inspect.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
-
-from django.db import connection
 from django.utils import timezone
 
-from reconcile.mechanisms.base import Capability, ItemRef, Mechanism, MechanismSettings, Observation, Seen
-from reconcile.mechanisms.registry import register
-
-log = logging.getLogger(__name__)
-T = TypeVar("T")
-LEDGER_FINAL = {"completed": Seen.COMPLETED, "failed": Seen.FAILED, "cancelled": Seen.CANCELLED}
+from reconcile.mechanisms.base import LEDGER_FINAL, Capability, ItemRef, Mechanism, MechanismSettings, Observation, Seen
+from stopdesk.states import ItemState
 
 
-async def _db[T](fn: Callable[..., T], /, **kwargs: Any) -> T:
-    """Run a ledger call in a worker thread, and close that thread's connection after it."""
-
-    def call() -> T:
-        try:
-            return fn(**kwargs)
-        finally:
-            connection.close()
-
-    return await asyncio.to_thread(call)
-
-
-@dataclass
-class Child:
-    item_id: int
-    actor: str
-    submitted: bool = False
-    outcome: str = ""
-    overran: bool = False  # its cleanup outlived cleanup_s after Stop, and that was recorded
-    task: asyncio.Task[Any] | None = field(default=None, repr=False)
-
-    async def submit(self, idempotency_key: str) -> None:
-        """Pass the boundary before an external action. Raises TaskStopped if Stop came first."""
-        from stopdesk.services.boundary import item_submit
-
-        await _db(item_submit, item_id=self.item_id, idempotency_key=idempotency_key, actor=self.actor)
-        self.submitted = True
-
-    async def declare(self, detail: dict[str, Any]) -> None:
-        """Record how the external action can be looked up (e.g. {"http": {...lookup_url...}})."""
-        from reconcile.services.handles import item_record_detail
-
-        await _db(item_record_detail, item_id=self.item_id, detail=detail)
-
-
-class Group:
-    def __init__(self, actor: str, cleanup_s: float) -> None:
-        self.actor = actor
-        self.cleanup_s = cleanup_s
-        self.children: list[Child] = []
-        self.stopped = asyncio.Event()
-        self._started: list[asyncio.Task[None]] = []
-
-    def start(self, item_id: int, body: Callable[[Child], Coroutine[Any, Any, Any]]) -> Child:
-        child = Child(item_id, self.actor)
-        self.children.append(child)
-        self._started.append(asyncio.create_task(self._run(child, body), name=f"stopdesk-child-{item_id}"))
-        return child
-
-    async def _run(self, child: Child, body: Callable[[Child], Coroutine[Any, Any, Any]]) -> None:
-        from stopdesk.services.boundary import item_start
-        from stopdesk.services.errors import IllegalTransition, TaskStopped
-
-        try:
-            await _db(item_start, item_id=child.item_id, actor=self.actor, worker="asyncio")
-        except (TaskStopped, IllegalTransition) as exc:
-            child.outcome = "not started"
-            log.info("child %s not started: %s", child.item_id, exc)
-            return
-        child.task = asyncio.create_task(body(child), name=f"stopdesk-body-{child.item_id}")
-        try:
-            result = await asyncio.shield(child.task)
-        except asyncio.CancelledError:
-            if not child.task.done():
-                raise  # the supervisor itself is being cancelled; _finish_stopped records it
-            return await self._record_cancelled(child)
-        except Exception as exc:
-            if child.submitted:
-                # Raising after the action went out says nothing about whether it landed (a client
-                # that timed out while the server went on): reconcile it, never "failed".
-                await self._record_unsure(child, f"raised after its external action was sent: {type(exc).__name__}")
-                return
-            child.outcome = "failed"
-            await self._finish(child, False, f"{type(exc).__name__}: {exc}"[:200])
-            return
-        child.outcome = "completed"
-        await self._finish(child, True, "completed" if not self.stopped.is_set() else "completed despite the stop")
-        del result
-
-    async def _finish(self, child: Child, succeeded: bool, outcome: str) -> None:
-        from stopdesk.services.items import item_finish
-
-        await _db(item_finish, item_id=child.item_id, succeeded=succeeded, actor=self.actor, outcome=outcome)
-
-    async def _record_cancelled(self, child: Child) -> None:
-        from stopdesk.services.errors import IllegalTransition
-        from stopdesk.services.items import item_transition
-        from stopdesk.states import ItemState
-
-        if child.task is not None and child.task.done() and not child.task.cancelled():
-            # It caught the cancellation and ended on its own terms: record what it did.
-            exc = child.task.exception()
-            child.outcome = "completed" if exc is None else "failed"
-            await self._finish(child, exc is None, "completed despite the stop" if exc is None else repr(exc)[:200])
-            return
-        if child.submitted:
-            await self._record_unsure(child, "cancelled after its external action was sent")
-            return
-        child.outcome = "cancelled"
-        try:
-            await _db(
-                item_transition,
-                item_id=child.item_id,
-                to_state=ItemState.CANCELLED,
-                actor=self.actor,
-                outcome="cancelled before any external action",
-                allowed_from=frozenset({ItemState.RUNNING}),
-            )
-        except IllegalTransition as exc:
-            log.info("child %s: %s", child.item_id, exc)
-
-    async def _record_unsure(self, child: Child, outcome: str) -> None:
-        """The child ended after its external action was sent: look the action up."""
-        from stopdesk.services.errors import IllegalTransition
-        from stopdesk.services.items import item_transition
-        from stopdesk.states import ItemState
-
-        child.outcome = "awaiting_reconciliation"
-        try:
-            await _db(
-                item_transition,
-                item_id=child.item_id,
-                to_state=ItemState.AWAITING_RECONCILIATION,
-                actor=self.actor,
-                outcome=outcome,
-                allowed_from=frozenset({ItemState.RUNNING}),
-                next_check_at=timezone.now(),
-            )
-        except IllegalTransition as exc:
-            log.info("child %s: %s", child.item_id, exc)
-
-    async def cancel_all(self) -> None:
-        """Cancel every running child, give their cleanup a bounded time, record the rest."""
-        self.stopped.set()
-        bodies = [c.task for c in self.children if c.task is not None and not c.task.done()]
-        for body in bodies:
-            body.cancel("stop requested")
-        if bodies:
-            await asyncio.wait(bodies, timeout=self.cleanup_s)
-        for child in self.children:
-            if child.task is not None and not child.task.done():
-                await self._record_overrun(child)
-
-    async def _record_overrun(self, child: Child) -> None:
-        from stopdesk.services.errors import IllegalTransition
-        from stopdesk.services.items import item_transition
-        from stopdesk.states import ItemState
-
-        child.outcome = "awaiting_reconciliation"
-        with contextlib.suppress(IllegalTransition):
-            await _db(
-                item_transition,
-                item_id=child.item_id,
-                to_state=ItemState.AWAITING_RECONCILIATION,
-                actor=self.actor,
-                outcome=f"cleanup did not finish within {self.cleanup_s:g}s",
-                allowed_from=frozenset({ItemState.RUNNING}),
-                next_check_at=timezone.now(),
-            )
-        child.overran = True
-
-    def settled(self) -> bool:
-        """Every child's runner has recorded its outcome, or the child overran its cleanup after
-        Stop (recorded; its runner waits on a body that cannot be forced, so nobody waits for it).
-        A body that has merely finished is not enough: its runner may still be writing."""
-        return all(runner.done() or child.overran for child, runner in zip(self.children, self._started, strict=True))
-
-    async def _watch(self, poll_s: float) -> None:
-        from stopdesk.services.items import item_heartbeat
-
-        while True:
-            await asyncio.sleep(poll_s)
-            running = [c for c in self.children if c.task is not None and not c.task.done()]
-            if not running:
-                continue
-            # The heartbeat keeps the leases alive and answers "was Stop requested?" in one go.
-            answers = await asyncio.gather(*(_db(item_heartbeat, item_id=c.item_id) for c in running))
-            if any(answers):
-                await self.cancel_all()
-                return
-
-
-@contextlib.asynccontextmanager
-async def supervise(*, actor: str, poll_s: float = 0.5, cleanup_s: float = 5.0) -> AsyncIterator[Group]:
-    """Run children; leave the block when every child has ended and been recorded."""
-    group = Group(actor, cleanup_s)
-    watcher = asyncio.create_task(group._watch(poll_s), name="stopdesk-watch")
-    try:
-        yield group
-        while not group.settled():
-            pending = [runner for runner in group._started if not runner.done()]
-            await asyncio.wait(pending, return_when=asyncio.ALL_COMPLETED, timeout=poll_s)
-    finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
-        # Children still running after an overrun cannot be forced; stop waiting for their runners.
-        for runner in group._started:
-            if not runner.done():
-                runner.cancel()
-        await asyncio.gather(*group._started, return_exceptions=True)
-
-
-@register
 class AsyncioChild(Mechanism):
     """The supervisor records outcomes in the ledger; this adapter reads them back. An external
     action the child declared (detail["http"]) is looked up through the HTTP adapter."""
@@ -259,13 +33,10 @@ class AsyncioChild(Mechanism):
         if item.submitted_at is not None and item.detail.get("http"):
             # The remote side first, even when the ledger already says cancelled: the watch after
             # `cancelled` exists to see an action that lands late, and the ledger is our own claim.
-            from reconcile.mechanisms.http import HttpOperation
-            from reconcile.mechanisms.registry import mechanism_settings
-
-            return HttpOperation(mechanism_settings("http")).inspect(item)
+            return self.peer("http").inspect(item)
         if item.state in LEDGER_FINAL:
             return Observation(LEDGER_FINAL[item.state], remote_status=f"ledger: {item.state}")
-        if item.state == "running" and item.lease_until is not None and item.lease_until > timezone.now():
+        if item.state == ItemState.RUNNING and item.lease_until is not None and item.lease_until > timezone.now():
             return Observation(Seen.RUNNING, remote_status="heartbeat fresh")
         if item.submitted_at is not None:
             return Observation(

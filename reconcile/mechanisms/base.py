@@ -8,9 +8,12 @@ remote side said, in our vocabulary). `reconcile.engine` decides; `reconcile.ser
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any, ClassVar
+
+from stopdesk.states import ItemState
 
 
 class Capability(enum.StrEnum):
@@ -33,6 +36,12 @@ class Seen(enum.StrEnum):
 
 
 FINAL_SEEN = frozenset({Seen.COMPLETED, Seen.FAILED, Seen.CANCELLED, Seen.NO_EFFECT})
+# What a final ledger state says, for the adapters whose work records its own end in the ledger.
+LEDGER_FINAL: dict[str, Seen] = {
+    ItemState.COMPLETED: Seen.COMPLETED,
+    ItemState.FAILED: Seen.FAILED,
+    ItemState.CANCELLED: Seen.CANCELLED,
+}
 
 
 @dataclass(frozen=True)
@@ -119,8 +128,17 @@ class Mechanism:
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
     defaults: ClassVar[MechanismSettings] = MechanismSettings()
 
-    def __init__(self, settings: MechanismSettings | None = None) -> None:
+    def __init__(
+        self, settings: MechanismSettings | None = None, peers: Callable[[str], Mechanism] | None = None
+    ) -> None:
         self.settings = settings or self.defaults
+        self._peers = peers
+
+    def peer(self, name: str) -> Mechanism:
+        """Another adapter, built with its settings (given by the registry, which builds both)."""
+        if self._peers is None:
+            raise LookupError(f"{self.name} was built without a registry; it cannot reach {name!r}")
+        return self._peers(name)
 
     def can(self, capability: Capability, item: ItemRef | None = None) -> bool:
         """Whether this adapter can do `capability` (for `item`, when it depends on what the

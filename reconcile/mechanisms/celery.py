@@ -1,6 +1,6 @@
 """Celery workers: cooperative cancellation through the ledger, revoke as an optimisation.
 
-The task body (a `stopdesk.workers.LedgerTask`) checks the ledger between steps and records
+The task body (a `stopdesk.agent.workers.LedgerTask`) checks the ledger between steps and records
 `cancelled` itself; nothing here can stop a running task. A revoke broadcast (never terminate)
 saves the work of starting a task that is still queued or reserved; its revoked-id set lives in
 worker memory and is lost on restart, so it is only an optimisation. The final state comes from
@@ -11,13 +11,10 @@ from __future__ import annotations
 
 from django.utils import timezone
 
-from reconcile.mechanisms.base import Capability, ItemRef, Mechanism, MechanismSettings, Observation, Seen
-from reconcile.mechanisms.registry import register
-
-LEDGER_FINAL = {"completed": Seen.COMPLETED, "failed": Seen.FAILED, "cancelled": Seen.CANCELLED}
+from reconcile.mechanisms.base import LEDGER_FINAL, Capability, ItemRef, Mechanism, MechanismSettings, Observation, Seen
+from stopdesk.celery import app
 
 
-@register
 class CeleryWorker(Mechanism):
     name = "celery"
     capabilities = frozenset({Capability.CANCEL, Capability.INSPECT})
@@ -33,8 +30,6 @@ class CeleryWorker(Mechanism):
         replies: list[str] = []
         error = ""
         if item.handle:
-            from stopdesk.celery import app
-
             try:
                 answers = app.control.revoke(item.handle, reply=True, timeout=self.settings.call_timeout_s) or []
                 replies = sorted(host for answer in answers for host in answer)

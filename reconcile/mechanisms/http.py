@@ -19,7 +19,6 @@ and `reverse(record, expected_version)`, which sends the version as If-Match and
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -35,16 +34,13 @@ from reconcile.mechanisms.base import (
     RecordFact,
     Seen,
 )
-from reconcile.mechanisms.registry import register
 
 RETRYABLE_STATUS = frozenset({408, 425, 429}) | frozenset(range(500, 600))
 
 
-def _declaration(detail: dict[str, Any], system: str | None = None) -> dict[str, Any]:
-    from reconcile.mechanisms.registry import mechanism_settings
-
+def declaration(detail: dict[str, Any], systems: dict[str, Any], system: str | None = None) -> dict[str, Any]:
+    """The item's declaration over its system's configured one: the item's keys win."""
     declared = dict(detail.get("http") or {})
-    systems = mechanism_settings("http").options.get("systems", {})
     return {**systems.get(system or declared.get("system", ""), {}), **declared}
 
 
@@ -80,7 +76,30 @@ def record_fact(decl: dict[str, Any], response: httpx.Response) -> RecordFact:
     )
 
 
-@register
+@dataclass(frozen=True)
+class VersionRead:
+    ok: bool
+    version: str = ""
+    status: str = ""  # the record's own status ("active", "archived"), when it says
+    status_code: int | None = None
+    error: str = ""
+    body: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Reversal:
+    outcome: str  # "done", "version_mismatch", "not_found", "not_reversible", "error"
+    status_code: int | None = None
+    current_version: str = ""  # on a mismatch: what the record is at now
+    new_version: str = ""  # when done: the version after the reversal
+    error: str = ""
+    body: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return self.outcome == "done"
+
+
 class HttpOperation(Mechanism):
     name = "http"
     capabilities = frozenset({Capability.CANCEL, Capability.INSPECT, Capability.REVERSE})
@@ -96,15 +115,24 @@ class HttpOperation(Mechanism):
     )
 
     def can(self, capability: Capability, item: ItemRef | None = None) -> bool:
-        if item is None or capability != Capability.CANCEL:
+        """Per item, what the operation's declaration (on the item, or its system's) provides."""
+        if item is None:
             return capability in self.capabilities
-        return bool(_declaration(item.detail).get("cancel_url"))
+        decl = self.declaration(item.detail)
+        if capability == Capability.CANCEL:
+            return bool(decl.get("cancel_url"))
+        if capability == Capability.INSPECT:
+            return bool(decl.get("lookup_url"))
+        return bool((decl.get("reverse") or {}).get("url"))
+
+    def declaration(self, detail: dict[str, Any], system: str | None = None) -> dict[str, Any]:
+        return declaration(detail, self.settings.options.get("systems", {}), system)
 
     def _http(self) -> httpx.Client:
         return httpx.Client(timeout=self.settings.call_timeout_s)
 
     def cancel(self, item: ItemRef) -> Observation:
-        decl = _declaration(item.detail)
+        decl = self.declaration(item.detail)
         url = decl.get("cancel_url")
         if not url:
             return self.inspect(item)
@@ -126,7 +154,7 @@ class HttpOperation(Mechanism):
         )
 
     def inspect(self, item: ItemRef) -> Observation:
-        decl = _declaration(item.detail)
+        decl = self.declaration(item.detail)
         url = decl.get("lookup_url")
         if not url or not item.idempotency_key:
             return Observation(Seen.UNKNOWABLE, remote_status="no lookup", message="No status lookup was declared.")
@@ -158,160 +186,58 @@ class HttpOperation(Mechanism):
             record=None if failed else fact,
         )
 
+    # Compensation: read the current version, reverse with it as precondition.
 
-# --- agent side --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Submitted:
-    accepted: bool  # the system answered 2xx: the record below exists
-    status_code: int | None
-    record: RecordFact | None = None
-    error: str = ""
-
-
-def http_submit(
-    *,
-    item_id: int,
-    actor: str,
-    idempotency_key: str,
-    url: str,
-    declaration: dict[str, Any],
-    json: Any = None,
-    method: str = "POST",
-    headers: dict[str, str] | None = None,
-    timeout_s: float | None = None,
-) -> Submitted:
-    """Pass the boundary with the idempotency key, send the action, and record what is known.
-
-    Accepted: the external record (id and version) is attached and the item completes. A timeout,
-    a connection error or a 5xx leaves it `awaiting_reconciliation`, due now: the lookup by key
-    will say whether it landed. Raises TaskStopped (nothing sent) once Stop was requested."""
-    from reconcile.mechanisms.registry import mechanism_settings
-    from reconcile.services.handles import item_attach_fact, item_record_detail
-    from stopdesk.services.boundary import item_submit
-    from stopdesk.services.items import item_finish, item_transition
-    from stopdesk.states import ItemState
-
-    decl = {**declaration}
-    item_record_detail(item_id=item_id, detail={"http": decl})
-    item_submit(item_id=item_id, idempotency_key=idempotency_key, actor=actor)
-    timeout = timeout_s if timeout_s is not None else mechanism_settings("http").call_timeout_s
-    response: httpx.Response | None = None
-    try:
-        with httpx.Client(timeout=timeout) as http:
-            response = http.request(
-                method, url, json=json, headers={**(headers or {}), "Idempotency-Key": idempotency_key}
-            )
-        error = "" if response.status_code < 500 else f"HTTP {response.status_code}"
-    except httpx.HTTPError as exc:
-        error = type(exc).__name__
-    if response is not None and response.status_code < 300:
-        fact = record_fact(_declaration({"http": decl}), response)
-        item_attach_fact(item_id=item_id, fact=fact, actor=actor)
-        item_finish(item_id=item_id, succeeded=True, actor=actor, outcome=f"{fact.effect} {fact.record_id}")
-        return Submitted(True, response.status_code, fact)
-    if response is not None and response.status_code < 500:
-        item_finish(item_id=item_id, succeeded=False, actor=actor, outcome=f"refused: HTTP {response.status_code}")
-        return Submitted(False, response.status_code, error=response.text[:200])
-    from django.utils import timezone
-
-    from stopdesk.services.errors import IllegalTransition
-
-    # If reconciliation (after a Stop) looked the action up and settled the item while our call
-    # was still waiting, its finding stands, and the agent is told there was no answer.
-    with contextlib.suppress(IllegalTransition):
-        item_transition(
-            item_id=item_id,
-            to_state=ItemState.AWAITING_RECONCILIATION,
-            actor=actor,
-            outcome="sent; no answer",
-            message=f"No answer ({error}); looking it up by idempotency key.",
-            allowed_from=frozenset({ItemState.RUNNING}),
-            next_check_at=timezone.now(),
-        )
-    return Submitted(False, response.status_code if response is not None else None, error=error)
-
-
-# --- compensation: read the current version, reverse with it as precondition ------------------
-
-
-@dataclass(frozen=True)
-class VersionRead:
-    ok: bool
-    version: str = ""
-    status: str = ""  # the record's own status ("active", "archived"), when it says
-    status_code: int | None = None
-    error: str = ""
-    body: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Reversal:
-    outcome: str  # "done", "version_mismatch", "not_found", "not_reversible", "error"
-    status_code: int | None = None
-    current_version: str = ""  # on a mismatch: what the record is at now
-    new_version: str = ""  # when done: the version after the reversal
-    error: str = ""
-    body: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def done(self) -> bool:
-        return self.outcome == "done"
-
-
-def _record_decl(record: Any) -> dict[str, Any]:
-    item = getattr(record, "item", None)
-    return _declaration(item.detail if item is not None else {}, system=record.system)
-
-
-def read_version(record: Any, *, timeout_s: float | None = None) -> VersionRead:
-    """GET the external record and report its current version. Never raises for remote failures."""
-    decl = _record_decl(record)
-    url = decl.get("record_url")
-    if not url:
-        return VersionRead(False, error=f"no record_url declared for system {record.system!r}")
-    try:
-        with httpx.Client(timeout=timeout_s or HttpOperation.defaults.call_timeout_s) as http:
-            response = http.get(_fill(url, record_id=record.record_id))
-    except httpx.HTTPError as exc:
-        return VersionRead(False, error=type(exc).__name__)
-    if response.status_code >= 300:
-        return VersionRead(False, status_code=response.status_code, error=response.text[:200])
-    body = response.json()
-    version = _version_of(response, body, decl.get("version_field", "version"))
-    return VersionRead(True, version, str(body.get("status", "")), response.status_code, body=body)
-
-
-def reverse(record: Any, expected_version: str, *, actor: str = "stopdesk", timeout_s: float | None = None) -> Reversal:
-    """Run the declared reversal with `expected_version` as If-Match. A changed record is a
-    `version_mismatch` (HTTP 412), never forced. Idempotent where the system replays a repeat."""
-    decl = _record_decl(record)
-    spec = decl.get("reverse") or {}
-    if not spec.get("url"):
-        return Reversal("not_reversible", error=f"no reversal declared for system {record.system!r}")
-    if not expected_version:
-        return Reversal("error", error="a reversal needs the version it expects")
-    try:
-        with httpx.Client(timeout=timeout_s or HttpOperation.defaults.call_timeout_s) as http:
-            response = http.request(
-                spec.get("method", "POST"),
-                _fill(spec["url"], record_id=record.record_id),
-                headers={"If-Match": _if_match(expected_version), "X-Actor": actor},
-            )
-    except httpx.HTTPError as exc:
-        return Reversal("error", error=type(exc).__name__)
-    try:
+    def read_version(self, record: Any, *, timeout_s: float | None = None) -> VersionRead:
+        """GET the external record and report its current version. Never raises for remote failures."""
+        item = getattr(record, "item", None)
+        decl = self.declaration(item.detail if item is not None else {}, system=record.system)
+        url = decl.get("record_url")
+        if not url:
+            return VersionRead(False, error=f"no record_url declared for system {record.system!r}")
+        try:
+            with httpx.Client(timeout=timeout_s or self.settings.call_timeout_s) as http:
+                response = http.get(_fill(url, record_id=record.record_id))
+        except httpx.HTTPError as exc:
+            return VersionRead(False, error=type(exc).__name__)
+        if response.status_code >= 300:
+            return VersionRead(False, status_code=response.status_code, error=response.text[:200])
         body = response.json()
-    except ValueError:
-        body = {}
-    body = body if isinstance(body, dict) else {}
-    field_name = decl.get("version_field", "version")
-    if response.status_code == 412:
-        current = str(body.get(field_name, "")) or response.headers.get("etag", "")
-        return Reversal("version_mismatch", 412, current_version=current, body=body)
-    if response.status_code == 404:
-        return Reversal("not_found", 404, body=body)
-    if response.status_code >= 300:
-        return Reversal("error", response.status_code, error=response.text[:200], body=body)
-    return Reversal("done", response.status_code, new_version=_version_of(response, body, field_name), body=body)
+        version = _version_of(response, body, decl.get("version_field", "version"))
+        return VersionRead(True, version, str(body.get("status", "")), response.status_code, body=body)
+
+    def reverse(
+        self, record: Any, expected_version: str, *, actor: str = "stopdesk", timeout_s: float | None = None
+    ) -> Reversal:
+        """Run the declared reversal with `expected_version` as If-Match. A changed record is a
+        `version_mismatch` (HTTP 412), never forced. Idempotent where the system replays a repeat."""
+        item = getattr(record, "item", None)
+        decl = self.declaration(item.detail if item is not None else {}, system=record.system)
+        spec = decl.get("reverse") or {}
+        if not spec.get("url"):
+            return Reversal("not_reversible", error=f"no reversal declared for system {record.system!r}")
+        if not expected_version:
+            return Reversal("error", error="a reversal needs the version it expects")
+        try:
+            with httpx.Client(timeout=timeout_s or self.settings.call_timeout_s) as http:
+                response = http.request(
+                    spec.get("method", "POST"),
+                    _fill(spec["url"], record_id=record.record_id),
+                    headers={"If-Match": _if_match(expected_version), "X-Actor": actor},
+                )
+        except httpx.HTTPError as exc:
+            return Reversal("error", error=type(exc).__name__)
+        try:
+            body = response.json()
+        except ValueError:
+            body = {}
+        body = body if isinstance(body, dict) else {}
+        field_name = decl.get("version_field", "version")
+        if response.status_code == 412:
+            current = str(body.get(field_name, "")) or response.headers.get("etag", "")
+            return Reversal("version_mismatch", 412, current_version=current, body=body)
+        if response.status_code == 404:
+            return Reversal("not_found", 404, body=body)
+        if response.status_code >= 300:
+            return Reversal("error", response.status_code, error=response.text[:200], body=body)
+        return Reversal("done", response.status_code, new_version=_version_of(response, body, field_name), body=body)

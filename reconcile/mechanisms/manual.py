@@ -7,10 +7,8 @@ is `uncertain` with an investigate-by deadline.
 from __future__ import annotations
 
 from reconcile.mechanisms.base import ItemRef, Mechanism, MechanismSettings, Observation, Seen
-from reconcile.mechanisms.registry import register
 
 
-@register
 class Manual(Mechanism):
     name = "manual"
     capabilities = frozenset()

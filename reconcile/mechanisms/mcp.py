@@ -28,11 +28,12 @@ from typing import Any
 import anyio
 import httpx
 import mcp_types as types
+from django.utils import timezone
 from mcp.shared.exceptions import MCPError
 
 from reconcile.mechanisms import mcp_servers
-from reconcile.mechanisms.base import Capability, ItemRef, Mechanism, MechanismSettings, Observation, Seen
-from reconcile.mechanisms.registry import register
+from reconcile.mechanisms.base import LEDGER_FINAL, Capability, ItemRef, Mechanism, MechanismSettings, Observation, Seen
+from stopdesk.states import ItemState
 
 log = logging.getLogger(__name__)
 INVALID_PARAMS = -32602
@@ -44,7 +45,6 @@ TASK_STATUS = {
     "failed": Seen.FAILED,
     "cancelled": Seen.CANCELLED,
 }
-LEDGER_FINAL = {"completed": Seen.COMPLETED, "failed": Seen.FAILED, "cancelled": Seen.CANCELLED}
 OWNER_GONE = (
     "The agent process that owned the MCP session holding this task stopped (its lease ran out) "
     "before the task was reconciled, and the server keeps tasks per session: {what}. Whether the "
@@ -133,7 +133,6 @@ async def run_status_check(spec: mcp_servers.ServerSpec, check: dict[str, Any], 
     return status_check_observation(answer, check)
 
 
-@register
 class McpToolCall(Mechanism):
     name = "mcp"
     capabilities = frozenset({Capability.CANCEL, Capability.INSPECT})
@@ -169,7 +168,7 @@ class McpToolCall(Mechanism):
     def _task(self, item: ItemRef, *, cancel: bool) -> Observation:
         facts = item.detail.get("mcp") or {}
         session = facts.get("session") or {}
-        if item.state == "running" and _owner_alive(item):
+        if item.state == ItemState.RUNNING and _owner_alive(item):
             return Observation(
                 Seen.RUNNING,
                 remote_status="session owner alive",
@@ -178,7 +177,7 @@ class McpToolCall(Mechanism):
         if facts.get("transport") == mcp_servers.STDIO or not session.get("id"):
             return _owner_gone("the server was a stdio process of that agent and ended with it")
         try:
-            spec = mcp_servers.from_detail(facts)
+            spec = mcp_servers.from_detail(facts, self.settings.options)
             return _resume(spec, session["id"], item, cancel=cancel, timeout_s=self.settings.call_timeout_s)
         except (httpx.HTTPError, OSError, mcp_servers.ServerConfigError) as exc:
             return Observation(Seen.UNREACHABLE, remote_status=type(exc).__name__, message=str(exc)[:200])
@@ -188,13 +187,11 @@ class McpToolCall(Mechanism):
     def _plain_call(self, item: ItemRef) -> Observation:
         """A plain call's caller records its end in the ledger; read it back from there, or look
         through the tool's status check."""
-        from django.utils import timezone
-
         if item.state in LEDGER_FINAL:
             return Observation(LEDGER_FINAL[item.state], remote_status=f"ledger: {item.state}")
         check = _status_check(item)
         caller_alive = item.lease_until is not None and item.lease_until > timezone.now()
-        if item.state == "running" and caller_alive:
+        if item.state == ItemState.RUNNING and caller_alive:
             return Observation(Seen.RUNNING, remote_status="caller alive", message="The caller cancels its own call.")
         annotations = (item.detail.get("mcp") or {}).get("annotations") or {}
         if annotations.get("readOnlyHint"):
@@ -203,7 +200,7 @@ class McpToolCall(Mechanism):
             )
         if check:
             try:
-                spec = mcp_servers.from_detail(item.detail.get("mcp") or {})
+                spec = mcp_servers.from_detail(item.detail.get("mcp") or {}, self.settings.options)
                 return anyio.run(run_status_check, spec, check, self.settings.call_timeout_s)
             except mcp_servers.ServerConfigError as exc:
                 return Observation(Seen.UNKNOWABLE, remote_status="status check impossible", message=str(exc))
@@ -229,8 +226,6 @@ def _status_check(item: ItemRef) -> dict[str, Any] | None:
 
 
 def _owner_alive(item: ItemRef) -> bool:
-    from django.utils import timezone
-
     return item.lease_until is not None and item.lease_until > timezone.now()
 
 
@@ -292,15 +287,6 @@ def _rpc(http: httpx.Client, url: str, method: str, params: dict[str, Any]) -> t
         return response.status_code, {"error": {"code": -32603, "message": "no answer in the event stream"}}
     payload = response.json()
     return response.status_code, payload if isinstance(payload, dict) else {}
-
-
-def __getattr__(name: str) -> Any:
-    # The agent-side helpers used to live here; keep old imports working.
-    if name in ("mcp_call_tool", "mcp_start_task", "mcp_run_task"):
-        from reconcile.mechanisms import mcp_agent
-
-        return getattr(mcp_agent, name)
-    raise AttributeError(name)
 
 
 __all__ = ["MCPError", "McpToolCall", "annotations_of", "run_status_check", "task_observation"]

@@ -1,6 +1,7 @@
 """Which MCP server a call goes to, and how to reach it: Streamable HTTP or stdio.
 
-Servers are named in configuration (`STOPDESK_MECHANISMS["mcp"]["options"]["servers"]`):
+Servers are named in configuration (`STOPDESK_MECHANISMS["mcp"]["options"]["servers"]`; the
+callers pass the mechanism's options in):
 
     "servers": {
         "git": {"command": "mcp-server-git", "args": [], "env": {}, "cwd": None,
@@ -110,14 +111,9 @@ class ServerSpec:
         return [v for v in values if v]
 
 
-def _options() -> dict[str, Any]:
-    from reconcile.mechanisms.registry import mechanism_settings
-
-    return mechanism_settings("mcp").options
-
-
-def configured_servers() -> dict[str, ServerSpec]:
-    servers = _options().get("servers") or {}
+def configured_servers(options: dict[str, Any]) -> dict[str, ServerSpec]:
+    """The servers named in the MCP mechanism's options."""
+    servers = options.get("servers") or {}
     if not isinstance(servers, dict):
         raise ServerConfigError("mcp options 'servers' must be a mapping of name to server")
     return {name: _spec(name, raw) for name, raw in servers.items()}
@@ -175,7 +171,7 @@ def _spec(name: str, raw: Any) -> ServerSpec:
     )
 
 
-def resolve(server: str | StdioServerParameters | ServerSpec) -> ServerSpec:
+def resolve(server: str | StdioServerParameters | ServerSpec, options: dict[str, Any]) -> ServerSpec:
     """A configured name, a URL (configured or not), or stdio parameters given in code."""
     if isinstance(server, ServerSpec):
         return server
@@ -188,7 +184,7 @@ def resolve(server: str | StdioServerParameters | ServerSpec) -> ServerSpec:
             cwd=str(server.cwd) if server.cwd is not None else None,
             env=dict(server.env or {}),
         )
-    configured = configured_servers()
+    configured = configured_servers(options)
     if server in configured:
         return configured[server]
     if server.startswith(("http://", "https://")):
@@ -199,15 +195,15 @@ def resolve(server: str | StdioServerParameters | ServerSpec) -> ServerSpec:
     raise ServerConfigError(f"no MCP server named {server!r} is configured, and it is not a URL")
 
 
-def from_detail(facts: dict[str, Any]) -> ServerSpec:
+def from_detail(facts: dict[str, Any], options: dict[str, Any]) -> ServerSpec:
     """The server an item's recorded facts name. A stdio server is only reachable by its
     configured name: a command is never taken from the ledger."""
     name = str(facts.get("server") or "")
-    configured = configured_servers()
+    configured = configured_servers(options)
     if name in configured:
         return configured[name]
     if facts.get("transport", HTTP) == HTTP and (facts.get("url") or name).startswith(("http://", "https://")):
-        return resolve(str(facts.get("url") or name))
+        return resolve(str(facts.get("url") or name), options)
     raise ServerConfigError(f"the stdio MCP server {name!r} is not configured, so it cannot be started to look")
 
 

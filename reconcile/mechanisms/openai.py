@@ -17,7 +17,6 @@ from typing import Any
 import openai as sdk
 
 from reconcile.mechanisms.base import Capability, ItemRef, Mechanism, MechanismSettings, Observation, Seen
-from reconcile.mechanisms.registry import register
 
 STATUS = {
     "queued": Seen.RUNNING,
@@ -35,9 +34,10 @@ _clients_lock = threading.Lock()
 
 def client_for(*, base_url: str | None = None, api_key: str | None = None, timeout_s: float = 10.0) -> sdk.OpenAI:
     """A shared client (one connection pool) per endpoint, with the SDK's retries off: the
-    engine retries, with a deadline the SDK does not know about."""
-    base_url = base_url or get_settings().options.get("base_url") or os.environ.get("OPENAI_BASE_URL") or None
-    api_key = api_key or get_settings().options.get("api_key") or os.environ.get("OPENAI_API_KEY") or "sk-none"
+    engine retries, with a deadline the SDK does not know about. Unset, the endpoint and key come
+    from OPENAI_BASE_URL and OPENAI_API_KEY, as for the SDK."""
+    base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+    api_key = api_key or os.environ.get("OPENAI_API_KEY") or "sk-none"
     key = (base_url, api_key, timeout_s)
     with _clients_lock:
         client = _clients.get(key)
@@ -45,12 +45,6 @@ def client_for(*, base_url: str | None = None, api_key: str | None = None, timeo
             client = sdk.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout_s)
             _clients[key] = client
         return client
-
-
-def get_settings() -> MechanismSettings:
-    from reconcile.mechanisms.registry import mechanism_settings
-
-    return mechanism_settings("openai")
 
 
 def observe(response: dict[str, Any]) -> Observation:
@@ -65,7 +59,6 @@ def observe(response: dict[str, Any]) -> Observation:
     return Observation(seen, remote_status=status, detail=detail)
 
 
-@register
 class OpenAIResponses(Mechanism):
     name = "openai"
     capabilities = frozenset({Capability.CANCEL, Capability.INSPECT})
@@ -133,44 +126,3 @@ class OpenAIResponses(Mechanism):
         except sdk.APIConnectionError as exc:
             return Observation(Seen.UNREACHABLE, remote_status=type(exc).__name__)
         return observe(response)
-
-
-def response_create(
-    *,
-    item_id: int,
-    actor: str,
-    base_url: str | None = None,
-    api_key: str | None = None,
-    timeout_s: float | None = None,
-    **params: Any,
-) -> Any:
-    """Agent side: pass the boundary, create a background response with no SDK retries and with
-    metadata linking it to the item, and store its id as the item's handle before anything else.
-
-    Raises TaskStopped when Stop was requested first (nothing is sent). A create that does not
-    answer leaves the item running with no handle; reconciliation marks it uncertain, because
-    the run may exist and cannot be listed."""
-    from reconcile.services.handles import item_record_handle
-    from stopdesk.models import WorkItem
-    from stopdesk.services.boundary import item_submit
-
-    item = WorkItem.objects.get(pk=item_id)
-    # A create is an external action: it passes the submit boundary whatever the item's state
-    # (queued, running, or already cancelled by Stop's set-based update), which raises TaskStopped
-    # once Stop was requested and refuses a second create for the same item. The key is our
-    # correlation id (the Responses API takes no idempotency key); it also goes in the metadata.
-    key = f"stopdesk-item-{item_id}"
-    item_submit(item_id=item_id, idempotency_key=key, actor=actor)
-    metadata = {
-        **params.pop("metadata", {}),
-        "stopdesk_item": str(item_id),
-        "stopdesk_task": str(item.task_id),
-        "stopdesk_key": key,
-    }
-    cfg = get_settings()
-    client = client_for(base_url=base_url, api_key=api_key, timeout_s=timeout_s or cfg.call_timeout_s)
-    response = client.responses.create(background=True, metadata=metadata, **params)
-    item_record_handle(
-        item_id=item_id, handle=response.id, actor=actor, detail={"openai": {"base_url": str(client.base_url)}}
-    )
-    return response

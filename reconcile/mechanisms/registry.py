@@ -1,42 +1,78 @@
-"""Which adapter handles which `WorkItem.mechanism`, built with its settings."""
+"""Which adapter handles which `WorkItem.mechanism`, built with its settings.
+
+The built-in adapters are named here by dotted path and imported when first used, so naming a
+mechanism (item registration checks the name) does not load the OpenAI and MCP SDKs. Adapter
+modules do not import this one: the table points one way.
+"""
 
 from __future__ import annotations
 
 from functools import cache
 
 from django.conf import settings
+from django.core.signals import setting_changed
+from django.utils.module_loading import import_string
 
 from reconcile.mechanisms.base import Mechanism, MechanismSettings
 
-_CLASSES: dict[str, type[Mechanism]] = {}
+BUILTIN: dict[str, str] = {
+    "asyncio": "reconcile.mechanisms.aio.AsyncioChild",
+    "celery": "reconcile.mechanisms.celery.CeleryWorker",
+    "http": "reconcile.mechanisms.http.HttpOperation",
+    "manual": "reconcile.mechanisms.manual.Manual",
+    "mcp": "reconcile.mechanisms.mcp.McpToolCall",
+    "openai": "reconcile.mechanisms.openai.OpenAIResponses",
+}
+_EXTRA: dict[str, type[Mechanism]] = {}
+
+
+class UnknownMechanism(LookupError):
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"Unknown mechanism {name!r}; expected one of {', '.join(names())}.")
 
 
 def register(cls: type[Mechanism]) -> type[Mechanism]:
-    """Class decorator: make an adapter available under its `name`."""
-    _CLASSES[cls.name] = cls
+    """Make an adapter outside the built-in table available under its `name` (a class decorator)."""
+    if cls.name in BUILTIN or _EXTRA.get(cls.name, cls) is not cls:
+        raise ValueError(f"A mechanism named {cls.name!r} is already registered.")
+    _EXTRA[cls.name] = cls
     get.cache_clear()
     return cls
 
 
+def unregister(name: str) -> None:
+    _EXTRA.pop(name, None)
+    get.cache_clear()
+
+
 def names() -> list[str]:
-    _load_builtin()
-    return sorted(_CLASSES)
+    return sorted({*BUILTIN, *_EXTRA})
+
+
+def known(name: str) -> bool:
+    return name in BUILTIN or name in _EXTRA
+
+
+def adapter_class(name: str) -> type[Mechanism]:
+    if name in _EXTRA:
+        return _EXTRA[name]
+    if name not in BUILTIN:
+        raise UnknownMechanism(name)
+    cls: type[Mechanism] = import_string(BUILTIN[name])
+    return cls
 
 
 def mechanism_settings(name: str) -> MechanismSettings:
-    _load_builtin()
-    cls = _CLASSES.get(name)
-    base = cls.defaults if cls is not None else MechanismSettings()
     overrides = getattr(settings, "STOPDESK_MECHANISMS", {}).get(name, {})
-    return base.merged(overrides)
+    return adapter_class(name).defaults.merged(overrides)
 
 
 @cache
 def get(name: str) -> Mechanism:
-    """The adapter for `name`; unknown mechanisms get the manual rule (wait for a report)."""
-    _load_builtin()
-    cls = _CLASSES.get(name) or _CLASSES["manual"]
-    return cls(mechanism_settings(name))
+    """The adapter for `name`. An unknown name is an error: item registration refuses it, so an
+    item in the ledger always names an adapter that exists."""
+    return adapter_class(name)(mechanism_settings(name), peers=get)
 
 
 def reset() -> None:
@@ -44,19 +80,9 @@ def reset() -> None:
     get.cache_clear()
 
 
-def _load_builtin() -> None:
-    if "manual" in _CLASSES:
-        return
-    # Imported for their @register side effect; here rather than at the top so that an adapter
-    # module can import this one.
-    from reconcile.mechanisms import aio, celery, http, manual, mcp, openai  # noqa: F401
-
-
 def _on_setting_changed(*, setting: str, **_: object) -> None:
     if setting in ("STOPDESK_MECHANISMS", "STOPDESK"):
         reset()
 
-
-from django.core.signals import setting_changed  # noqa: E402
 
 setting_changed.connect(_on_setting_changed, dispatch_uid="reconcile.mechanisms.registry")

@@ -54,3 +54,7 @@ def item_add_evidence(*, item_id: int, evidence: dict[str, Any], actor: str, mes
             message=message,
             data={"evidence": evidence},
         )
+
+
+def item_state_of(*, item_id: int) -> str:
+    return str(WorkItem.objects.values_list("state", flat=True).get(pk=item_id))

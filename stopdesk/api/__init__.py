@@ -1,1 +1,1 @@
-"""The runtime HTTP API (/api/v1/): a thin door in front of `stopdesk.runtime.LocalRuntime`."""
+"""The runtime HTTP API (/api/v1/): a thin door in front of `stopdesk.agent.runtime.LocalRuntime`."""

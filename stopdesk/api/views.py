@@ -17,6 +17,7 @@ from django.db import IntegrityError, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from stopdesk.agent.runtime import LocalRuntime
 from stopdesk.api import schemas
 from stopdesk.api.auth import authenticate
 from stopdesk.api.errors import error_response, server_error
@@ -29,7 +30,6 @@ from stopdesk.client.errors import (
     StopdeskError,
     StopRequested,
 )
-from stopdesk.runtime import LocalRuntime
 
 log = logging.getLogger(__name__)
 

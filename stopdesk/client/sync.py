@@ -16,7 +16,7 @@ from stopdesk.client.types import HeartbeatInfo, ItemInfo, RecordInfo, StopInfo,
 
 class Client:
     """Talks to stopdesk's runtime API with a bearer token. Method names and arguments match
-    `stopdesk.runtime.LocalRuntime`, so agent code can switch between the two.
+    `stopdesk.agent.runtime.LocalRuntime`, so agent code can switch between the two.
 
     Every write carries an Idempotency-Key (generated unless you pass `request_key`), so a retry
     after a lost answer gets the first answer back instead of doing the work twice.

@@ -10,7 +10,7 @@ runtime does, in stages, paced so a person has time to press Stop at each one:
 5. done:   waits for the drafts, then finishes.
 
 Every child is registered before it is started, and passes the boundary before it starts and
-before its external action (the adapters' `response_create` and `http_submit` do both). Between
+before its external action (the agent helpers `response_create` and `http_submit` in `stopdesk.agent` do both). Between
 stages the agent asks the ledger whether Stop was requested; once it was, it ends its own item
 `cancelled` and leaves everything that crossed the boundary to reconciliation.
 """
@@ -26,15 +26,15 @@ import anyio
 from celery import shared_task
 from django.conf import settings
 
-from reconcile.mechanisms.http import http_submit
-from reconcile.mechanisms.mcp import mcp_call_tool
-from reconcile.mechanisms.openai import client_for, response_create
+from stopdesk.agent.http import http_submit
+from stopdesk.agent.mcp import mcp_call_tool
+from stopdesk.agent.openai import openai_client, response_create
+from stopdesk.agent.workers import LedgerTask, StopRequested
 from stopdesk.demo import sandbox
 from stopdesk.logs import log_context
 from stopdesk.services.errors import TaskStopped
 from stopdesk.services.items import item_finish, item_register
 from stopdesk.states import Kind
-from stopdesk.workers import LedgerTask, StopRequested
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ class InvoiceAnalysis:
         """Poll the background responses and report each result to the ledger."""
         if STAGES.index("done") <= self.fast:
             sandbox.fast_forward_responses([response_id for _, response_id in self.drafts])
-        client = client_for()
+        client = openai_client()
         pending = list(self.drafts)
         while pending:
             for item_id, response_id in list(pending):

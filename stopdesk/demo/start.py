@@ -1,5 +1,5 @@
 """Starting a demo task: the task and its agent-run item are recorded first, then the agent is
-queued after commit (`stopdesk.workers.dispatch`)."""
+queued after commit (`stopdesk.agent.workers.dispatch`)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 
+from stopdesk.agent.workers import dispatch
 from stopdesk.demo.agent import STAGES, invoice_analysis
 from stopdesk.models import Task, WorkItem
 from stopdesk.services.items import task_create
 from stopdesk.states import ItemState
-from stopdesk.workers import dispatch
 
 TITLE = "Invoice analysis: ACME batch 42"
 ACTOR = "demo"

@@ -45,3 +45,13 @@ class ToolNotReady(LedgerError):
             f"Tool {tool} cannot account for its submitted work; missing: {', '.join(missing)}. "
             "The readiness policy (STOPDESK_READINESS_POLICY) refuses items for it."
         )
+
+
+class UnknownMechanism(LedgerError):
+    """An item named a mechanism no adapter handles: it could never be cancelled or looked up."""
+
+    code = "unknown_mechanism"
+
+    def __init__(self, mechanism: str, known: list[str]) -> None:
+        self.mechanism = mechanism
+        super().__init__(f"Unknown mechanism {mechanism!r}; expected one of {', '.join(known)}.")

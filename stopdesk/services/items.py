@@ -10,8 +10,9 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
+from reconcile.mechanisms import registry
 from stopdesk.models import ExternalRecord, Task, WorkItem
-from stopdesk.services.errors import IllegalTransition, RecordConflict
+from stopdesk.services.errors import IllegalTransition, RecordConflict, UnknownMechanism
 from stopdesk.services.events import event_record
 from stopdesk.services.sql import ClockNow
 from stopdesk.states import TERMINAL, ItemState, Kind, can_move
@@ -44,6 +45,8 @@ def item_register(
     complete), but such an item can never pass the boundary."""
     if kind not in Kind.values:
         raise ValueError(f"Unknown kind {kind!r}; expected one of {', '.join(Kind.values)}.")
+    if not registry.known(mechanism):
+        raise UnknownMechanism(mechanism, registry.names())
     _readiness_check(mechanism=mechanism, kind=kind, detail=detail)
     task_id = task if isinstance(task, int) else task.pk
     parent_id = parent if isinstance(parent, int) or parent is None else parent.pk

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from stopdesk.agent.runtime import LocalRuntime
 from stopdesk.api.tokens import runtime_create
 from stopdesk.client import AsyncClient, Client, Conflict, NotFound, StopRequested, Unauthorized
 from stopdesk.models import Event, Task, WorkItem
-from stopdesk.runtime import LocalRuntime
 from stopdesk.states import ItemState as S
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]

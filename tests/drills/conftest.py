@@ -78,6 +78,6 @@ def unsafe_mechanism() -> Iterator[str]:
     registry.register(UnsafeMechanism)
     register_driver(UnsafeDriver)
     yield "unsafe"
-    registry._CLASSES.pop("unsafe", None)
+    registry.unregister("unsafe")
     DRIVERS.pop("unsafe", None)
     registry.reset()

@@ -13,8 +13,8 @@ from django.db import connection
 
 from reconcile.drills.agent import drill_steps
 from reconcile.drills.checks import inspect_drill
+from stopdesk.agent.workers import dispatch
 from stopdesk.models import WorkItem
-from stopdesk.workers import dispatch
 from tests.faults.conftest import fault_context
 from tests.workers.conftest import wait_for
 

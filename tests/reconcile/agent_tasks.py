@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
+from stopdesk.agent.workers import LedgerTask
 from stopdesk.celery import app
-from stopdesk.workers import LedgerTask
 
 
 @app.task(base=LedgerTask, bind=True, name="tests.reconcile.steps")

@@ -8,8 +8,8 @@ import httpx
 import pytest
 from django.db import connection
 
-from reconcile.mechanisms.aio import supervise
 from reconcile.services.cancel import item_cancel
+from stopdesk.agent.aio import supervise
 from stopdesk.models import ExternalRecord, WorkItem
 from stopdesk.services.items import item_register
 from stopdesk.services.stop import task_request_stop

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from django.db import connections
 
-from reconcile.mechanisms.openai import response_create
 from reconcile.sandbox import openai_standin as faults
 from reconcile.services.cancel import item_cancel, items_cancel
+from stopdesk.agent.openai import response_create
 from stopdesk.models import CancellationAttempt, Event, WorkItem
 from stopdesk.services.boundary import item_start
 from stopdesk.services.items import item_finish, item_register

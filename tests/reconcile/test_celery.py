@@ -10,12 +10,12 @@ from celery.contrib.testing.worker import start_worker
 from django.db import connection
 
 from reconcile.services.cancel import item_cancel
+from stopdesk.agent.workers import dispatch
 from stopdesk.celery import app
 from stopdesk.models import CancellationAttempt, WorkItem
 from stopdesk.services.boundary import item_start
 from stopdesk.services.items import item_register, item_transition
 from stopdesk.states import ItemState, Kind
-from stopdesk.workers import dispatch
 from tests.factories import make_task
 from tests.reconcile import agent_tasks
 from tests.reconcile.helpers import events, sweep_until_settled

@@ -6,9 +6,10 @@ import time
 
 import pytest
 
-from reconcile.mechanisms.http import http_submit, read_version, reverse
+from reconcile.mechanisms import registry
 from reconcile.services.cancel import item_cancel
 from reconcile.services.reconcile import item_reconcile
+from stopdesk.agent.http import http_submit
 from stopdesk.models import CancellationAttempt, ExternalRecord
 from stopdesk.services.errors import TaskStopped
 from stopdesk.services.items import item_register
@@ -223,17 +224,18 @@ def test_reversal_runs_only_against_the_version_it_expects(fast, crm_party):
     item = registered(make_task())
     create_record(item, base)
     record = ExternalRecord.objects.get(item=item)
-    assert read_version(record).version == "1"
+    http = registry.get("http")
+    assert http.read_version(record).version == "1"
     party.edit(record.record_id, actor="someone else", name="ACME Ltd")
-    seen = read_version(record)
+    seen = http.read_version(record)
     assert (seen.ok, seen.version, seen.status) == (True, "2", "active")
-    mismatch = reverse(record, "1")
+    mismatch = http.reverse(record, "1")
     assert (mismatch.outcome, mismatch.current_version) == ("version_mismatch", "2")
     assert party.get(record.record_id)["status"] == "active"
-    done = reverse(record, "2")
+    done = http.reverse(record, "2")
     assert done.done and done.new_version == "3"
     assert party.get(record.record_id)["status"] == "archived"
-    assert reverse(record, "2").done  # a retried reversal is a replay, not a second effect
+    assert http.reverse(record, "2").done  # a retried reversal is a replay, not a second effect
 
 
 @pytest.mark.django_db(transaction=True)

@@ -8,9 +8,9 @@ import anyio
 import pytest
 from django.db import connection
 
-from reconcile.mechanisms.mcp import mcp_call_tool, mcp_start_task
 from reconcile.sandbox import mcp_server as tools
 from reconcile.services.cancel import item_cancel
+from stopdesk.agent.mcp import mcp_call_tool, mcp_start_task
 from stopdesk.models import CancellationAttempt
 from stopdesk.services.errors import TaskStopped
 from stopdesk.services.items import item_register

@@ -7,9 +7,9 @@ from datetime import timedelta
 
 import pytest
 
-from reconcile.mechanisms.openai import response_create
 from reconcile.sandbox import openai_standin as faults
 from reconcile.services.cancel import item_cancel
+from stopdesk.agent.openai import response_create
 from stopdesk.models import CancellationAttempt
 from stopdesk.services.items import item_register
 from stopdesk.states import ItemState, Kind

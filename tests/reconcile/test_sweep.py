@@ -62,7 +62,7 @@ class Exploding(Mechanism):
 
     name = "exploding"
 
-    def __init__(self, settings=None):  # type: ignore[no-untyped-def]
+    def __init__(self, settings=None, peers=None):  # type: ignore[no-untyped-def]
         raise RuntimeError("bug")
 
 
@@ -70,7 +70,7 @@ class Exploding(Mechanism):
 def exploding():  # type: ignore[no-untyped-def]
     registry.register(Exploding)
     yield
-    registry._CLASSES.pop("exploding")
+    registry.unregister("exploding")
     registry.reset()
 
 

@@ -4,8 +4,8 @@ the test can tell from outside whether the body ran."""
 import time
 from pathlib import Path
 
+from stopdesk.agent.workers import LedgerTask
 from stopdesk.celery import app
-from stopdesk.workers import LedgerTask
 
 
 @app.task(base=LedgerTask, bind=True, name="tests.mark")

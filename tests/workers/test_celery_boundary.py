@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
+from stopdesk.agent.workers import dispatch
 from stopdesk.models import Event, WorkItem
 from stopdesk.services.stop import task_request_stop
 from stopdesk.states import ItemState as S
-from stopdesk.workers import dispatch
 from tests.factories import make_task
 from tests.workers import agent_tasks
 from tests.workers.conftest import wait_for

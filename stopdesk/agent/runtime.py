@@ -2,7 +2,7 @@
 (`stopdesk.client.Client`), calling the ledger services directly. The HTTP API is a thin door in
 front of this class, so the two cannot drift apart.
 
-    from stopdesk.runtime import LocalRuntime
+    from stopdesk.agent.runtime import LocalRuntime
     sd = LocalRuntime(actor="agent:invoices")
     task = sd.create_task("Analyse invoices")
     item = sd.register(task.id, kind="local_worker", noun="draft")
@@ -28,7 +28,7 @@ from stopdesk.client.errors import Conflict, InvalidRequest, NotFound, StopReque
 from stopdesk.client.types import HeartbeatInfo, ItemInfo, RecordInfo, StopInfo, TaskDetail, TaskInfo
 from stopdesk.models import ApiIdempotency, ExternalRecord, Runtime, StopRequest, Task, WorkItem
 from stopdesk.services.boundary import item_start, item_submit
-from stopdesk.services.errors import IllegalTransition, TaskStopped, ToolNotReady
+from stopdesk.services.errors import IllegalTransition, TaskStopped, ToolNotReady, UnknownMechanism
 from stopdesk.services.items import (
     item_attach_record,
     item_finish,
@@ -478,6 +478,8 @@ def _ledger_errors() -> Iterator[None]:
         raise Conflict(str(exc), state=exc.current, item=exc.item_id) from exc
     except ToolNotReady as exc:
         raise InvalidRequest(str(exc), code=exc.code, field="mechanism", tool=exc.tool, missing=exc.missing) from exc
+    except UnknownMechanism as exc:
+        raise InvalidRequest(str(exc), code=exc.code, field="mechanism") from exc
 
 
 def task_info(task: Task) -> TaskInfo:

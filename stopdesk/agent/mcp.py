@@ -35,17 +35,19 @@ from reconcile.mechanisms import mcp_servers
 from reconcile.mechanisms.base import Observation, Seen
 from reconcile.mechanisms.mcp import INVALID_PARAMS, NOT_FOUND_AT_ONCE, annotations_of, task_observation
 from reconcile.mechanisms.mcp_servers import Connection, ServerSpec
+from reconcile.mechanisms.registry import mechanism_settings
+from reconcile.services.handles import item_add_evidence, item_record_detail, item_record_handle, item_state_of
+from reconcile.services.reconcile import item_observe
+from stopdesk.agent.aio import in_thread
+from stopdesk.services.boundary import item_start, item_submit
+from stopdesk.services.errors import IllegalTransition, TaskStopped
+from stopdesk.services.items import item_finish, item_heartbeat, item_transition
+from stopdesk.states import ItemState
 
 log = logging.getLogger(__name__)
 ServerRef = str | StdioServerParameters | ServerSpec
 # A task the server forgets within this long of creating it was "not found right after creation".
 NOT_FOUND_AT_ONCE_S = 5.0
-
-
-async def _db(fn: Any, /, **kwargs: Any) -> Any:
-    from reconcile.mechanisms.aio import _db as run_in_thread
-
-    return await run_in_thread(fn, **kwargs)
 
 
 def _owner_name() -> str:
@@ -77,30 +79,25 @@ async def describe(conn: Connection, tool: str, arguments: dict[str, Any]) -> di
 
 
 async def _pass_boundary(item_id: int, actor: str, facts: dict[str, Any]) -> None:
-    from reconcile.services.handles import item_record_detail
-    from stopdesk.services.boundary import item_start, item_submit
 
-    await _db(item_record_detail, item_id=item_id, detail={"mcp": facts})
+    await in_thread(item_record_detail, item_id=item_id, detail={"mcp": facts})
     if facts["annotations"]["readOnlyHint"]:
-        await _db(item_start, item_id=item_id, actor=actor, worker="mcp")
+        await in_thread(item_start, item_id=item_id, actor=actor, worker="mcp")
     else:
         # A call that may change the world is an external action: submitted_at marks it.
-        await _db(item_submit, item_id=item_id, idempotency_key=f"mcp-item-{item_id}", actor=actor, worker="mcp")
+        await in_thread(item_submit, item_id=item_id, idempotency_key=f"mcp-item-{item_id}", actor=actor, worker="mcp")
 
 
 async def _record_failure(item_id: int, actor: str, exc: BaseException, facts: dict[str, Any] | None) -> None:
     """Whatever broke between registration and the answer, the item says so: a queued item that
     never reached the server failed; a call that was sent and got no answer is unknown unless the
     tool is read-only."""
-    from stopdesk.services.errors import IllegalTransition
-    from stopdesk.services.items import item_transition
-    from stopdesk.states import ItemState
 
     error = _error_text(exc)
-    item = await _db(_item_state, item_id=item_id)
+    item = await in_thread(item_state_of, item_id=item_id)
     try:
         if item == ItemState.QUEUED:
-            await _db(
+            await in_thread(
                 item_transition,
                 item_id=item_id,
                 to_state=ItemState.FAILED,
@@ -114,7 +111,7 @@ async def _record_failure(item_id: int, actor: str, exc: BaseException, facts: d
         read_only = bool(facts and facts["annotations"]["readOnlyHint"])
         answered = isinstance(exc, MCPError) and exc.error.code not in _NO_ANSWER_CODES
         if read_only or answered:
-            await _db(
+            await in_thread(
                 item_transition,
                 item_id=item_id,
                 to_state=ItemState.FAILED,
@@ -127,7 +124,7 @@ async def _record_failure(item_id: int, actor: str, exc: BaseException, facts: d
             f"The call was sent and no answer came ({error}); the tool is not read-only, "
             "so whether it took effect is unknown."
         )
-        await _db(
+        await in_thread(
             item_transition,
             item_id=item_id,
             to_state=ItemState.UNCERTAIN,
@@ -142,12 +139,6 @@ async def _record_failure(item_id: int, actor: str, exc: BaseException, facts: d
 
 # Codes the SDK raises itself when no answer came (connection closed, request timeout).
 _NO_ANSWER_CODES = frozenset({-32000, -32001})
-
-
-def _item_state(*, item_id: int) -> str:
-    from stopdesk.models import WorkItem
-
-    return str(WorkItem.objects.values_list("state", flat=True).get(pk=item_id))
 
 
 def _error_text(exc: BaseException) -> str:
@@ -210,7 +201,6 @@ async def mcp_call_tool(
     while watching the ledger; cancel the call on Stop. Returns the result, or None when the call
     was cancelled (the item is then recorded cancelled or uncertain). `server` is a configured
     server's name, a URL, or `StdioServerParameters`; `url` is the older spelling of a URL."""
-    from stopdesk.services.errors import TaskStopped
 
     ref = server if server is not None else url
     if ref is None:
@@ -220,7 +210,7 @@ async def mcp_call_tool(
     refused: TaskStopped | None = None
     result: types.CallToolResult | None = None
     try:
-        spec = mcp_servers.resolve(ref)
+        spec = mcp_servers.resolve(ref, mechanism_settings("mcp").options)
         progress = ProgressSeen(token=f"stopdesk-item-{item_id}")
         linger = _after_cancel_s() if after_cancel_s is None else after_cancel_s
         async with mcp_servers.open_client(spec, timeout_s=timeout_s, message_handler=progress.handle) as conn:
@@ -255,7 +245,6 @@ def _unwrap(exc: Exception) -> Exception:
 
 
 def _after_cancel_s() -> float:
-    from reconcile.mechanisms.registry import mechanism_settings
 
     return float(mechanism_settings("mcp").options.get("after_cancel_s", 2.0))
 
@@ -263,7 +252,6 @@ def _after_cancel_s() -> float:
 async def _call_watching(
     conn: Connection, item_id: int, tool: str, arguments: dict[str, Any], poll_s: float, progress: ProgressSeen
 ) -> types.CallToolResult | None:
-    from stopdesk.services.items import item_heartbeat
 
     result: list[types.CallToolResult] = []
 
@@ -277,7 +265,7 @@ async def _call_watching(
     async def watch(scope: anyio.CancelScope) -> None:
         while True:
             await anyio.sleep(poll_s)
-            if await _db(item_heartbeat, item_id=item_id):
+            if await in_thread(item_heartbeat, item_id=item_id):
                 progress.cancelled_at = time.monotonic()
                 scope.cancel()  # the SDK sends notifications/cancelled for the call
                 return
@@ -289,16 +277,12 @@ async def _call_watching(
 
 
 async def _record_result(item_id: int, actor: str, result: types.CallToolResult) -> None:
-    from stopdesk.services.items import item_finish
 
     text = " ".join(getattr(c, "text", "") for c in result.content)[:200]
-    await _db(item_finish, item_id=item_id, succeeded=not result.is_error, actor=actor, outcome=text or "done")
+    await in_thread(item_finish, item_id=item_id, succeeded=not result.is_error, actor=actor, outcome=text or "done")
 
 
 async def _record_cancelled(item_id: int, actor: str, facts: dict[str, Any]) -> None:
-    from stopdesk.services.errors import IllegalTransition
-    from stopdesk.services.items import item_transition
-    from stopdesk.states import ItemState
 
     read_only = facts["annotations"]["readOnlyHint"]
     evidence: dict[str, Any] = {
@@ -319,7 +303,7 @@ async def _record_cancelled(item_id: int, actor: str, facts: dict[str, Any]) -> 
         )
         to_state, outcome, extra = ItemState.UNCERTAIN, "cancelled call; no answer follows", _look_later(facts)
     try:
-        await _db(
+        await in_thread(
             item_transition,
             item_id=item_id,
             to_state=to_state,
@@ -334,12 +318,11 @@ async def _record_cancelled(item_id: int, actor: str, facts: dict[str, Any]) -> 
 
 
 async def _record_progress(item_id: int, progress: ProgressSeen) -> None:
-    from reconcile.services.handles import item_add_evidence
 
     if not progress.after:
         return
     last = progress.after[-1]
-    await _db(
+    await in_thread(
         item_add_evidence,
         item_id=item_id,
         evidence={
@@ -409,8 +392,6 @@ async def mcp_run_task(
     """Start a task-augmented call and own its session until the task is final or Stop has been
     reconciled through it. Returns the last observation recorded. Raises TaskStopped if Stop
     came first."""
-    from reconcile.mechanisms.registry import mechanism_settings
-    from stopdesk.services.errors import TaskStopped
 
     owner = owner or TaskOwner(item_id)
     ref = server if server is not None else url
@@ -421,7 +402,7 @@ async def mcp_run_task(
     refused: TaskStopped | None = None
     final: Observation | None = None
     try:
-        spec = mcp_servers.resolve(ref)
+        spec = mcp_servers.resolve(ref, mechanism_settings("mcp").options)
         async with mcp_servers.open_client(spec, timeout_s=timeout_s) as conn:
             facts = await describe(conn, tool, arguments or {})
             if not facts["server_tasks"] or facts["task_support"] not in ("optional", "required"):
@@ -457,7 +438,6 @@ async def _start_and_own(
     timeout_s: float,
     actor: str,
 ) -> Observation:
-    from reconcile.services.handles import item_record_handle
 
     item_id = owner.item_id
     params: dict[str, Any] = {
@@ -471,7 +451,7 @@ async def _start_and_own(
     created = time.monotonic()
     session = {"id": conn.session_id, "owner": _owner_name(), "transport": conn.spec.transport}
     detail = {**facts, "task_status": task.status, "ttl_ms": task.ttl, "session": session}
-    await _db(item_record_handle, item_id=item_id, handle=task.task_id, actor=actor, detail={"mcp": detail})
+    await in_thread(item_record_handle, item_id=item_id, handle=task.task_id, actor=actor, detail={"mcp": detail})
     owner.task_id = task.task_id
     owner.started.set()
     poll = max(poll_s, (task.poll_interval or 0) / 1000 / 4)
@@ -488,13 +468,11 @@ async def _own(
     actor: str,
 ) -> Observation:
     """Hold the session: heartbeat, read the task back, cancel it on Stop, record the end."""
-    from reconcile.services.reconcile import item_observe
-    from stopdesk.services.items import item_heartbeat
 
     annotations = facts["annotations"]
     task_id = owner.task_id
     while True:
-        if await _db(item_heartbeat, item_id=owner.item_id):
+        if await in_thread(item_heartbeat, item_id=owner.item_id):
             cancel = "accepted"
             try:
                 await _raw_request(conn, "tasks/cancel", {"taskId": task_id}, timeout_s)
@@ -503,12 +481,12 @@ async def _own(
                     raise
                 cancel = "-32602; looked it up"  # already terminal, or unknown: the read-back says which
             observation = await _get(conn, task_id, annotations, created, timeout_s, cancel=cancel)
-            await _db(item_observe, item_id=owner.item_id, observation=observation, action="cancel", actor=actor)
+            await in_thread(item_observe, item_id=owner.item_id, observation=observation, action="cancel", actor=actor)
             owner.final = observation
             return observation
         observation = await _get(conn, task_id, annotations, created, timeout_s)
         if observation.seen != Seen.RUNNING:
-            await _db(item_observe, item_id=owner.item_id, observation=observation, action="inspect", actor=actor)
+            await in_thread(item_observe, item_id=owner.item_id, observation=observation, action="inspect", actor=actor)
             owner.final = observation
             return observation
         await anyio.sleep(poll_s)
@@ -548,7 +526,6 @@ async def _get(
 
 async def _record_task_lost(item_id: int, actor: str, exc: BaseException, facts: dict[str, Any] | None) -> None:
     """The owner lost its session (the server crashed, the connection broke) while holding a task."""
-    from reconcile.services.reconcile import item_observe
 
     observation = Observation(
         Seen.UNKNOWABLE,
@@ -560,7 +537,7 @@ async def _record_task_lost(item_id: int, actor: str, exc: BaseException, facts:
         outcome="task's session lost; investigate",
     )
     try:
-        await _db(item_observe, item_id=item_id, observation=observation, action="inspect", actor=actor)
+        await in_thread(item_observe, item_id=item_id, observation=observation, action="inspect", actor=actor)
     except Exception:
         log.exception("recording the lost session of item %s failed", item_id)
 
