@@ -168,6 +168,9 @@ class McpToolCall(Mechanism):
     def _task(self, item: ItemRef, *, cancel: bool) -> Observation:
         facts = item.detail.get("mcp") or {}
         session = facts.get("session") or {}
+        if session.get("ended"):
+            # The owner reconciled the task through its session and closed it; nothing more can be asked.
+            return Observation(Seen.UNKNOWABLE, remote_status="session closed by its owner", message=session["ended"])
         if item.state == ItemState.RUNNING and _owner_alive(item):
             return Observation(
                 Seen.RUNNING,

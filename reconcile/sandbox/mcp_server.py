@@ -48,6 +48,7 @@ IGNORE_CANCEL = "ignore_cancel"  # slow_write keeps running after its call is ca
 TASKS_IGNORE_CANCEL = "tasks_ignore_cancel"  # tasks/cancel marks cancelled but the export still runs
 EXPORT_FAIL = "export_fail"  # export_report ends with an isError result (task `failed`)
 TOOL_CALL_ERROR = "tool_call_error"  # tools/call answers a JSON-RPC error without running anything
+TASKS_FORGET = "tasks_forget"  # a task is deleted right after it was created (the spec allows deletion at any time)
 
 SLOW_LOOKUP = "slow_lookup"
 SLOW_WRITE = "slow_write"
@@ -113,7 +114,9 @@ class MCPToolServer(SandboxParty):
     world); tasks do not (they lived in the server process).
     """
 
-    FAULTS: ClassVar[frozenset[str]] = frozenset({IGNORE_CANCEL, TASKS_IGNORE_CANCEL, EXPORT_FAIL, TOOL_CALL_ERROR})
+    FAULTS: ClassVar[frozenset[str]] = frozenset(
+        {IGNORE_CANCEL, TASKS_IGNORE_CANCEL, EXPORT_FAIL, TOOL_CALL_ERROR, TASKS_FORGET}
+    )
     CONFIG_FIELDS: ClassVar[tuple[str, ...]] = (
         "latency_s",
         "default_seconds",
@@ -279,7 +282,10 @@ class MCPToolServer(SandboxParty):
             return await self._export_report(arguments, record.task_id)
 
         self._task_group.start_soon(self.task_registry.run, record, work)
-        return {"task": record.to_json()}
+        answer = {"task": record.to_json()}
+        if self.has_fault(TASKS_FORGET, name):
+            self.task_registry.close_session(session, only=record.task_id)
+        return answer
 
     async def _tasks_get(self, ctx: ServerRequestContext[Any], params: types.GetTaskRequestParams) -> dict[str, Any]:
         return self.task_registry.get(params.task_id, _session_of(ctx)).to_json()

@@ -361,6 +361,7 @@ class TaskOwner:
     task_id: str = ""
     error: BaseException | None = None
     final: Observation | None = None
+    detail: dict[str, Any] = field(default_factory=dict)  # the item's recorded MCP facts
 
     def join(self, timeout: float | None = None) -> bool:
         if self.thread is not None:
@@ -453,6 +454,7 @@ async def _start_and_own(
     detail = {**facts, "task_status": task.status, "ttl_ms": task.ttl, "session": session}
     await in_thread(item_record_handle, item_id=item_id, handle=task.task_id, actor=actor, detail={"mcp": detail})
     owner.task_id = task.task_id
+    owner.detail = detail
     owner.started.set()
     poll = max(poll_s, (task.poll_interval or 0) / 1000 / 4)
     return await _own(conn, owner, facts, created, poll, timeout_s, actor)
@@ -471,8 +473,12 @@ async def _own(
 
     annotations = facts["annotations"]
     task_id = owner.task_id
+    deadline_s = mechanism_settings("mcp").deadline_s
+    cancelled_at: float | None = None
     while True:
-        if await in_thread(item_heartbeat, item_id=owner.item_id):
+        stop = await in_thread(item_heartbeat, item_id=owner.item_id)  # also: the owner is alive
+        if stop and cancelled_at is None:
+            cancelled_at = time.monotonic()
             cancel = "accepted"
             try:
                 await _raw_request(conn, "tasks/cancel", {"taskId": task_id}, timeout_s)
@@ -482,14 +488,33 @@ async def _own(
                 cancel = "-32602; looked it up"  # already terminal, or unknown: the read-back says which
             observation = await _get(conn, task_id, annotations, created, timeout_s, cancel=cancel)
             await in_thread(item_observe, item_id=owner.item_id, observation=observation, action="cancel", actor=actor)
-            owner.final = observation
-            return observation
-        observation = await _get(conn, task_id, annotations, created, timeout_s)
+        else:
+            observation = await _get(conn, task_id, annotations, created, timeout_s)
+            if observation.seen != Seen.RUNNING:
+                await in_thread(
+                    item_observe, item_id=owner.item_id, observation=observation, action="inspect", actor=actor
+                )
         if observation.seen != Seen.RUNNING:
-            await in_thread(item_observe, item_id=owner.item_id, observation=observation, action="inspect", actor=actor)
-            owner.final = observation
+            await _end_session(owner, observation)
+            return observation
+        if cancelled_at is not None and time.monotonic() - cancelled_at > deadline_s:
+            # Still working at the deadline: the reconciler records it uncertain; the session is let go.
+            await _end_session(owner, observation)
             return observation
         await anyio.sleep(poll_s)
+
+
+async def _end_session(owner: TaskOwner, observation: Observation) -> None:
+    """Say on the item that its owner reconciled the task and closes the session, so a later look
+    by the reconciler repeats what the owner saw instead of finding the session gone."""
+    owner.final = observation
+    if observation.seen == Seen.RUNNING:
+        said = "the task was still working at the deadline after the cancel; the owner let its session go."
+    else:
+        said = observation.message or f"the task read {observation.remote_status or observation.seen}."
+    session = {**owner.detail.get("session", {}), "ended": f"Reconciled by the session's owner: {said}"}
+    owner.detail = {**owner.detail, "session": session}
+    await in_thread(item_record_detail, item_id=owner.item_id, detail={"mcp": owner.detail})
 
 
 async def _get(
