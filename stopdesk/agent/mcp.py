@@ -120,9 +120,11 @@ async def _record_failure(item_id: int, actor: str, exc: BaseException, facts: d
                 evidence={"error": error, "stage": "the call", "answered": answered},
             )
             return
-        why = (
-            f"The call was sent and no answer came ({error}); the tool is not read-only, "
-            "so whether it took effect is unknown."
+        check = (facts or {}).get("status_check")
+        why = f"The call was sent and no answer came ({error}); the tool is not read-only, " + (
+            f"so the status check ({check['tool']}) will look whether it took effect."
+            if check
+            else "so whether it took effect is unknown."
         )
         await in_thread(
             item_transition,
