@@ -146,12 +146,24 @@ class McpToolCall(Mechanism):
         facts = item.detail.get("mcp") or {}
         if capability == Capability.CANCEL:
             return _is_task(item)  # a plain call is cancelled by its caller's scope, not from here
-        if capability == Capability.INSPECT:
+        if capability == Capability.INSPECT and facts.get("tool"):
             # A read-only tool has nothing to reconcile; a task has tasks/get; any other call can
-            # only be looked at through a declared status check.
+            # only be looked at through a status check (recorded with the call, or configured).
             annotations = facts.get("annotations") or {}
-            return bool(_is_task(item) or annotations.get("readOnlyHint") or _status_check(item))
+            return bool(
+                _is_task(item)
+                or annotations.get("readOnlyHint")
+                or _status_check(item)
+                or self._configured_check(facts)
+            )
         return capability in self.capabilities
+
+    def _configured_check(self, facts: dict[str, Any]) -> bool:
+        try:
+            server = mcp_servers.configured_servers(self.settings.options).get(str(facts.get("server") or ""))
+        except mcp_servers.ServerConfigError:
+            return False
+        return server is not None and str(facts["tool"]) in server.status_checks
 
     def cancel(self, item: ItemRef) -> Observation:
         if not _is_task(item):
