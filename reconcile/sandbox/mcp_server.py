@@ -357,7 +357,8 @@ class MCPToolServer(SandboxParty):
             if scope["type"] == "http" and scope["method"] == "DELETE":
                 session = dict(scope["headers"]).get(b"mcp-session-id", b"").decode()
                 if session:
-                    self.task_registry.close_session(session)
+                    ignores = lambda task_id: self.has_fault(TASKS_IGNORE_CANCEL, task_id)  # noqa: E731
+                    self.task_registry.close_session(session, keep_working=ignores)
 
         return app
 

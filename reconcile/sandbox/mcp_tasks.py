@@ -145,16 +145,19 @@ class TaskRegistry:
             raise MCPError(code=INVALID_PARAMS, message=f"Task not found: {task_id}")
         return record
 
-    def close_session(self, session: str, *, only: str | None = None) -> None:
-        """The session ended (DELETE): its tasks are cleaned up and their work stopped. With
-        `only`, just that task goes (a server that drops a task early)."""
+    def close_session(
+        self, session: str, *, only: str | None = None, keep_working: Callable[[str], bool] = lambda _: False
+    ) -> None:
+        """The session ended (DELETE): its tasks are cleaned up and their work stopped (unless
+        `keep_working(task_id)`: a server that never stops work). With `only`, just that task
+        goes (a server that drops a task early)."""
         with self._lock:
             gone = [t for t in self._tasks.values() if t.session == session and only in (None, t.task_id)]
             for record in gone:
                 del self._tasks[record.task_id]
                 self.cleaned_up.append({"taskId": record.task_id, "session": session, "status": record.status})
         for record in gone:
-            if record.scope is not None:
+            if record.scope is not None and not keep_working(record.task_id):
                 record.scope.cancel()
 
     def cancel(self, task_id: str, session: str, *, stop_work: bool) -> dict[str, Any]:

@@ -177,7 +177,8 @@ def test_progress_after_the_cancel_is_recorded_as_evidence(mcp_settings, everyth
 
     thread = threading.Thread(target=agent)
     thread.start()
-    time.sleep(1.2)
+    assert wait_for(lambda: state_of(item) == S.RUNNING)  # the call passed the boundary
+    time.sleep(1.0)
     stop(task)
     thread.join(20)
 
