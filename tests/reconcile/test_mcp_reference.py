@@ -363,3 +363,24 @@ def test_a_stdio_server_that_cannot_start_leaves_the_item_failed_with_the_error(
     item.refresh_from_db()
     assert item.state == S.FAILED and item.outcome.startswith("not sent:")
     assert item.evidence["stage"] == "before the call"
+
+
+def test_stdio_parameters_given_in_code_are_recorded_by_name_not_as_an_object(mcp_settings, git_repo):
+    """The original failure: StdioServerParameters could not be recorded and left the item queued."""
+    from mcp import StdioServerParameters
+
+    from tests.reference_servers import GIT_SERVER
+
+    task = make_task()
+    item = tool_item(task, "log")
+    params = StdioServerParameters(command=str(GIT_SERVER), env={"GIT_SECRET_FOR_TEST": "x-secret"})
+    result = anyio.run(
+        lambda: mcp_call_tool(
+            item_id=item.pk, server=params, tool="git_log", arguments={"repo_path": str(git_repo)}, actor="agent"
+        )
+    )
+    assert result is not None and "Message: first" in " ".join(getattr(c, "text", "") for c in result.content)
+    item.refresh_from_db()
+    assert item.state == S.COMPLETED
+    assert item.detail["mcp"]["transport"] == "stdio" and item.detail["mcp"]["command"] == "mcp-server-git"
+    assert "x-secret" not in json.dumps(item.detail)
