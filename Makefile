@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench lint format lock clean reference-servers
+.PHONY: run test test-sqlite bench lint format lock clean reference-servers
 
 $(STAMP): requirements.lock
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,13 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+## The ledger's writes on SQLite (the zero-setup run's database): the portable twins of the
+## PostgreSQL statements. Everything here also runs on PostgreSQL in `make test`.
+test-sqlite: $(STAMP)
+	@mkdir -p var
+	STOPDESK_REQUIRE_SERVICES=0 STOPDESK_EXPECT_DB=sqlite DATABASE_URL=sqlite:///$(CURDIR)/var/test-sqlite.sqlite3 \
+		$(PY) -m pytest tests/ledger tests/layers -m "not postgres and not redis" $(PYTEST_ARGS)
+
 ## Benchmarks: one line per figure, `name value unit`, with the ratio to its target.
 bench: $(STAMP)
 	$(PY) -m bench
@@ -29,6 +36,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy stopdesk reconcile
+	$(VENV)/bin/lint-imports --no-cache
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format .

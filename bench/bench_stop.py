@@ -78,7 +78,7 @@ def _start_all(chunk: list[int], gate: Any) -> None:
     """One worker process: open its connection, wait for the others, start its items."""
     from django.db import connections
 
-    from stopdesk.services.boundary import item_start
+    from stopdesk.services.transitions import item_start
 
     item_start(item_id=chunk[0], actor="bench")  # connect before the clock starts
     gate.wait()
@@ -96,7 +96,7 @@ def _starts_per_second() -> list[Figure]:
     from django.test.utils import CaptureQueriesContext
 
     from stopdesk.models import WorkItem
-    from stopdesk.services.boundary import item_start
+    from stopdesk.services.transitions import item_start
 
     task = _seed(WORKERS * STARTS_PER_WORKER + 1, 0)
     ids = list(WorkItem.objects.filter(task=task).values_list("id", flat=True))

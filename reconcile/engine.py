@@ -21,11 +21,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from reconcile.mechanisms.base import MechanismSettings, Observation, Seen
-from stopdesk.states import ItemState
+from stopdesk.states import RECONCILABLE, TERMINAL, ItemState
 
 S = ItemState
 
-IN_FLIGHT = frozenset({S.RUNNING, S.AWAITING_RECONCILIATION, S.UNCERTAIN})
 _SETTLING = {
     Seen.COMPLETED: S.COMPLETED,
     Seen.FAILED: S.FAILED,
@@ -65,8 +64,11 @@ def decide(facts: ItemFacts, observation: Observation, now: datetime, cfg: Mecha
     deadline = facts.since + timedelta(seconds=cfg.deadline_s)
     failures = facts.failures + 1 if seen == Seen.UNREACHABLE else 0
 
-    if facts.state not in IN_FLIGHT:
+    if facts.state in TERMINAL:
         return _settled(facts, observation, now, cfg, evidence)
+    if facts.state not in RECONCILABLE:
+        # Queued work never crossed the boundary: there is nothing to observe or reconcile.
+        raise ValueError(f"The engine does not reconcile {facts.state} items.")
 
     if (
         seen == Seen.NO_EFFECT

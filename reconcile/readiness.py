@@ -25,6 +25,7 @@ from reconcile.mechanisms import registry
 from reconcile.mechanisms.base import Capability, ItemRef, Mechanism
 from reconcile.models import DrillResult
 from stopdesk.services.errors import ToolNotReady
+from stopdesk.states import ItemState
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ def _ref(mechanism: str, kind: str = "", detail: dict[str, Any] | None = None) -
         mechanism=mechanism,
         handle="",
         idempotency_key="",
-        state="queued",
+        state=ItemState.QUEUED,
         detail=detail or {},
     )
 

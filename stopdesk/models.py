@@ -104,9 +104,11 @@ class WorkItem(models.Model):
         # set-based cancel of 10,000 items cheap.
         indexes = [
             models.Index(fields=["task", "state"]),
-            models.Index(fields=["lease_until"], condition=Q(state="running"), name="item_running_lease"),
+            models.Index(fields=["lease_until"], condition=Q(state=ItemState.RUNNING.value), name="item_running_lease"),
             models.Index(fields=["next_check_at"], condition=Q(next_check_at__isnull=False), name="item_next_check"),
-            models.Index(fields=["investigate_by"], condition=Q(state="uncertain"), name="item_uncertain_deadline"),
+            models.Index(
+                fields=["investigate_by"], condition=Q(state=ItemState.UNCERTAIN.value), name="item_uncertain_deadline"
+            ),
         ]
 
     def __str__(self) -> str:

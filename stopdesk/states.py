@@ -58,12 +58,29 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     S.CANCELLED: frozenset(),
 }
 
+# Each state's role, as data. Every part of stopdesk takes its sets from here, and
+# tests/ledger/test_states_known.py fails when a state is missing from any part.
 TERMINAL = frozenset(s for s, moves in TRANSITIONS.items() if not moves)
+# Never crossed the boundary: nothing can have happened anywhere else.
+UNSTARTED = frozenset({S.QUEUED})
+# Crossed the boundary and not settled: work that may have had effects; Stop cancels it through
+# its mechanism and reconciliation reads back what happened.
+IN_FLIGHT = frozenset({S.RUNNING, S.AWAITING_RECONCILIATION})
 # Settled: nothing more will happen without a person. Uncertain counts, because it has a deadline
 # and a place in the review queue.
 SETTLED = TERMINAL | {S.UNCERTAIN}
-# Crossed the boundary: work that may have had effects and must be reconciled after a stop.
-IN_FLIGHT = frozenset({S.RUNNING, S.AWAITING_RECONCILIATION})
+UNSETTLED = UNSTARTED | IN_FLIGHT
+# What an observation may still move (the reconciliation engine decides these); a terminal item
+# is only watched, for a late result.
+RECONCILABLE = IN_FLIGHT | {S.UNCERTAIN}
+# What the reconcile sweep picks up when due: everything that crossed the boundary.
+SWEPT = frozenset(ItemState) - UNSTARTED
+
+# The roles partition the states: each state is exactly one of unstarted, in flight, settled.
+if frozenset(ItemState) != UNSTARTED | IN_FLIGHT | SETTLED or (
+    UNSTARTED & IN_FLIGHT or UNSTARTED & SETTLED or IN_FLIGHT & SETTLED
+):
+    raise RuntimeError("Each item state must have exactly one role: unstarted, in flight or settled.")
 
 
 def can_move(from_state: str, to_state: str) -> bool:

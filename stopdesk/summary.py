@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from django.db.models import Count
 
 from stopdesk.models import ExternalRecord, Task, WorkItem, pluralize
-from stopdesk.states import ItemState, Kind
+from stopdesk.states import UNSETTLED, ItemState, Kind
 
 S = ItemState
 _WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve"]
@@ -58,7 +58,7 @@ def compose(rows: list[dict], effects: list[dict], *, stopped: bool) -> str:  # 
 
     sentences: list[str] = []
     total = sum(r["n"] for r in rows)
-    unsettled = sum(by_state[s].total() for s in (S.QUEUED, S.RUNNING, S.AWAITING_RECONCILIATION))
+    unsettled = sum(by_state[s].total() for s in UNSETTLED)
     if stopped:
         had_work = discarded.total() + by_state[S.CANCELLED].total() + unsettled + by_state[S.UNCERTAIN].total()
         sentences.append("Stopped new work." if had_work else "Stop requested; nothing was left to stop.")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import itertools
 
 from stopdesk.models import Task, WorkItem
-from stopdesk.services.boundary import item_start, item_submit
-from stopdesk.services.items import item_attach_record, item_finish, item_register, item_transition, task_create
+from stopdesk.services.items import item_attach_record, item_finish, item_register, task_create
+from stopdesk.services.transitions import item_start, item_submit, item_transition
 from stopdesk.states import ItemState, Kind
 
 ACTOR = "test:factory"

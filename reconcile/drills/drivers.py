@@ -236,7 +236,7 @@ class CeleryDriver(Driver):
 
     def child(self, ctx: DrillContext, variant: str) -> Child:
         from reconcile.drills.agent import drill_steps
-        from stopdesk.services.boundary import item_start
+        from stopdesk.services.transitions import item_start
 
         sandbox = _sandbox(ctx)
         handle = str(uuid.uuid4())

@@ -44,8 +44,8 @@ from reconcile.services.reconcile import (
     observe,
 )
 from stopdesk.models import CancellationAttempt, WorkItem
-from stopdesk.services.bulk import Row, items_move
 from stopdesk.services.sql import is_postgres
+from stopdesk.services.transitions import Row, Schedule, items_move, items_schedule
 from stopdesk.states import SETTLED, TERMINAL, ItemState, can_move
 
 log = logging.getLogger(__name__)
@@ -221,47 +221,13 @@ def _seen(w: _Work) -> str:
     return str(w.observation.seen) if w.observation is not None else ""
 
 
-_SCHEDULE_SQL = """
-UPDATE stopdesk_workitem w
-SET next_check_at = v.next_check_at, evidence = w.evidence || jsonb_build_object('reconcile', v.progress)
-FROM unnest(%s::bigint[], %s::text[], %s::timestamptz[], %s::jsonb[]) AS v(id, state, next_check_at, progress)
-WHERE w.id = v.id AND w.state = v.state
-RETURNING w.id
-"""
-
-
 def _schedule_many(checks: dict[int, _Work]) -> set[int]:
-    """Set each item's next check and progress, where its state is still the one decided on. Not
-    a state change, so no event (as _schedule); the attempt row is the record. Returns the ids
-    written."""
-    ids = sorted(checks)
-    plans = [checks[i].decision for i in ids]
-    assert all(p is not None for p in plans)
-    if is_postgres():
-        evidence_field = WorkItem._meta.get_field("evidence")
-        params: list[Any] = [
-            ids,
-            [checks[i].item.state for i in ids],
-            [p.plan.next_check_at for p in plans if p is not None],
-            [evidence_field.get_db_prep_save(p.progress, connection) for p in plans if p is not None],
-        ]
-        with connection.cursor() as cursor:
-            cursor.execute(_SCHEDULE_SQL, params)
-            return {row[0] for row in cursor.fetchall()}
-    written = set()
-    with transaction.atomic():
-        for item_id in ids:
-            w = checks[item_id]
-            assert w.decision is not None
-            item = WorkItem.objects.select_for_update().only("state", "evidence").get(pk=item_id)
-            if item.state != w.item.state:
-                continue
-            WorkItem.objects.filter(pk=item_id).update(
-                next_check_at=w.decision.plan.next_check_at,
-                evidence={**item.evidence, "reconcile": w.decision.progress},
-            )
-            written.add(item_id)
-    return written
+    """Each item's next check and progress, where its state is still the one decided on."""
+    plans = {}
+    for item_id, w in checks.items():
+        assert w.decision is not None
+        plans[item_id] = Schedule(w.item.state, w.decision.plan.next_check_at, w.decision.progress)
+    return items_schedule(plans)
 
 
 # --- attempts --------------------------------------------------------------------------------------

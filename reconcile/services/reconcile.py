@@ -22,12 +22,11 @@ from reconcile.mechanisms import registry
 from reconcile.mechanisms.base import Capability, ItemRef, Mechanism, Observation, Seen
 from reconcile.services.handles import item_attach_fact
 from stopdesk.models import CancellationAttempt, WorkItem
-from stopdesk.services.bulk import items_move
 from stopdesk.services.errors import IllegalTransition
-from stopdesk.services.events import event_record
-from stopdesk.services.items import item_finish, item_transition
+from stopdesk.services.items import item_finish
 from stopdesk.services.sql import is_postgres
-from stopdesk.states import SETTLED, TERMINAL, ItemState
+from stopdesk.services.transitions import Schedule, item_late_result_record, item_transition, items_move, items_schedule
+from stopdesk.states import SETTLED, SWEPT, TERMINAL, ItemState
 
 log = logging.getLogger(__name__)
 S = ItemState
@@ -35,7 +34,6 @@ S = ItemState
 # Swept states. `cancelled` is here for the flip watch; it is due only while next_check_at is set.
 # Completed and failed are here because a worker may settle an item while a check is scheduled;
 # the pass then only clears the schedule.
-SWEPT = (S.RUNNING, S.AWAITING_RECONCILIATION, S.UNCERTAIN, S.CANCELLED, S.COMPLETED, S.FAILED)
 ACTOR = "system:reconcile"
 
 
@@ -96,7 +94,7 @@ def items_claim_due(*, now: datetime | None = None, limit: int = 200) -> list[in
     until = now + timedelta(seconds=claim_seconds())
     if is_postgres():
         with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(_CLAIM_SQL, {"until": until, "states": list(SWEPT), "now": now, "limit": limit})
+            cursor.execute(_CLAIM_SQL, {"until": until, "states": sorted(SWEPT), "now": now, "limit": limit})
             return sorted(row[0] for row in cursor.fetchall())
     with transaction.atomic():  # SQLite: transactions are serialised (IMMEDIATE), so read-then-write is safe
         ids = list(
@@ -318,23 +316,7 @@ def _late_result(*, item_id: int, reported: str, actor: str, outcome: str, evide
         # item_finish keeps the recorded state and turns the contradiction into an event + review.
         item_finish(item_id=item_id, succeeded=reported == S.COMPLETED, actor=actor, outcome=outcome, evidence=evidence)
         return
-    with transaction.atomic():
-        item = WorkItem.objects.select_for_update().get(pk=item_id)
-        if item.state == reported:
-            return
-        WorkItem.objects.filter(pk=item_id).update(
-            needs_review=True,
-            evidence={**item.evidence, "late_result": {"reported": reported, "outcome": outcome, **evidence}},
-        )
-        event_record(
-            kind="late_result",
-            actor=actor,
-            item=item,
-            from_state=item.state,
-            to_state=item.state,
-            message=f"Reported {reported} after the item was recorded {item.state}; review required.",
-            data={"reported": reported, "evidence": evidence},
-        )
+    item_late_result_record(item_id=item_id, reported=reported, actor=actor, outcome=outcome, evidence=evidence)
 
 
 def _schedule(
@@ -345,14 +327,7 @@ def _schedule(
     evidence: dict[str, Any] | None = None,
 ) -> None:
     """Set the next check (or none). Not a state change, so no event; the attempt row is the record."""
-    with transaction.atomic():
-        item = WorkItem.objects.select_for_update().only("evidence").get(pk=item_id)
-        fields: dict[str, Any] = {"next_check_at": next_check_at}
-        if progress is not None or evidence:
-            fields["evidence"] = {**item.evidence, **(evidence or {})}
-            if progress is not None:
-                fields["evidence"]["reconcile"] = progress
-        WorkItem.objects.filter(pk=item_id).update(**fields)
+    items_schedule({item_id: Schedule(None, next_check_at, progress, evidence)})
 
 
 def _parse(value: Any) -> datetime | None:

@@ -14,7 +14,7 @@ from reconcile.models import Escalation
 from stopdesk.models import WorkItem
 from stopdesk.services.errors import LedgerError
 from stopdesk.services.events import actor_for, event_record
-from stopdesk.services.items import item_transition
+from stopdesk.services.transitions import item_transition
 from stopdesk.states import ItemState
 
 S = ItemState

@@ -30,9 +30,10 @@ from django.db import connection
 from django.utils import timezone
 
 from reconcile.services.handles import item_record_detail
-from stopdesk.services.boundary import item_start, item_submit
+from stopdesk.client.errors import StopRequested
 from stopdesk.services.errors import IllegalTransition, TaskStopped
-from stopdesk.services.items import item_finish, item_heartbeat, item_transition
+from stopdesk.services.items import item_finish, item_heartbeat
+from stopdesk.services.transitions import item_start, item_submit, item_transition
 from stopdesk.states import ItemState
 
 log = logging.getLogger(__name__)
@@ -62,13 +63,11 @@ class Child:
 
     async def submit(self, idempotency_key: str) -> None:
         """Pass the boundary before an external action. Raises TaskStopped if Stop came first."""
-
         await in_thread(item_submit, item_id=self.item_id, idempotency_key=idempotency_key, actor=self.actor)
         self.submitted = True
 
     async def declare(self, detail: dict[str, Any]) -> None:
         """Record how the external action can be looked up (e.g. {"http": {...lookup_url...}})."""
-
         await in_thread(item_record_detail, item_id=self.item_id, detail=detail)
 
 
@@ -87,7 +86,6 @@ class Group:
         return child
 
     async def _run(self, child: Child, body: Callable[[Child], Coroutine[Any, Any, Any]]) -> None:
-
         try:
             await in_thread(item_start, item_id=child.item_id, actor=self.actor, worker="asyncio")
         except (TaskStopped, IllegalTransition) as exc:
@@ -101,6 +99,10 @@ class Group:
             if not child.task.done():
                 raise  # the supervisor itself is being cancelled; _finish_stopped records it
             return await self._record_cancelled(child)
+        except StopRequested:
+            # The child heard of Stop itself (a boundary refusal, LocalRuntime.heartbeat, the
+            # client): the same class every door raises, recorded as a stop, never a failure.
+            return await self._record_cancelled(child, after_stop=True)
         except Exception as exc:
             if child.submitted:
                 # Raising after the action went out says nothing about whether it landed (a client
@@ -115,12 +117,10 @@ class Group:
         del result
 
     async def _finish(self, child: Child, succeeded: bool, outcome: str) -> None:
-
         await in_thread(item_finish, item_id=child.item_id, succeeded=succeeded, actor=self.actor, outcome=outcome)
 
-    async def _record_cancelled(self, child: Child) -> None:
-
-        if child.task is not None and child.task.done() and not child.task.cancelled():
+    async def _record_cancelled(self, child: Child, *, after_stop: bool = False) -> None:
+        if not after_stop and child.task is not None and child.task.done() and not child.task.cancelled():
             # It caught the cancellation and ended on its own terms: record what it did.
             exc = child.task.exception()
             child.outcome = "completed" if exc is None else "failed"
@@ -144,7 +144,6 @@ class Group:
 
     async def _record_unsure(self, child: Child, outcome: str) -> None:
         """The child ended after its external action was sent: look the action up."""
-
         child.outcome = "awaiting_reconciliation"
         try:
             await in_thread(
@@ -172,7 +171,6 @@ class Group:
                 await self._record_overrun(child)
 
     async def _record_overrun(self, child: Child) -> None:
-
         child.outcome = "awaiting_reconciliation"
         with contextlib.suppress(IllegalTransition):
             await in_thread(
@@ -193,7 +191,6 @@ class Group:
         return all(runner.done() or child.overran for child, runner in zip(self.children, self._started, strict=True))
 
     async def _watch(self, poll_s: float) -> None:
-
         while True:
             await asyncio.sleep(poll_s)
             running = [c for c in self.children if c.task is not None and not c.task.done()]

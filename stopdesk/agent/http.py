@@ -18,9 +18,9 @@ from reconcile.mechanisms.http import declaration as declaration_of
 from reconcile.mechanisms.http import record_fact
 from reconcile.mechanisms.registry import mechanism_settings
 from reconcile.services.handles import item_attach_fact, item_record_detail
-from stopdesk.services.boundary import item_submit
 from stopdesk.services.errors import IllegalTransition
-from stopdesk.services.items import item_finish, item_transition
+from stopdesk.services.items import item_finish
+from stopdesk.services.transitions import item_submit, item_transition
 from stopdesk.states import ItemState
 
 

@@ -39,9 +39,9 @@ from reconcile.mechanisms.registry import mechanism_settings
 from reconcile.services.handles import item_add_evidence, item_record_detail, item_record_handle, item_state_of
 from reconcile.services.reconcile import item_observe
 from stopdesk.agent.aio import in_thread
-from stopdesk.services.boundary import item_start, item_submit
 from stopdesk.services.errors import IllegalTransition, TaskStopped
-from stopdesk.services.items import item_finish, item_heartbeat, item_transition
+from stopdesk.services.items import item_finish, item_heartbeat
+from stopdesk.services.transitions import item_start, item_submit, item_transition
 from stopdesk.states import ItemState
 
 log = logging.getLogger(__name__)

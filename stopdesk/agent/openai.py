@@ -13,7 +13,7 @@ from reconcile.mechanisms.openai import client_for
 from reconcile.mechanisms.registry import mechanism_settings
 from reconcile.services.handles import item_record_handle
 from stopdesk.models import WorkItem
-from stopdesk.services.boundary import item_submit
+from stopdesk.services.transitions import item_submit
 
 
 def openai_client(

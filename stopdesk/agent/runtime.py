@@ -22,12 +22,11 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, Q
 from pydantic import BaseModel
 
-from stopdesk.api import schemas
+from stopdesk.agent import schemas
 from stopdesk.client.action import ExternalAction
 from stopdesk.client.errors import Conflict, InvalidRequest, NotFound, StopRequested
 from stopdesk.client.types import HeartbeatInfo, ItemInfo, RecordInfo, StopInfo, TaskDetail, TaskInfo
 from stopdesk.models import ApiIdempotency, ExternalRecord, Runtime, StopRequest, Task, WorkItem
-from stopdesk.services.boundary import item_start, item_submit
 from stopdesk.services.errors import IllegalTransition, TaskStopped, ToolNotReady, UnknownMechanism
 from stopdesk.services.items import (
     item_attach_record,
@@ -38,6 +37,7 @@ from stopdesk.services.items import (
     task_create,
 )
 from stopdesk.services.stop import dispatch_cancellations, task_request_stop
+from stopdesk.services.transitions import item_start, item_submit
 from stopdesk.states import ItemState
 from stopdesk.summary import task_summary
 

@@ -25,17 +25,14 @@ from celery import Task as CeleryTask
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 
+from stopdesk.client.errors import StopRequested
 from stopdesk.models import Task, WorkItem
-from stopdesk.services.boundary import item_start
-from stopdesk.services.errors import IllegalTransition, TaskStopped
-from stopdesk.services.items import item_finish, item_heartbeat, item_register, item_report_stopped
+from stopdesk.services.errors import IllegalTransition
+from stopdesk.services.items import item_finish, item_heartbeat, item_register, item_report_stopped, stop_requested
+from stopdesk.services.transitions import item_start
 from stopdesk.states import Kind
 
 log = logging.getLogger(__name__)
-
-
-class StopRequested(Exception):
-    """Raised between steps when Stop was requested for the task."""
 
 
 class _Heartbeat(threading.Thread):
@@ -61,10 +58,13 @@ class _Heartbeat(threading.Thread):
 
 
 class LedgerTask(CeleryTask):  # type: ignore[misc]
-    """Base class: claim the item at the boundary, heartbeat, record the result."""
+    """Base class: claim the item at the boundary, heartbeat, record the result.
+
+    Celery keeps one task object per process and runs several bodies on it at once under the
+    threads pool, so nothing of a run is kept on `self`: its heartbeat lives on `self.request`,
+    which Celery keeps per run (per thread, per greenlet)."""
 
     abstract = True
-    _beat: _Heartbeat | None = None
 
     def __call__(self, *args: Any, item_id: int, **kwargs: Any) -> Any:
         close_old_connections()
@@ -72,7 +72,7 @@ class LedgerTask(CeleryTask):  # type: ignore[misc]
         worker = self.request.hostname or socket.gethostname()
         try:
             item_start(item_id=item_id, actor=actor, worker=worker)
-        except TaskStopped:
+        except StopRequested:
             log.info("item %s not started: its task was stopped", item_id)
             return None
         except IllegalTransition as exc:
@@ -80,11 +80,13 @@ class LedgerTask(CeleryTask):  # type: ignore[misc]
             log.warning("item %s not started: %s", item_id, exc)
             return None
         beat = _Heartbeat(item_id, settings.STOPDESK["HEARTBEAT_SECONDS"])
-        self._beat = beat
+        self.request.stopdesk_beat = beat
         beat.start()
         try:
             result = self.run(*args, item_id=item_id, **kwargs)
         except StopRequested:
+            # Every door raises this one class: raise_if_stopped, LocalRuntime, the HTTP client,
+            # and the boundary (TaskStopped) when a child of this run was refused after Stop.
             item_report_stopped(item_id=item_id, actor=actor)
             return None
         except Exception as exc:
@@ -93,26 +95,30 @@ class LedgerTask(CeleryTask):  # type: ignore[misc]
         finally:
             beat.done.set()
             beat.join(timeout=5)
-            self._beat = None
+            self.request.stopdesk_beat = None
         item_finish(item_id=item_id, succeeded=True, actor=actor, outcome="completed")
         return result
 
+    def _beat(self) -> _Heartbeat | None:
+        return getattr(self.request, "stopdesk_beat", None)
+
     def stop_requested(self) -> bool:
         """Cheap between steps: the heartbeat's latest answer, or one indexed read without one."""
-        beat = self._beat
+        beat = self._beat()
         if beat is not None and beat.stopped.is_set():
             return True
         item_id = self.request.kwargs.get("item_id") if self.request.kwargs else None
         if item_id is None:
             return False
-        stopped = Task.objects.filter(items__pk=item_id, stop_requested_at__isnull=False).exists()
+        stopped = stop_requested(item_id=item_id)
         if stopped and beat is not None:
             beat.stopped.set()
         return stopped
 
     def raise_if_stopped(self) -> None:
         if self.stop_requested():
-            raise StopRequested()
+            item_id = self.request.kwargs.get("item_id") if self.request.kwargs else None
+            raise StopRequested("Stop was requested; this run stops between steps.", item=item_id)
 
 
 def dispatch(

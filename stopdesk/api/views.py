@@ -17,8 +17,8 @@ from django.db import IntegrityError, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from stopdesk.agent import schemas
 from stopdesk.agent.runtime import LocalRuntime
-from stopdesk.api import schemas
 from stopdesk.api.auth import authenticate
 from stopdesk.api.errors import error_response, server_error
 from stopdesk.client.errors import (

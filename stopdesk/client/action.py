@@ -23,6 +23,7 @@ from types import TracebackType
 from typing import Any
 
 from stopdesk.client.types import ItemInfo, RecordInfo
+from stopdesk.states import ItemState
 
 
 class _Verdict:
@@ -59,13 +60,13 @@ class _Verdict:
     def _decide(self, exc: BaseException | None) -> tuple[str, str] | None:
         if exc is not None:
             if self.records:
-                return ("completed", f"record attached; then {type(exc).__name__}: {exc}"[:200])
+                return (ItemState.COMPLETED, f"record attached; then {type(exc).__name__}: {exc}"[:200])
             if isinstance(exc, self.failures):
-                return ("failed", f"{type(exc).__name__}: {exc}"[:200])
-            return ("uncertain", f"outcome unknown after {type(exc).__name__}: {exc}"[:200])
+                return (ItemState.FAILED, f"{type(exc).__name__}: {exc}"[:200])
+            return (ItemState.UNCERTAIN, f"outcome unknown after {type(exc).__name__}: {exc}"[:200])
         if self._verdict is not None:
             return self._verdict
-        return ("completed", "") if self.complete else None
+        return (ItemState.COMPLETED, "") if self.complete else None
 
 
 class ExternalAction(_Verdict):
@@ -85,7 +86,7 @@ class ExternalAction(_Verdict):
         if decision is None:
             return
         state, detail = decision
-        if state == "uncertain":
+        if state == ItemState.UNCERTAIN:
             self.item = self.runtime.mark_uncertain(self.item_id, detail=detail)
         else:
             self.item = self.runtime.finish(self.item_id, status=state, detail=detail)
@@ -108,7 +109,7 @@ class AsyncExternalAction(_Verdict):
         if decision is None:
             return
         state, detail = decision
-        if state == "uncertain":
+        if state == ItemState.UNCERTAIN:
             self.item = await self.runtime.mark_uncertain(self.item_id, detail=detail)
         else:
             self.item = await self.runtime.finish(self.item_id, status=state, detail=detail)

@@ -1,18 +1,24 @@
+from stopdesk.client.errors import StopRequested
+
+
 class LedgerError(Exception):
     """Base for refusals the caller should show to a person or a runtime."""
 
     code = "ledger_error"
 
 
-class TaskStopped(LedgerError):
-    """Stop was requested for the task: the work must not start and was marked cancelled."""
+class TaskStopped(LedgerError, StopRequested):
+    """Stop was requested for the task: the work must not start and was marked cancelled.
+
+    A StopRequested, the one class every door raises after Stop (the HTTP client, LocalRuntime,
+    LedgerTask.raise_if_stopped, the agent helpers), so agent code catches one thing."""
 
     code = "task_stopped"
 
     def __init__(self, task_id: int, item_id: int | None = None) -> None:
-        self.task_id = task_id
-        self.item_id = item_id
-        super().__init__(f"Task {task_id} was stopped; item {item_id} was not started and is cancelled.")
+        super().__init__(
+            f"Task {task_id} was stopped; item {item_id} was not started and is cancelled.", task=task_id, item=item_id
+        )
 
 
 class RecordConflict(LedgerError):

@@ -1,4 +1,5 @@
-"""Registering work items and moving them between states, one transaction per move."""
+"""Registering work items and recording what their runtimes report. The writes of state go through
+`stopdesk.services.transitions`."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from django.utils.module_loading import import_string
 
 from reconcile.mechanisms import registry
 from stopdesk.models import ExternalRecord, Task, WorkItem
-from stopdesk.services.errors import IllegalTransition, RecordConflict, UnknownMechanism
+from stopdesk.services.errors import RecordConflict, UnknownMechanism
 from stopdesk.services.events import event_record
 from stopdesk.services.sql import ClockNow
-from stopdesk.states import TERMINAL, ItemState, Kind, can_move
+from stopdesk.services.transitions import item_late_result, item_transition
+from stopdesk.states import TERMINAL, UNSTARTED, ItemState, Kind
 
 S = ItemState
 
@@ -90,52 +92,6 @@ def _readiness_check(*, mechanism: str, kind: str, detail: dict[str, Any] | None
     check(mechanism=mechanism, kind=kind, detail=detail)
 
 
-def item_transition(
-    *,
-    item_id: int,
-    to_state: str,
-    actor: str,
-    outcome: str | None = None,
-    evidence: dict[str, Any] | None = None,
-    message: str = "",
-    kind: str = "transition",
-    allowed_from: frozenset[str] | None = None,
-    **fields: Any,
-) -> WorkItem:
-    """The one place a single item changes state: lock, check the from-state, write, audit."""
-    with transaction.atomic():
-        item = WorkItem.objects.select_for_update().get(pk=item_id)
-        if not can_move(item.state, to_state) or (allowed_from is not None and item.state not in allowed_from):
-            raise IllegalTransition(item.pk, item.state, to_state)
-        before = item.state
-        item.state = to_state
-        item.updated_at = timezone.now()
-        if to_state in TERMINAL:
-            item.finished_at = item.updated_at
-        if to_state == S.UNCERTAIN and item.investigate_by is None and "investigate_by" not in fields:
-            item.investigate_by = item.updated_at + timedelta(hours=settings.STOPDESK["INVESTIGATE_BY_HOURS"])
-        if outcome is not None:
-            item.outcome = outcome
-        if evidence:
-            item.evidence = {**item.evidence, **evidence}
-        if to_state == S.UNCERTAIN and not item.evidence.get("uncertain_because"):
-            # Every uncertain item says why, whoever put it there.
-            item.evidence = {**item.evidence, "uncertain_because": message or outcome or "no reason was given"}
-        for name, value in fields.items():
-            setattr(item, name, value)
-        item.save()
-        event_record(
-            kind=kind,
-            actor=actor,
-            item=item,
-            from_state=before,
-            to_state=to_state,
-            message=message or (outcome or ""),
-            data={"evidence": evidence} if evidence else {},
-        )
-    return item
-
-
 def item_finish(
     *, item_id: int, succeeded: bool, actor: str, outcome: str = "", evidence: dict[str, Any] | None = None
 ) -> WorkItem:
@@ -145,10 +101,10 @@ def item_finish(
     to_state = S.COMPLETED if succeeded else S.FAILED
     with transaction.atomic():
         item = WorkItem.objects.select_for_update().get(pk=item_id)
-        if item.state in TERMINAL or item.state == S.QUEUED:
+        if item.state in TERMINAL | UNSTARTED:
             if item.state == to_state:
                 return item  # a repeated report of the same result changes nothing
-            return _record_late_result(item, to_state, actor, outcome, evidence)
+            return item_late_result(item=item, reported=to_state, actor=actor, outcome=outcome, evidence=evidence)
         return item_transition(item_id=item_id, to_state=to_state, actor=actor, outcome=outcome, evidence=evidence)
 
 
@@ -162,25 +118,7 @@ def item_report_stopped(*, item_id: int, actor: str, outcome: str = "stopped bet
             return item_transition(item_id=item_id, to_state=S.CANCELLED, actor=actor, outcome=outcome)
         if item.state == S.CANCELLED:
             return item
-        return _record_late_result(item, S.CANCELLED, actor, outcome, None)
-
-
-def _record_late_result(
-    item: WorkItem, reported: str, actor: str, outcome: str, evidence: dict[str, Any] | None
-) -> WorkItem:
-    item.needs_review = True
-    item.evidence = {**item.evidence, "late_result": {"reported": reported, "outcome": outcome, **(evidence or {})}}
-    item.save(update_fields=["needs_review", "evidence"])
-    event_record(
-        kind="late_result",
-        actor=actor,
-        item=item,
-        from_state=item.state,
-        to_state=item.state,
-        message=f"Reported {reported} after the item was recorded {item.state}; review required.",
-        data={"reported": reported, "outcome": outcome, "evidence": evidence or {}},
-    )
-    return item
+        return item_late_result(item=item, reported=S.CANCELLED, actor=actor, outcome=outcome)
 
 
 def item_heartbeat(*, item_id: int, lease_seconds: int | None = None) -> bool:

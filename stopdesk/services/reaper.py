@@ -9,7 +9,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from stopdesk.models import ApiIdempotency
-from stopdesk.services.bulk import NOW, items_move
+from stopdesk.services.transitions import NOW, items_move
 from stopdesk.states import ItemState
 
 S = ItemState

@@ -13,10 +13,10 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from stopdesk.models import StopRequest, Task, WorkItem
-from stopdesk.services.bulk import NOW, items_move
 from stopdesk.services.events import event_record
 from stopdesk.services.sql import ClockNow
-from stopdesk.states import ItemState
+from stopdesk.services.transitions import NOW, items_move
+from stopdesk.states import IN_FLIGHT, ItemState
 
 S = ItemState
 
@@ -90,7 +90,7 @@ def stop_fanout(*, stop_request_id: int, actor: str, dispatch: Callable[[list[in
         )
         in_flight = items_move(
             where=Q(task_id=task_id, cancel_requested_at__isnull=True),
-            from_states=(S.RUNNING, S.AWAITING_RECONCILIATION),
+            from_states=tuple(sorted(IN_FLIGHT)),
             to_state=None,
             actor=actor,
             kind="cancel_requested",

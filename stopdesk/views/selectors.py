@@ -12,12 +12,11 @@ from django.utils import timezone
 
 from reconcile.models import Compensation, CompensationState, Escalation
 from stopdesk.models import CancellationAttempt, ExternalRecord, StopRequest, Task, WorkItem
-from stopdesk.states import ItemState
+from stopdesk.states import UNSETTLED, ItemState
 from stopdesk.summary import task_summary
 
 S = ItemState
 C = CompensationState
-UNSETTLED = (S.QUEUED, S.RUNNING, S.AWAITING_RECONCILIATION)
 # Groups on the task page, in the order a person needs them: what wants attention first.
 GROUP_ORDER = (S.UNCERTAIN, S.AWAITING_RECONCILIATION, S.RUNNING, S.QUEUED, S.FAILED, S.COMPLETED, S.CANCELLED)
 GROUP_LIMIT = 20

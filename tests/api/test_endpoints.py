@@ -249,3 +249,14 @@ def test_a_parent_from_another_task_is_422(api, runtime):
     ok = api.post(f"/tasks/{theirs.task_id}/items", {"kind": "remote_tool", "noun": "call", "parent": theirs.pk})
     assert ok.status == 201 and ok.body["parent"] == theirs.pk
     assert WorkItem.objects.get(pk=ok.body["id"]).parent_id == theirs.pk
+
+
+def test_an_unknown_mechanism_is_refused_at_registration(api, runtime):
+    # Before, a mechanism no adapter handles silently became "manual": Stop could never cancel it.
+    task = task_create(title="Analyse invoices", actor="test", runtime=runtime[0])
+    before = ledger_counts()
+    answer = api.post(f"/tasks/{task.pk}/items", {"kind": "remote_tool", "noun": "call", "mechanism": "telnet"})
+    assert answer.status == 422, answer.body
+    assert (answer.body["error"], answer.body["field"]) == ("unknown_mechanism", "mechanism")
+    assert "telnet" in answer.body["detail"] and "openai" in answer.body["detail"]
+    assert ledger_counts() == before

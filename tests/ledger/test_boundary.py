@@ -1,10 +1,10 @@
 import pytest
 
 from stopdesk.models import Event, WorkItem
-from stopdesk.services.boundary import item_start, item_submit
 from stopdesk.services.errors import IllegalTransition, TaskStopped
-from stopdesk.services.items import item_finish, item_transition
+from stopdesk.services.items import item_finish
 from stopdesk.services.stop import task_request_stop
+from stopdesk.services.transitions import item_start, item_submit, item_transition
 from stopdesk.states import ItemState as S
 from tests.factories import make_item, make_task
 

@@ -6,9 +6,9 @@ import pytest
 from django.db import connection, connections
 
 from stopdesk.models import Event, StopRequest, WorkItem
-from stopdesk.services.boundary import item_start
 from stopdesk.services.errors import IllegalTransition, TaskStopped
 from stopdesk.services.stop import task_request_stop
+from stopdesk.services.transitions import item_start
 from stopdesk.states import ItemState as S
 from tests.factories import make_item, make_task
 

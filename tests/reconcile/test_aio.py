@@ -10,7 +10,7 @@ from django.db import connection
 
 from reconcile.services.cancel import item_cancel
 from stopdesk.agent.aio import supervise
-from stopdesk.models import ExternalRecord, WorkItem
+from stopdesk.models import Event, ExternalRecord, WorkItem
 from stopdesk.services.items import item_register
 from stopdesk.services.stop import task_request_stop
 from stopdesk.states import ItemState, Kind
@@ -185,3 +185,23 @@ def test_cleanup_that_overruns_is_reconciled_and_ends_uncertain(fast, clock):
     sweep_until_settled(clock, item)
     item.refresh_from_db()
     assert item.state == S.UNCERTAIN and item.investigate_by is not None
+
+
+def test_child_that_hears_of_stop_itself_is_recorded_cancelled(fast):
+    # A child refused at its own boundary (or told by LocalRuntime.heartbeat) raises StopRequested,
+    # the one class every door raises: a stop, never a failure.
+    task = make_task()
+    item = child_item(task)
+
+    async def body(child):  # type: ignore[no-untyped-def]
+        await stop_soon(task, 0)
+        await child.submit("mail-after-stop")  # the boundary refuses: TaskStopped, a StopRequested
+
+    async def main() -> None:
+        async with supervise(actor="agent", poll_s=5.0) as group:
+            group.start(item.pk, body)
+
+    run(main())
+    item.refresh_from_db()
+    assert item.state == S.CANCELLED and item.submitted_at is None
+    assert not item.needs_review and not Event.objects.filter(item=item, kind="late_result").exists()

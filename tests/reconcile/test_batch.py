@@ -19,9 +19,9 @@ from reconcile.sandbox import openai_standin as faults
 from reconcile.services.cancel import item_cancel, items_cancel
 from stopdesk.agent.openai import response_create
 from stopdesk.models import CancellationAttempt, Event, WorkItem
-from stopdesk.services.boundary import item_start
 from stopdesk.services.items import item_finish, item_register
 from stopdesk.services.stop import BATCH_ABOVE, task_request_stop
+from stopdesk.services.transitions import item_start
 from stopdesk.states import ItemState, Kind
 from tests.factories import make_task
 from tests.reconcile.conftest import Clock

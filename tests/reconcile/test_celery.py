@@ -13,8 +13,8 @@ from reconcile.services.cancel import item_cancel
 from stopdesk.agent.workers import dispatch
 from stopdesk.celery import app
 from stopdesk.models import CancellationAttempt, WorkItem
-from stopdesk.services.boundary import item_start
-from stopdesk.services.items import item_register, item_transition
+from stopdesk.services.items import item_register
+from stopdesk.services.transitions import item_start, item_transition
 from stopdesk.states import ItemState, Kind
 from tests.factories import make_task
 from tests.reconcile import agent_tasks

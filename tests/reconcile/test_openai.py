@@ -61,8 +61,8 @@ def test_create_sends_no_retries_and_links_back_to_the_item(fast, openai_party):
 
 
 def test_a_running_item_cannot_create_after_stop(fast, openai_party, django_capture_on_commit_callbacks):
-    from stopdesk.services.boundary import item_start
     from stopdesk.services.errors import TaskStopped
+    from stopdesk.services.transitions import item_start
 
     party, url = openai_party
     task = make_task()

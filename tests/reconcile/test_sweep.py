@@ -14,7 +14,7 @@ from reconcile.mechanisms import registry
 from reconcile.mechanisms.base import Mechanism
 from reconcile.services.reconcile import items_claim_due, sweep_once
 from stopdesk.models import CancellationAttempt, Event
-from stopdesk.services.items import item_transition
+from stopdesk.services.transitions import item_transition
 from stopdesk.states import ItemState
 from tests.factories import make_item, make_task
 

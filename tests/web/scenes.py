@@ -7,8 +7,8 @@ import httpx
 from reconcile.models import Compensation
 from reconcile.services.compensation import compensation_propose
 from stopdesk.models import ExternalRecord, Task, WorkItem
-from stopdesk.services.boundary import item_start, item_submit
-from stopdesk.services.items import item_attach_record, item_finish, item_register, item_transition
+from stopdesk.services.items import item_attach_record, item_finish, item_register
+from stopdesk.services.transitions import item_start, item_submit, item_transition
 from stopdesk.states import ItemState, Kind
 from tests.factories import ACTOR, make_external_effect, make_item, make_task
 

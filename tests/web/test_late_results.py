@@ -7,7 +7,8 @@ import pytest
 from django.urls import reverse
 
 from stopdesk.models import Event, WorkItem
-from stopdesk.services.items import item_finish, item_transition
+from stopdesk.services.items import item_finish
+from stopdesk.services.transitions import item_transition
 from stopdesk.states import ItemState
 from tests.factories import make_item, make_task
 from tests.web.conftest import htmx

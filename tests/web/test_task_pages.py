@@ -81,7 +81,7 @@ def test_task_page_summary_fragment_polls_until_settled_then_answers_286(as_user
     assert 'id="groups"' in html and 'id="stop-control"' in html and 'hx-swap-oob="true"' in html
     for item in WorkItem.objects.filter(task=task, state__in=[S.QUEUED, S.RUNNING]):
         if item.state == S.QUEUED:
-            from stopdesk.services.items import item_transition
+            from stopdesk.services.transitions import item_transition
 
             item_transition(item_id=item.pk, to_state=S.CANCELLED, actor="test")
         else:

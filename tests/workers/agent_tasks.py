@@ -4,6 +4,7 @@ the test can tell from outside whether the body ran."""
 import time
 from pathlib import Path
 
+from stopdesk.agent.runtime import LocalRuntime
 from stopdesk.agent.workers import LedgerTask
 from stopdesk.celery import app
 
@@ -24,5 +25,26 @@ def slow(self, folder: str, seconds: float, *, item_id: int) -> None:
 def steps(self, folder: str, count: int, *, item_id: int) -> None:
     for step in range(count):
         self.raise_if_stopped()
+        Path(folder, f"step-{item_id}-{step}").touch()
+        time.sleep(0.2)
+
+
+@app.task(base=LedgerTask, bind=True, name="tests.runtime_steps")
+def runtime_steps(self, folder: str, count: int, *, item_id: int) -> None:
+    sd = LocalRuntime(actor="agent")
+    for step in range(count):
+        sd.heartbeat(item_id)  # raises StopRequested after a Stop
+        Path(folder, f"rstep-{item_id}-{step}").touch()
+        time.sleep(0.2)
+
+
+@app.task(base=LedgerTask, bind=True, name="tests.steps_with_cleanup")
+def steps_with_cleanup(self, folder: str, count: int, *, item_id: int) -> None:
+    """Steps; on Stop, a cleanup that takes a while before it reports (as real agents have)."""
+    for step in range(count):
+        if self.stop_requested():
+            Path(folder, f"cleanup-{item_id}").touch()
+            time.sleep(3)
+            self.raise_if_stopped()
         Path(folder, f"step-{item_id}-{step}").touch()
         time.sleep(0.2)

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class Worker:
-    def __init__(self, name: str, env: dict[str, str], log: Path) -> None:
+    def __init__(self, name: str, env: dict[str, str], log: Path, pool: str = "prefork") -> None:
         self.name = name
         self.log = log
         self.proc = subprocess.Popen(
@@ -29,7 +29,7 @@ class Worker:
                 "-A",
                 "stopdesk",
                 "worker",
-                "--pool=prefork",
+                f"--pool={pool}",
                 "-c",
                 "2",
                 "-n",
@@ -87,7 +87,11 @@ def start_worker(pg_dsn: str, broker: str, tmp_path: Path) -> Iterator:  # type:
     workers: list[Worker] = []
 
     def start(
-        name: str = "w1@test", lease_seconds: int = 3, ready: bool = True, extra_env: dict[str, str] | None = None
+        name: str = "w1@test",
+        lease_seconds: int = 3,
+        ready: bool = True,
+        extra_env: dict[str, str] | None = None,
+        pool: str = "prefork",
     ) -> Worker:
         env = {
             **os.environ,
@@ -99,7 +103,7 @@ def start_worker(pg_dsn: str, broker: str, tmp_path: Path) -> Iterator:  # type:
             **(extra_env or {}),
         }
         env.pop("STOPDESK_TESTING", None)
-        worker = Worker(name, env, tmp_path / f"{name.replace('@', '_')}-{len(workers)}.log")
+        worker = Worker(name, env, tmp_path / f"{name.replace('@', '_')}-{len(workers)}.log", pool)
         workers.append(worker)
         if ready:
             worker.wait_ready()

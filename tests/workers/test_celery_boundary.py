@@ -78,3 +78,40 @@ def test_a_lost_worker_is_found_by_another_worker_once_its_lease_runs_out(start_
     )
     start_worker("w2@test", lease_seconds=2)
     wait_for(lambda: _state(item.pk) == S.AWAITING_RECONCILIATION)
+
+
+def test_two_runs_at_once_in_a_threads_pool_keep_their_own_stop(start_worker, tmp_path: Path):
+    # `manage.py up` runs its worker with the threads pool: one task object, two bodies at once.
+    start_worker(pool="threads")
+    tasks = [make_task("first"), make_task("second")]
+    items = [
+        dispatch(agent_tasks.steps_with_cleanup, task=t, noun="report", actor="agent", args=[str(tmp_path), 40])
+        for t in tasks
+    ]
+    wait_for(lambda: all(len(list(tmp_path.glob(f"step-{i.pk}-*"))) >= 3 for i in items))
+    # Stop the run that started last: sharing state on the task object, the other run would read
+    # the heartbeat of this one and stop too.
+    by_start = sorted(items, key=lambda i: WorkItem.objects.get(pk=i.pk).started_at)
+    stopped, other = by_start[1], by_start[0]
+    task_request_stop(task_id=stopped.task_id, actor="user:operator", dispatch=lambda ids: None)
+    wait_for(lambda: (tmp_path / f"cleanup-{stopped.pk}").exists())
+    wait_for(lambda: _state(stopped.pk) == S.CANCELLED)
+    assert not (tmp_path / f"cleanup-{other.pk}").exists()
+    steps_then = len(list(tmp_path.glob(f"step-{other.pk}-*")))
+    wait_for(lambda: len(list(tmp_path.glob(f"step-{other.pk}-*"))) >= steps_then + 5)
+    assert _state(other.pk) == S.RUNNING
+    wait_for(lambda: _state(other.pk) == S.COMPLETED)
+    assert len(list(tmp_path.glob(f"step-{other.pk}-*"))) == 40
+    assert WorkItem.objects.get(pk=stopped.pk).outcome == "stopped between steps"
+
+
+def test_a_run_that_reads_stop_through_local_runtime_is_recorded_cancelled(start_worker, tmp_path: Path):
+    # One StopRequested for every door: the in-process runtime's heartbeat raises the same class
+    # LedgerTask catches, so the run is recorded cancelled, not failed.
+    start_worker()
+    task = make_task()
+    item = dispatch(agent_tasks.runtime_steps, task=task, noun="report", actor="agent", args=[str(tmp_path), 100])
+    wait_for(lambda: len(list(tmp_path.glob(f"rstep-{item.pk}-*"))) >= 3)
+    task_request_stop(task_id=task.pk, actor="user:operator", dispatch=lambda ids: None)
+    wait_for(lambda: _state(item.pk) in (S.CANCELLED, S.FAILED))
+    assert _state(item.pk) == S.CANCELLED

@@ -1,5 +1,5 @@
 """The cancellation boundary: the one check before an item starts and before an external action
-is submitted.
+is submitted. Part of `stopdesk.services.transitions`, the one place that writes an item's state.
 
 On PostgreSQL it is a single statement. It takes a SHARE lock on the task row, which conflicts
 with the row lock Stop's UPDATE takes: a start either commits before the stop request can be
@@ -37,7 +37,7 @@ WITH t AS (
 old AS (SELECT id, state FROM stopdesk_workitem WHERE id = %(item)s),
 u AS (
     UPDATE stopdesk_workitem w SET
-        state = CASE WHEN t.stopped THEN 'cancelled' ELSE 'running' END,
+        state = CASE WHEN t.stopped THEN %(cancelled)s ELSE %(running)s END,
         started_at = CASE WHEN t.stopped THEN w.started_at ELSE COALESCE(w.started_at, clock_timestamp()) END,
         submitted_at = CASE WHEN t.stopped OR NOT %(submit)s THEN w.submitted_at ELSE clock_timestamp() END,
         idempotency_key = CASE WHEN %(submit)s AND NOT t.stopped THEN %(key)s ELSE w.idempotency_key END,
@@ -49,15 +49,15 @@ u AS (
         updated_at = clock_timestamp()
     FROM t, old
     WHERE w.id = %(item)s AND w.task_id = t.id AND old.id = w.id
-      AND (w.state = 'queued' OR (%(submit)s AND w.state = 'running' AND w.submitted_at IS NULL))
+      AND (w.state = %(queued)s OR (%(submit)s AND w.state = %(running)s AND w.submitted_at IS NULL))
     RETURNING w.id, w.task_id, w.state, w.updated_at, old.state AS old_state
 ),
 e AS (
     INSERT INTO stopdesk_event (at, task_id, item_id, kind, actor, from_state, to_state, message, data)
     SELECT u.updated_at, u.task_id, u.id,
-           CASE WHEN u.state = 'cancelled' THEN 'boundary_refused' WHEN %(submit)s THEN 'submitted' ELSE 'transition' END,
+           CASE WHEN u.state = %(cancelled)s THEN 'boundary_refused' WHEN %(submit)s THEN 'submitted' ELSE 'transition' END,
            %(actor)s, u.old_state, u.state,
-           CASE WHEN u.state = 'cancelled' THEN 'Stop was requested; the item did not start.'
+           CASE WHEN u.state = %(cancelled)s THEN 'Stop was requested; the item did not start.'
                 WHEN %(submit)s THEN 'External action submitted, idempotency key ' || %(key)s ELSE '' END,
            '{}'::jsonb
     FROM u
@@ -93,6 +93,10 @@ def _pass(*, item_id: int, actor: str, worker: str, lease_seconds: int | None, s
             "lease": lease,
             "submit": submit,
             "key": key,
+            # States are parameters, never literals: they are named in stopdesk.states only.
+            "queued": S.QUEUED.value,
+            "running": S.RUNNING.value,
+            "cancelled": S.CANCELLED.value,
         }
         with _server_side_cursor() as cursor:
             # One statement, so one round trip, and atomic on its own under autocommit.

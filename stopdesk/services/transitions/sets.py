@@ -1,4 +1,5 @@
 """Set-based state moves: one UPDATE and its audit events, whatever the number of rows.
+Part of `stopdesk.services.transitions`, the one place that writes an item's state.
 
 On PostgreSQL the UPDATE and the INSERT of its events are one statement (a data-modifying CTE),
 so the statement count does not grow with the item count and no row is moved without its event.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from django.db import connection, transaction
@@ -18,6 +20,7 @@ from django.utils import timezone
 
 from stopdesk.models import Event, WorkItem
 from stopdesk.services.sql import is_postgres
+from stopdesk.services.transitions.single import check_fields
 from stopdesk.states import TERMINAL, can_move
 
 NOW = object()  # marks a column to be set to the database clock
@@ -52,6 +55,7 @@ def items_move(
     # One from-state per move, so each event can name it (RETURNING cannot see old values).
     if to_state is not None and (len(from_states) != 1 or not can_move(from_states[0], to_state)):
         raise ValueError(f"{from_states} -> {to_state} is not one allowed move")
+    check_fields(set(sets or {}) | {name for row in (rows or {}).values() for name in row.sets})
     columns = dict(sets or {})
     if to_state is not None:
         columns["state"] = to_state
@@ -162,3 +166,68 @@ def _move_portable(selection, to_state, columns, actor, kind, message, return_id
             batch_size=500,
         )
     return ids if return_ids else len(ids)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When to look at an item next, and the reconciler's progress to keep in its evidence, written
+    only while the item is still in `state` (None: whatever its state)."""
+
+    state: str | None
+    next_check_at: datetime | None
+    progress: dict[str, Any] | None = None
+    evidence: dict[str, Any] | None = None  # merged into the item's evidence (what a look found)
+
+
+_SCHEDULE_SQL = """
+UPDATE stopdesk_workitem w
+SET next_check_at = v.next_check_at,
+    evidence = w.evidence || COALESCE(v.extra, '{}'::jsonb)
+               || CASE WHEN v.progress IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('reconcile', v.progress) END
+FROM unnest(%s::bigint[], %s::text[], %s::timestamptz[], %s::jsonb[], %s::jsonb[])
+     AS v(id, state, next_check_at, progress, extra)
+WHERE w.id = v.id AND (v.state IS NULL OR w.state = v.state)
+RETURNING w.id
+"""
+
+
+def items_schedule(plans: Mapping[int, Schedule]) -> set[int]:
+    """Set each item's next check (and progress), where its state is still the one decided on.
+    Not a state change, so no event: the cancellation attempt is the record. Returns the ids
+    written; an item whose state moved meanwhile is left to whoever moved it."""
+    ids = sorted(plans)
+    if not ids:
+        return set()
+    if is_postgres():
+        evidence_field = WorkItem._meta.get_field("evidence")
+        params: list[Any] = [
+            ids,
+            [plans[i].state for i in ids],
+            [plans[i].next_check_at for i in ids],
+            [
+                None if plans[i].progress is None else evidence_field.get_db_prep_save(plans[i].progress, connection)
+                for i in ids
+            ],
+            [
+                None if not plans[i].evidence else evidence_field.get_db_prep_save(plans[i].evidence, connection)
+                for i in ids
+            ],
+        ]
+        with connection.cursor() as cursor:
+            cursor.execute(_SCHEDULE_SQL, params)
+            return {row[0] for row in cursor.fetchall()}
+    written = set()
+    with transaction.atomic():
+        for item_id in ids:
+            plan = plans[item_id]
+            item = WorkItem.objects.select_for_update().only("state", "evidence").get(pk=item_id)
+            if plan.state is not None and item.state != plan.state:
+                continue
+            values: dict[str, Any] = {"next_check_at": plan.next_check_at}
+            if plan.progress is not None or plan.evidence:
+                values["evidence"] = {**item.evidence, **(plan.evidence or {})}
+                if plan.progress is not None:
+                    values["evidence"]["reconcile"] = plan.progress
+            WorkItem.objects.filter(pk=item_id).update(**values)
+            written.add(item_id)
+    return written

@@ -1,0 +1,38 @@
+"""The one place that writes a work item's state, always with its audit event.
+
+- `single`: `item_transition` (one item: lock, check the move, write the allowed fields, append
+  the event through `stopdesk.services.events.event_record`) and `item_late_result` (a result
+  that contradicts a recorded outcome: evidence, review flag and event, state untouched);
+- `sets`: `items_move` (any number of items in one statement with their events, checked against
+  the from-state in its WHERE) and `items_schedule` (next check and progress, guarded by the
+  state the caller decided on; not a move, so no event);
+- `boundary`: `item_start` and `item_submit`, the cancellation boundary (one statement on
+  PostgreSQL that checks Stop and moves the item, with its event).
+
+Every move is one of `stopdesk.states.TRANSITIONS`; states are named through `ItemState`, never as
+string literals, and the columns a move may set besides the state are `FIELDS`. Both PostgreSQL
+(statements built for it) and SQLite (portable twins) are tested.
+"""
+
+from stopdesk.services.transitions.boundary import item_start, item_submit
+from stopdesk.services.transitions.sets import NOW, Row, Schedule, items_move, items_schedule
+from stopdesk.services.transitions.single import (
+    FIELDS,
+    item_late_result,
+    item_late_result_record,
+    item_transition,
+)
+
+__all__ = [
+    "FIELDS",
+    "NOW",
+    "Row",
+    "Schedule",
+    "item_late_result",
+    "item_late_result_record",
+    "item_start",
+    "item_submit",
+    "item_transition",
+    "items_move",
+    "items_schedule",
+]

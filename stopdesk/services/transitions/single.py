@@ -1,0 +1,110 @@
+"""One item's move: lock, check the from-state, write the allowed fields, append the event."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from stopdesk.models import WorkItem
+from stopdesk.services.errors import IllegalTransition
+from stopdesk.services.events import event_record
+from stopdesk.states import TERMINAL, ItemState, can_move
+
+S = ItemState
+
+# The columns a move may set besides state, outcome and evidence (which it always may). Anything
+# else (the boundary's timestamps, the handle, the lease) has its own writer: a transition that
+# could set them could, say, start an item without passing the boundary.
+FIELDS = frozenset({"next_check_at", "investigate_by", "cancel_requested_at", "needs_review", "outcome"})
+
+
+def check_fields(names: set[str] | frozenset[str]) -> None:
+    unknown = set(names) - FIELDS
+    if unknown:
+        raise ValueError(
+            f"A transition may not set {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(FIELDS))}."
+        )
+
+
+def item_transition(
+    *,
+    item_id: int,
+    to_state: str,
+    actor: str,
+    outcome: str | None = None,
+    evidence: dict[str, Any] | None = None,
+    message: str = "",
+    kind: str = "transition",
+    allowed_from: frozenset[str] | None = None,
+    **fields: Any,
+) -> WorkItem:
+    """The one place a single item changes state: lock, check the from-state, write, audit."""
+    check_fields(set(fields))
+    with transaction.atomic():
+        item = WorkItem.objects.select_for_update().get(pk=item_id)
+        if not can_move(item.state, to_state) or (allowed_from is not None and item.state not in allowed_from):
+            raise IllegalTransition(item.pk, item.state, to_state)
+        before = item.state
+        item.state = to_state
+        item.updated_at = timezone.now()
+        if to_state in TERMINAL:
+            item.finished_at = item.updated_at
+        if to_state == S.UNCERTAIN and item.investigate_by is None and "investigate_by" not in fields:
+            item.investigate_by = item.updated_at + timedelta(hours=settings.STOPDESK["INVESTIGATE_BY_HOURS"])
+        if outcome is not None:
+            item.outcome = outcome
+        if evidence:
+            item.evidence = {**item.evidence, **evidence}
+        if to_state == S.UNCERTAIN and not item.evidence.get("uncertain_because"):
+            # Every uncertain item says why, whoever put it there.
+            item.evidence = {**item.evidence, "uncertain_because": message or outcome or "no reason was given"}
+        for name, value in fields.items():
+            setattr(item, name, value)
+        item.save()
+        event_record(
+            kind=kind,
+            actor=actor,
+            item=item,
+            from_state=before,
+            to_state=to_state,
+            message=message or (outcome or ""),
+            data={"evidence": evidence} if evidence else {},
+        )
+    return item
+
+
+def item_late_result(
+    *, item: WorkItem, reported: str, actor: str, outcome: str, evidence: dict[str, Any] | None = None
+) -> WorkItem:
+    """A result that contradicts the item's recorded final state: kept as evidence and an event,
+    the item flagged for review, its state untouched. The caller holds the item's row lock (it
+    read the state it compares against under it). Reporting the recorded state again changes
+    nothing."""
+    if item.state == reported:
+        return item
+    item.needs_review = True
+    item.evidence = {**item.evidence, "late_result": {"reported": reported, "outcome": outcome, **(evidence or {})}}
+    item.save(update_fields=["needs_review", "evidence"])
+    event_record(
+        kind="late_result",
+        actor=actor,
+        item=item,
+        from_state=item.state,
+        to_state=item.state,
+        message=f"Reported {reported} after the item was recorded {item.state}; review required.",
+        data={"reported": reported, "outcome": outcome, "evidence": evidence or {}},
+    )
+    return item
+
+
+def item_late_result_record(
+    *, item_id: int, reported: str, actor: str, outcome: str, evidence: dict[str, Any] | None = None
+) -> WorkItem:
+    """`item_late_result` for a caller that does not hold the lock yet."""
+    with transaction.atomic():
+        item = WorkItem.objects.select_for_update().get(pk=item_id)
+        return item_late_result(item=item, reported=reported, actor=actor, outcome=outcome, evidence=evidence)
