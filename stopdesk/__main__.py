@@ -1,11 +1,13 @@
-"""The production entry point: `python -m stopdesk {check,migrate,web,worker,beat}`.
+"""The production entry point: `python -m stopdesk {check,migrate,web,watch,worker,beat}`.
 
 Each command first checks the configuration and that the database and the broker answer, and
 exits with one readable line when they do not; then it replaces itself with the real server
-(gunicorn, `celery worker`, `celery beat`), so signals from the container reach it directly.
+(gunicorn, uvicorn for the stop watch endpoint, `celery worker`, `celery beat`), so signals from
+the container reach it directly.
 
 Environment: DATABASE_URL, CELERY_BROKER_URL, SECRET_KEY, ALLOWED_HOSTS, STOPDESK_ENV=production,
-OPENAI_API_KEY / OPENAI_BASE_URL; PORT (8000), WEB_CONCURRENCY (2), WORKER_CONCURRENCY (8).
+OPENAI_API_KEY / OPENAI_BASE_URL; PORT (8000; `watch`: WATCH_PORT, 8001), WEB_CONCURRENCY (2),
+WORKER_CONCURRENCY (8).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 
-USAGE = "usage: python -m stopdesk {check,migrate,web,worker,beat} [extra arguments for the server]"
+USAGE = "usage: python -m stopdesk {check,migrate,web,watch,worker,beat} [extra arguments for the server]"
 
 
 def _exec(argv: list[str]) -> None:
@@ -22,7 +24,7 @@ def _exec(argv: list[str]) -> None:
 
 
 def main(argv: list[str]) -> None:
-    if not argv or argv[0] not in ("check", "migrate", "web", "worker", "beat"):
+    if not argv or argv[0] not in ("check", "migrate", "web", "watch", "worker", "beat"):
         print(USAGE, file=sys.stderr)
         raise SystemExit(2)
     command, extra = argv[0], argv[1:]
@@ -32,7 +34,7 @@ def main(argv: list[str]) -> None:
     django.setup()  # a bad setting raises config.ConfigError here: one line, exit status 1
     from stopdesk import config
 
-    config.preflight(broker=command != "migrate")
+    config.preflight(broker=command not in ("migrate", "watch"))
     python = sys.executable
     if command == "check":
         print("stopdesk: configuration ok; the database and the broker answer.")
@@ -44,6 +46,14 @@ def main(argv: list[str]) -> None:
             "--bind", f"0.0.0.0:{os.environ.get('PORT', '8000')}",
             "--worker-class", "gthread", "--workers", os.environ.get("WEB_CONCURRENCY", "2"), "--threads", "8",
             "--access-logfile", "-", "--no-control-socket", *extra,
+        ])  # fmt: skip
+    elif command == "watch":
+        # One process, one event loop: every waiting watcher is a future woken by the process's one
+        # LISTEN connection, so a thousand of them cost no threads and no database connections.
+        _exec([
+            python, "-m", "uvicorn", "stopdesk.asgi:application",
+            "--host", "0.0.0.0", "--port", os.environ.get("WATCH_PORT", "8001"),  # noqa: S104 - in a container
+            "--no-access-log", "--timeout-keep-alive", "75", *extra,
         ])  # fmt: skip
     elif command == "worker":
         _exec([

@@ -60,3 +60,15 @@ def pg_dsn(transactional_db) -> str:  # type: ignore[no-untyped-def]
     """A libpq DSN for the test database, for subprocesses (workers) that must share it."""
     db = connection.settings_dict
     return f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup):  # type: ignore[no-untyped-def]
+    """pytest-django's, plus: close the stop listeners' and watch threads' connections before the
+    test database is dropped (they live in daemon threads that outlast the tests)."""
+    yield
+    from stopdesk.api.watch import close_connections
+    from stopdesk.services.stop_watch import stop_hub_close
+
+    stop_hub_close()
+    close_connections()

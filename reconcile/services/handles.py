@@ -9,20 +9,13 @@ from django.db import transaction
 
 from reconcile.mechanisms.base import RecordFact
 from stopdesk.models import ExternalRecord, WorkItem
-from stopdesk.services.events import event_record
-from stopdesk.services.items import item_attach_record
+from stopdesk.services.items import item_attach_record, item_set_handle
 
 
 def item_record_handle(*, item_id: int, handle: str, actor: str, detail: dict[str, Any] | None = None) -> WorkItem:
-    """Store the remote id (response id, task id...) and mechanism facts on the item, with an event."""
-    with transaction.atomic():
-        item = WorkItem.objects.select_for_update().get(pk=item_id)
-        item.handle = handle
-        if detail:
-            item.detail = {**item.detail, **detail}
-        item.save(update_fields=["handle", "detail"])
-        event_record(kind="handle_recorded", actor=actor, item=item, message=handle, data={"detail": detail or {}})
-    return item
+    """Store the remote id (response id, task id...) and mechanism facts on the item, with an event
+    (the runtime API's rules: see `item_set_handle`)."""
+    return item_set_handle(item_id=item_id, handle=handle, actor=actor, detail=detail)
 
 
 def item_record_detail(*, item_id: int, detail: dict[str, Any]) -> None:

@@ -26,18 +26,26 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
 from reconcile.services.handles import item_record_detail
 from stopdesk.client.errors import StopRequested
 from stopdesk.services.errors import IllegalTransition, TaskStopped
-from stopdesk.services.items import item_finish, item_heartbeat
+from stopdesk.services.items import item_finish, item_heartbeat, item_task_id
+from stopdesk.services.stop_watch import stop_hub, stopped_among
 from stopdesk.services.transitions import item_start, item_submit, item_transition
 from stopdesk.states import ItemState
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+def item_start_for_task(*, item_id: int, actor: str) -> int:
+    """Pass the boundary; returns the item's task id, whose Stop the supervisor then watches."""
+    item_start(item_id=item_id, actor=actor, worker="asyncio")
+    return item_task_id(item_id=item_id)
 
 
 async def in_thread[T](fn: Callable[..., T], /, **kwargs: Any) -> T:
@@ -78,6 +86,8 @@ class Group:
         self.children: list[Child] = []
         self.stopped = asyncio.Event()
         self._started: list[asyncio.Task[None]] = []
+        self._stop_pushed = asyncio.Event()
+        self._unwatch: dict[int, Callable[[], None]] = {}
 
     def start(self, item_id: int, body: Callable[[Child], Coroutine[Any, Any, Any]]) -> Child:
         child = Child(item_id, self.actor)
@@ -87,11 +97,15 @@ class Group:
 
     async def _run(self, child: Child, body: Callable[[Child], Coroutine[Any, Any, Any]]) -> None:
         try:
-            await in_thread(item_start, item_id=child.item_id, actor=self.actor, worker="asyncio")
+            task_id = await in_thread(item_start_for_task, item_id=child.item_id, actor=self.actor)
         except (TaskStopped, IllegalTransition) as exc:
             child.outcome = "not started"
             log.info("child %s not started: %s", child.item_id, exc)
             return
+        self._watch_task(task_id)
+        # A Stop that committed between the start and the watch was not pushed to us: look once.
+        if await in_thread(stopped_among, task_ids=[task_id]):
+            self._stop_pushed.set()
         child.task = asyncio.create_task(body(child), name=f"stopdesk-body-{child.item_id}")
         try:
             result = await asyncio.shield(child.task)
@@ -190,33 +204,61 @@ class Group:
         A body that has merely finished is not enough: its runner may still be writing."""
         return all(runner.done() or child.overran for child, runner in zip(self.children, self._started, strict=True))
 
-    async def _watch(self, poll_s: float) -> None:
+    def _watch_task(self, task_id: int) -> None:
+        """Have Stop pushed for this child's task (once per task): the hub calls back from its
+        thread the moment the stop request commits."""
+        if task_id in self._unwatch:
+            return
+        loop = asyncio.get_running_loop()
+
+        def wake(_: int, __: object) -> None:
+            loop.call_soon_threadsafe(self._stop_pushed.set)
+
+        self._unwatch[task_id] = stop_hub().watch(task_id, wake)
+
+    async def _on_stop(self) -> None:
+        await self._stop_pushed.wait()
+        await self.cancel_all()
+
+    async def _beat(self, heartbeat_s: float) -> None:
+        """Keep the running children's leases alive. Their answer also says whether Stop was
+        requested: a fallback should a push be lost, not the way Stop arrives."""
         while True:
-            await asyncio.sleep(poll_s)
+            await asyncio.sleep(heartbeat_s)
             running = [c for c in self.children if c.task is not None and not c.task.done()]
-            if not running:
-                continue
-            # The heartbeat keeps the leases alive and answers "was Stop requested?" in one go.
-            answers = await asyncio.gather(*(in_thread(item_heartbeat, item_id=c.item_id) for c in running))
-            if any(answers):
-                await self.cancel_all()
-                return
+            if running:
+                answers = await asyncio.gather(*(in_thread(item_heartbeat, item_id=c.item_id) for c in running))
+                if any(answers):
+                    self._stop_pushed.set()
+
+    def _close(self) -> None:
+        for unwatch in self._unwatch.values():
+            unwatch()
+        self._unwatch.clear()
 
 
 @contextlib.asynccontextmanager
-async def supervise(*, actor: str, poll_s: float = 0.5, cleanup_s: float = 5.0) -> AsyncIterator[Group]:
-    """Run children; leave the block when every child has ended and been recorded."""
+async def supervise(*, actor: str, poll_s: float | None = None, cleanup_s: float = 5.0) -> AsyncIterator[Group]:
+    """Run children; leave the block when every child has ended and been recorded. Stop is pushed
+    (PostgreSQL LISTEN/NOTIFY through the process's one listener), so the children are cancelled the
+    moment it commits; `poll_s` is how often their leases are renewed (default: the heartbeat
+    setting, STOPDESK_HEARTBEAT_SECONDS)."""
+    heartbeat_s = poll_s if poll_s is not None else float(settings.STOPDESK["HEARTBEAT_SECONDS"])
     group = Group(actor, cleanup_s)
-    watcher = asyncio.create_task(group._watch(poll_s), name="stopdesk-watch")
+    helpers = [
+        asyncio.create_task(group._on_stop(), name="stopdesk-on-stop"),
+        asyncio.create_task(group._beat(heartbeat_s), name="stopdesk-heartbeat"),
+    ]
     try:
         yield group
         while not group.settled():
             pending = [runner for runner in group._started if not runner.done()]
-            await asyncio.wait(pending, return_when=asyncio.ALL_COMPLETED, timeout=poll_s)
+            await asyncio.wait(pending, return_when=asyncio.ALL_COMPLETED, timeout=heartbeat_s)
     finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
+        group._close()
+        for helper in helpers:
+            helper.cancel()
+        await asyncio.gather(*helpers, return_exceptions=True)
         # Children still running after an overrun cannot be forced; stop waiting for their runners.
         for runner in group._started:
             if not runner.done():

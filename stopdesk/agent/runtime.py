@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import Any, Literal
 
 from django.db import IntegrityError, connection, transaction
@@ -25,18 +27,20 @@ from pydantic import BaseModel
 from stopdesk.agent import schemas
 from stopdesk.client.action import ExternalAction
 from stopdesk.client.errors import Conflict, InvalidRequest, NotFound, StopRequested
-from stopdesk.client.types import HeartbeatInfo, ItemInfo, RecordInfo, StopInfo, TaskDetail, TaskInfo
+from stopdesk.client.types import HeartbeatInfo, ItemInfo, RecordInfo, StopInfo, StopWatchInfo, TaskDetail, TaskInfo
 from stopdesk.models import ApiIdempotency, ExternalRecord, Runtime, StopRequest, Task, WorkItem
-from stopdesk.services.errors import IllegalTransition, TaskStopped, ToolNotReady, UnknownMechanism
+from stopdesk.services.errors import HandleConflict, IllegalTransition, TaskStopped, ToolNotReady, UnknownMechanism
 from stopdesk.services.items import (
     item_attach_record,
     item_finish,
     item_heartbeat,
     item_register,
+    item_set_handle,
     item_transition,
     task_create,
 )
 from stopdesk.services.stop import dispatch_cancellations, task_request_stop
+from stopdesk.services.stop_watch import stop_hub
 from stopdesk.services.transitions import item_start, item_submit
 from stopdesk.states import ItemState
 from stopdesk.summary import task_summary
@@ -94,6 +98,13 @@ class LocalRuntime:
             task_id=task.pk, actor=self.actor, reason=args.reason, dispatch=self.dispatch or _dispatch_or_log
         )
         return stop_info(outcome.stop_request, created=outcome.created)
+
+    def watch_stop(self, task_id: int, *, poll_s: float = 25.0) -> LocalStopWatch:
+        """A handle set (like a threading.Event) the moment the task's Stop commits, pushed by the
+        process's one listener. `poll_s` is the HTTP client's long-poll length; here there is no
+        poll."""
+        task = self._task(task_id)
+        return LocalStopWatch(task.pk)
 
     # Items
     def register(
@@ -218,6 +229,22 @@ class LocalRuntime:
                 state=item.state,
             )
         return beat
+
+    def record_handle(
+        self, item_id: int, *, handle: str, detail: dict[str, Any] | None = None, request_key: str | None = None
+    ) -> ItemInfo:
+        """Record the handle of work dispatched after registration (register, start or submit,
+        dispatch, then this), so Stop can cancel it through its mechanism. Refused (Conflict) for
+        an item that never passed the boundary, or that has another handle."""
+        args = _parse(schemas.RecordHandle, handle=handle, detail=detail)
+        self._check_item(item_id)
+
+        def produce() -> ItemInfo:
+            with _ledger_errors():
+                item = item_set_handle(item_id=item_id, handle=args.handle, actor=self.actor, detail=args.detail)
+            return item_info(item)
+
+        return self._once(request_key, f"record_handle:{item_id}", ItemInfo, produce)
 
     def attach_record(
         self,
@@ -445,6 +472,30 @@ class LocalRuntime:
         raise refused
 
 
+class LocalStopWatch:
+    """`Client.watch_stop`'s handle, in-process: set by push when the task's Stop commits."""
+
+    def __init__(self, task_id: int) -> None:
+        self.task_id = task_id
+        self.info: StopWatchInfo | None = None
+        self.error: Exception | None = None
+        self._stopped = threading.Event()
+        self._unwatch = stop_hub().watch_checked(task_id, self._set)
+
+    def _set(self, task_id: int, requested_at: datetime | None) -> None:
+        self.info = StopWatchInfo(task_id, True, requested_at)
+        self._stopped.set()
+
+    def is_set(self) -> bool:
+        return self._stopped.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._stopped.wait(timeout)
+
+    def cancel(self) -> None:
+        self._unwatch()
+
+
 def _dispatch_or_log(item_ids: list[int]) -> None:
     """Queue the cancellation jobs after Stop commits. If the broker is down, the stop still stands
     and the runtime is told so: the items carry cancel_requested_at and a due next_check_at, and the
@@ -480,6 +531,8 @@ def _ledger_errors() -> Iterator[None]:
         raise InvalidRequest(str(exc), code=exc.code, field="mechanism", tool=exc.tool, missing=exc.missing) from exc
     except UnknownMechanism as exc:
         raise InvalidRequest(str(exc), code=exc.code, field="mechanism") from exc
+    except HandleConflict as exc:
+        raise Conflict(str(exc), code=exc.code, field="handle", item=exc.item_id, handle=exc.handle) from exc
 
 
 def task_info(task: Task) -> TaskInfo:

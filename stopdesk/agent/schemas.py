@@ -138,6 +138,13 @@ class AttachRecord(Body):
     link: Annotated[str, StringConstraints(max_length=500), AfterValidator(_storable), AfterValidator(_url)] = ""
 
 
+class RecordHandle(Body):
+    handle: Text(200, 1) = Field(  # type: ignore[valid-type]
+        description="The remote id of the dispatched work: a response id, an MCP task id, an operation URL."
+    )
+    detail: JsonObject | None = Field(None, description="Mechanism facts merged into the item's detail.")
+
+
 class Finish(Body):
     status: Literal["completed", "failed"]
     detail: Text(200) = ""  # type: ignore[valid-type]

@@ -28,7 +28,15 @@ from django.db import close_old_connections, connection, transaction
 from stopdesk.client.errors import StopRequested
 from stopdesk.models import Task, WorkItem
 from stopdesk.services.errors import IllegalTransition
-from stopdesk.services.items import item_finish, item_heartbeat, item_register, item_report_stopped, stop_requested
+from stopdesk.services.items import (
+    item_finish,
+    item_heartbeat,
+    item_register,
+    item_report_stopped,
+    item_task_id,
+    stop_requested,
+)
+from stopdesk.services.stop_watch import stop_hub
 from stopdesk.services.transitions import item_start
 from stopdesk.states import Kind
 
@@ -81,6 +89,9 @@ class LedgerTask(CeleryTask):  # type: ignore[misc]
             return None
         beat = _Heartbeat(item_id, settings.STOPDESK["HEARTBEAT_SECONDS"])
         self.request.stopdesk_beat = beat
+        # Stop is pushed into the run's flag the moment it commits (one listener per process);
+        # the heartbeat's own answer remains a fallback.
+        unwatch = stop_hub().watch_checked(item_task_id(item_id=item_id), lambda *_: beat.stopped.set())
         beat.start()
         try:
             result = self.run(*args, item_id=item_id, **kwargs)
@@ -93,6 +104,7 @@ class LedgerTask(CeleryTask):  # type: ignore[misc]
             item_finish(item_id=item_id, succeeded=False, actor=actor, outcome=f"{type(exc).__name__}: {exc}"[:200])
             raise
         finally:
+            unwatch()
             beat.done.set()
             beat.join(timeout=5)
             self.request.stopdesk_beat = None
@@ -103,17 +115,15 @@ class LedgerTask(CeleryTask):  # type: ignore[misc]
         return getattr(self.request, "stopdesk_beat", None)
 
     def stop_requested(self) -> bool:
-        """Cheap between steps: the heartbeat's latest answer, or one indexed read without one."""
+        """Free between steps: a flag set by push the moment Stop commits (or by the heartbeat's
+        answer); one indexed read only when called outside a run."""
         beat = self._beat()
-        if beat is not None and beat.stopped.is_set():
-            return True
+        if beat is not None:
+            return beat.stopped.is_set()
         item_id = self.request.kwargs.get("item_id") if self.request.kwargs else None
         if item_id is None:
             return False
-        stopped = stop_requested(item_id=item_id)
-        if stopped and beat is not None:
-            beat.stopped.set()
-        return stopped
+        return stop_requested(item_id=item_id)
 
     def raise_if_stopped(self) -> None:
         if self.stop_requested():

@@ -9,7 +9,12 @@ from stopdesk.models import Runtime
 
 
 def authenticate(request: HttpRequest) -> Runtime:
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    return runtime_for(request.headers.get("Authorization", ""))
+
+
+def runtime_for(authorization: str) -> Runtime:
+    """The runtime an Authorization header's bearer token belongs to."""
+    scheme, _, token = authorization.partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
         raise Unauthorized("Send the runtime's token as 'Authorization: Bearer <token>'.")

@@ -8,11 +8,12 @@ from typing import Any
 from django.http import HttpRequest, JsonResponse
 from pydantic import TypeAdapter
 
+from stopdesk.api import watch
 from stopdesk.api.views import OPERATIONS
 from stopdesk.client import types
 
 REF = "#/components/schemas/{model}"
-ANSWERS = ("TaskInfo", "TaskDetail", "ItemInfo", "RecordInfo", "StopInfo", "HeartbeatInfo")
+ANSWERS = ("TaskInfo", "TaskDetail", "ItemInfo", "RecordInfo", "StopInfo", "HeartbeatInfo", "StopWatchInfo")
 ERROR_TEXT = {
     400: "Malformed JSON, or a body that is not an object (error malformed_json).",
     401: "Missing, unknown or revoked token.",
@@ -94,6 +95,7 @@ def document() -> dict[str, Any]:
                 "content": {"application/json": {"schema": {"$ref": REF.format(model=op.body.__name__)}}},
             }
         paths.setdefault(op.path, {})[op.method.lower()] = operation
+    paths[watch.PATH] = {"get": _watch_operation()}
     return {
         "openapi": "3.1.0",
         "info": {
@@ -114,6 +116,44 @@ def document() -> dict[str, Any]:
                     "description": "A runtime token from `manage.py create_runtime_token`.",
                 }
             },
+        },
+    }
+
+
+def _watch_operation() -> dict[str, Any]:
+    error = {"content": {"application/json": {"schema": {"$ref": REF.format(model="Error")}}}}
+    return {
+        "operationId": "watch_stop",
+        "summary": "Wait for the task's Stop: answers the moment it commits.",
+        "description": (
+            "A long poll. It answers `stopped: true` as soon as the task's stop request commits (at once if it "
+            "already has), or `stopped: false` after `timeout` seconds; then watch again. Pushed by PostgreSQL "
+            "LISTEN/NOTIFY, so a waiting watcher costs the server no query; serve it under ASGI (uvicorn) so it "
+            "costs no thread either."
+        ),
+        "parameters": [
+            {
+                "name": "task_id",
+                "in": "path",
+                "required": True,
+                "schema": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
+            },
+            {
+                "name": "timeout",
+                "in": "query",
+                "required": False,
+                "description": f"Seconds to wait before answering `stopped: false` (default {watch.DEFAULT_TIMEOUT_S:g}).",
+                "schema": {"type": "number", "minimum": 0, "maximum": watch.MAX_TIMEOUT_S},
+            },
+        ],
+        "responses": {
+            "200": {
+                "description": "Stopped, or the timeout passed first.",
+                "content": {"application/json": {"schema": {"$ref": REF.format(model="StopWatchInfo")}}},
+            },
+            "401": {"description": ERROR_TEXT[401], **error},
+            "404": {"description": ERROR_TEXT[404], **error},
+            "422": {"description": "`timeout` is not a number of seconds in range (field `timeout`).", **error},
         },
     }
 

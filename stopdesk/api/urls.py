@@ -3,6 +3,8 @@ from django.urls import path, re_path
 from stopdesk.api.errors import unknown_path
 from stopdesk.api.openapi import openapi_json
 from stopdesk.api.views import OPERATIONS
+from stopdesk.api.watch import PATH as WATCH_PATH
+from stopdesk.api.watch import watch_stop
 
 app_name = "api"
 
@@ -16,5 +18,6 @@ def _route(template: str) -> str:
 urlpatterns = [
     path("openapi.json", openapi_json, name="openapi"),
     *(path(_route(op.path), op.view, name=op.name) for op in OPERATIONS),
+    path(_route(WATCH_PATH), watch_stop, name="watch_stop"),
     re_path(r"^(?P<path>.*)$", unknown_path),
 ]

@@ -253,6 +253,15 @@ def submit(sd: LocalRuntime, args: schemas.Submit, key: str | None, item_id: int
     )
 
 
+@endpoint("POST", "/items/{item_id}/handle", body=schemas.RecordHandle, returns="ItemInfo", conflicts=True)
+def record_handle(sd: LocalRuntime, args: schemas.RecordHandle, key: str | None, item_id: int) -> Any:
+    """Record the handle of work dispatched after registration (a response id, an MCP task id, an operation URL)
+    so Stop can cancel it through its mechanism. Only for an item that passed the boundary (409 illegal_transition
+    otherwise); one handle per item (409 handle_conflict for another; the same one again is a no-op). After Stop
+    it is still recorded, and an item whose cancel was requested is checked again at once."""
+    return sd.record_handle(item_id, handle=args.handle, detail=args.detail, request_key=key)
+
+
 @endpoint(
     "POST", "/items/{item_id}/records", body=schemas.AttachRecord, returns="RecordInfo", status=201, conflicts=True
 )

@@ -12,7 +12,7 @@
         ...
         sd.finish(item.id, status="completed")
 
-`AsyncClient` has the same methods, awaited; `stopdesk.runtime.LocalRuntime` has the same methods
+`AsyncClient` has the same methods, awaited; `stopdesk.agent.runtime.LocalRuntime` has the same methods
 in-process. This package imports nothing from Django: it needs only httpx.
 """
 
@@ -29,7 +29,8 @@ from stopdesk.client.errors import (
     Unauthorized,
 )
 from stopdesk.client.sync import Client
-from stopdesk.client.types import HeartbeatInfo, ItemInfo, RecordInfo, StopInfo, TaskDetail, TaskInfo
+from stopdesk.client.types import HeartbeatInfo, ItemInfo, RecordInfo, StopInfo, StopWatchInfo, TaskDetail, TaskInfo
+from stopdesk.client.watch import StopWatch
 
 __all__ = [
     "AsyncClient",
@@ -46,6 +47,8 @@ __all__ = [
     "ServerError",
     "StopInfo",
     "StopRequested",
+    "StopWatch",
+    "StopWatchInfo",
     "StopdeskError",
     "TaskDetail",
     "TaskInfo",

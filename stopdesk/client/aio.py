@@ -11,12 +11,21 @@ from stopdesk.client import calls
 from stopdesk.client.action import AsyncExternalAction
 from stopdesk.client.calls import Call
 from stopdesk.client.transport import api_base, backoff, headers_for, read_answer, should_retry
-from stopdesk.client.types import HeartbeatInfo, ItemInfo, RecordInfo, StopInfo, TaskDetail, TaskInfo
+from stopdesk.client.types import (
+    HeartbeatInfo,
+    ItemInfo,
+    RecordInfo,
+    StopInfo,
+    StopWatchInfo,
+    TaskDetail,
+    TaskInfo,
+)
+from stopdesk.client.watch import POLL_S, watch_stop_async
 
 
 class AsyncClient:
     """Talks to stopdesk's runtime API with a bearer token, from asyncio. Method names and arguments match
-    `stopdesk.runtime.LocalRuntime`, so agent code can switch between the two.
+    `stopdesk.agent.runtime.LocalRuntime`, so agent code can switch between the two.
 
     Every write carries an Idempotency-Key (generated unless you pass `request_key`), so a retry
     after a lost answer gets the first answer back instead of doing the work twice.
@@ -32,6 +41,7 @@ class AsyncClient:
         retries: int = 3,
         backoff_seconds: float = 0.2,
         http: httpx.AsyncClient | None = None,
+        watch_url: str | None = None,
     ) -> None:
         self.worker = worker
         self.retries = retries
@@ -39,6 +49,8 @@ class AsyncClient:
         self._own_http = http is None
         self.http = http or httpx.AsyncClient(timeout=timeout)
         self.base = api_base(base_url)
+        # Where the stop watch is served, when an ASGI server apart from the web answers it.
+        self.watch_base = api_base(watch_url) if watch_url else self.base
         self.http.headers["Authorization"] = f"Bearer {token}"
 
     async def __aenter__(self) -> AsyncClient:
@@ -76,6 +88,10 @@ class AsyncClient:
 
     async def request_stop(self, task_id: int, *, reason: str = "") -> StopInfo:
         return await self._run(calls.request_stop(task_id, reason))
+
+    async def watch_stop(self, task_id: int, *, poll_s: float = POLL_S) -> StopWatchInfo:
+        """Return the moment the task's Stop commits (long polls answered by push)."""
+        return await watch_stop_async(self, task_id, poll_s=poll_s)
 
     # Items
     async def register(
@@ -127,6 +143,12 @@ class AsyncClient:
             "lease_seconds": lease_seconds,
         }
         return await self._run(calls.submit(item_id, fields, None))
+
+    async def record_handle(
+        self, item_id: int, *, handle: str, detail: dict[str, Any] | None = None, request_key: str | None = None
+    ) -> ItemInfo:
+        """Record the handle of work dispatched after registration, so Stop can cancel it."""
+        return await self._run(calls.record_handle(item_id, {"handle": handle, "detail": detail}, request_key))
 
     async def attach_record(
         self,

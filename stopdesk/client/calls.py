@@ -70,6 +70,10 @@ def heartbeat(item_id: int, fields: dict[str, Any], raise_on_stop: bool) -> Call
     return Call(call.method, call.path, call.body, call.parse, safe=True, raise_on_stop=raise_on_stop)
 
 
+def record_handle(item_id: int, fields: dict[str, Any], key: str | None) -> Call[ItemInfo]:
+    return _post(f"/items/{int(item_id)}/handle", fields, ItemInfo.from_json, key)
+
+
 def attach_record(item_id: int, fields: dict[str, Any], key: str | None) -> Call[RecordInfo]:
     return _post(f"/items/{int(item_id)}/records", fields, RecordInfo.from_json, key)
 

@@ -12,6 +12,7 @@ from stopdesk.client.action import ExternalAction
 from stopdesk.client.calls import Call
 from stopdesk.client.transport import api_base, backoff, headers_for, read_answer, should_retry
 from stopdesk.client.types import HeartbeatInfo, ItemInfo, RecordInfo, StopInfo, TaskDetail, TaskInfo
+from stopdesk.client.watch import POLL_S, StopWatch
 
 
 class Client:
@@ -32,6 +33,7 @@ class Client:
         retries: int = 3,
         backoff_seconds: float = 0.2,
         http: httpx.Client | None = None,
+        watch_url: str | None = None,
     ) -> None:
         self.worker = worker
         self.retries = retries
@@ -39,6 +41,8 @@ class Client:
         self._own_http = http is None
         self.http = http or httpx.Client(timeout=timeout)
         self.base = api_base(base_url)
+        # Where the stop watch is served, when an ASGI server apart from the web answers it.
+        self.watch_base = api_base(watch_url) if watch_url else self.base
         self.http.headers["Authorization"] = f"Bearer {token}"
 
     def __enter__(self) -> Client:
@@ -76,6 +80,11 @@ class Client:
 
     def request_stop(self, task_id: int, *, reason: str = "") -> StopInfo:
         return self._run(calls.request_stop(task_id, reason))
+
+    def watch_stop(self, task_id: int, *, poll_s: float = POLL_S) -> StopWatch:
+        """A handle set (like a threading.Event) the moment the task's Stop commits. One daemon
+        thread long-polls the server, which answers by push, not by polling the database."""
+        return StopWatch(self, task_id, poll_s=poll_s)
 
     # Items
     def register(
@@ -125,6 +134,12 @@ class Client:
             "lease_seconds": lease_seconds,
         }
         return self._run(calls.submit(item_id, fields, None))
+
+    def record_handle(
+        self, item_id: int, *, handle: str, detail: dict[str, Any] | None = None, request_key: str | None = None
+    ) -> ItemInfo:
+        """Record the handle of work dispatched after registration, so Stop can cancel it."""
+        return self._run(calls.record_handle(item_id, {"handle": handle, "detail": detail}, request_key))
 
     def attach_record(
         self,

@@ -146,3 +146,15 @@ class HeartbeatInfo(_Json):
     lease_until: datetime | None = None
 
     _datetimes = frozenset({"lease_until"})
+
+
+@dataclass(frozen=True)
+class StopWatchInfo(_Json):
+    """The answer of a stop watch: `stopped` is true the moment the task's Stop committed, false
+    when the watch timed out first (watch again)."""
+
+    task: int
+    stopped: bool
+    stop_requested_at: datetime | None = None
+
+    _datetimes = frozenset({"stop_requested_at"})

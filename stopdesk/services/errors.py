@@ -61,3 +61,14 @@ class UnknownMechanism(LedgerError):
     def __init__(self, mechanism: str, known: list[str]) -> None:
         self.mechanism = mechanism
         super().__init__(f"Unknown mechanism {mechanism!r}; expected one of {', '.join(known)}.")
+
+
+class HandleConflict(LedgerError):
+    """The item already has another handle: a handle names one piece of dispatched work."""
+
+    code = "handle_conflict"
+
+    def __init__(self, item_id: int, handle: str) -> None:
+        self.item_id = item_id
+        self.handle = handle
+        super().__init__(f"Item {item_id} already has the handle {handle!r}; one item is one dispatched piece of work.")

@@ -13,11 +13,11 @@ from django.utils.module_loading import import_string
 
 from reconcile.mechanisms import registry
 from stopdesk.models import ExternalRecord, Task, WorkItem
-from stopdesk.services.errors import RecordConflict, UnknownMechanism
+from stopdesk.services.errors import HandleConflict, IllegalTransition, RecordConflict, UnknownMechanism
 from stopdesk.services.events import event_record
 from stopdesk.services.sql import ClockNow
 from stopdesk.services.transitions import item_late_result, item_transition
-from stopdesk.states import TERMINAL, UNSTARTED, ItemState, Kind
+from stopdesk.states import IN_FLIGHT, TERMINAL, UNSTARTED, ItemState, Kind
 
 S = ItemState
 
@@ -127,6 +127,36 @@ def item_heartbeat(*, item_id: int, lease_seconds: int | None = None) -> bool:
     now = timezone.now()
     WorkItem.objects.filter(pk=item_id, state=S.RUNNING).update(heartbeat_at=ClockNow(), lease_until=now + lease)
     return stop_requested(item_id=item_id)
+
+
+def item_set_handle(*, item_id: int, handle: str, actor: str, detail: dict[str, Any] | None = None) -> WorkItem:
+    """Record the remote id of work already dispatched (a response id, an MCP task id, an operation
+    URL), with an event. The boundary's rules: only for an item that passed the boundary (work
+    that never started has nothing to point at: IllegalTransition), one handle per item (another
+    one is HandleConflict; the same one again changes nothing). After Stop it is still recorded,
+    and an item whose cancel is already requested is due at once, so the canceller acts on it."""
+    with transaction.atomic():
+        item = WorkItem.objects.select_for_update().get(pk=item_id)
+        if item.started_at is None:
+            raise IllegalTransition(item.pk, item.state, "handle recorded")
+        if item.handle and item.handle != handle:
+            raise HandleConflict(item.pk, item.handle)
+        if item.handle == handle and not detail:
+            return item
+        item.handle = handle
+        if detail:
+            item.detail = {**item.detail, **detail}
+        fields = ["handle", "detail"]
+        if item.cancel_requested_at is not None and item.state in IN_FLIGHT:
+            item.next_check_at = timezone.now()
+            fields.append("next_check_at")
+        item.save(update_fields=fields)
+        event_record(kind="handle_recorded", actor=actor, item=item, message=handle, data={"detail": detail or {}})
+    return item
+
+
+def item_task_id(*, item_id: int) -> int:
+    return int(WorkItem.objects.values_list("task_id", flat=True).get(pk=item_id))
 
 
 def stop_requested(*, item_id: int) -> bool:

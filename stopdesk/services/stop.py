@@ -15,6 +15,7 @@ from django.utils import timezone
 from stopdesk.models import StopRequest, Task, WorkItem
 from stopdesk.services.events import event_record
 from stopdesk.services.sql import ClockNow
+from stopdesk.services.stop_watch import stop_notify
 from stopdesk.services.transitions import NOW, items_move
 from stopdesk.states import IN_FLIGHT, ItemState
 
@@ -63,6 +64,8 @@ def _commit_stop_request(*, task_id: int, actor: str, by: Any, reason: str) -> t
                 task=task, requested_at=task.stop_requested_at, requested_by=by, actor=actor, reason=reason
             )
             event_record(kind="stop_requested", actor=actor, task=task, message=reason or "Stop requested.")
+            # Delivered by PostgreSQL when this transaction commits, and only then.
+            stop_notify(task_id=task_id, requested_at=task.stop_requested_at)
             return stop_request, True
         if not Task.objects.filter(pk=task_id).exists():
             raise Task.DoesNotExist(f"Task {task_id} does not exist.")

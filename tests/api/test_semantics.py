@@ -189,8 +189,13 @@ def test_the_openapi_document_is_served_and_names_every_endpoint(api):
         "finish",
         "mark_uncertain",
         "cancel",
+        "watch_stop",
+        "record_handle",
     }
     assert doc["paths"]["/items/{item_id}/start"]["post"]["responses"]["409"]
+    watch = doc["paths"]["/tasks/{task_id}/stop/watch"]["get"]
+    assert watch["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/StopWatchInfo")
+    assert "StopWatchInfo" in doc["components"]["schemas"]
 
 
 def test_the_management_commands_issue_a_working_token_and_revoke_it(capsys):
@@ -222,3 +227,32 @@ def test_creating_a_runtime_in_the_admin_shows_its_token_once(client, cast):
     assert Api(token).post("/tasks", {"title": "t"}).status == 201
     page = client.get("/admin/stopdesk/runtime/")
     assert token not in page.content.decode()
+
+
+def test_a_handle_is_recorded_after_dispatch_only_for_work_that_passed_the_boundary(api, task):
+    queued = make_item(task, noun="draft")
+    refused = api.post(f"/items/{queued.pk}/handle", {"handle": "resp_1"})
+    assert refused.status == 409 and refused.body["error"] == "illegal_transition"
+    queued.refresh_from_db()
+    assert queued.handle == ""
+    running = make_item(task, noun="draft", state=S.RUNNING)
+    answer = api.post(f"/items/{running.pk}/handle", {"handle": "resp_2", "detail": {"openai": {"model": "m"}}})
+    assert answer.status == 200 and answer.body["handle"] == "resp_2"
+    assert answer.body["detail"]["openai"] == {"model": "m"}
+    again = api.post(f"/items/{running.pk}/handle", {"handle": "resp_2"})
+    assert again.status == 200
+    other = api.post(f"/items/{running.pk}/handle", {"handle": "resp_3"})
+    assert other.status == 409 and (other.body["error"], other.body["field"]) == ("handle_conflict", "handle")
+    assert Event.objects.filter(item=running, kind="handle_recorded").count() == 1
+
+
+def test_a_handle_recorded_after_stop_makes_the_item_due_for_its_cancel_at_once(api, task):
+    running = make_item(task, noun="draft", state=S.RUNNING)
+    _stop(api, task)
+    running.refresh_from_db()
+    assert running.cancel_requested_at is not None
+    WorkItem.objects.filter(pk=running.pk).update(next_check_at=None)
+    answer = api.post(f"/items/{running.pk}/handle", {"handle": "resp_late"})
+    assert answer.status == 200
+    running.refresh_from_db()
+    assert running.handle == "resp_late" and running.next_check_at is not None

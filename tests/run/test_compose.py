@@ -48,3 +48,11 @@ def test_the_image_runs_the_entry_point_that_checks_configuration() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert 'ENTRYPOINT ["python", "-m", "stopdesk"]' in dockerfile
     assert "collectstatic" in dockerfile
+
+
+def test_the_stop_watch_is_served_under_asgi_on_the_same_database(compose: dict[str, Any]) -> None:
+    watch = compose["services"]["watch"]
+    assert watch["command"] == ["watch"]
+    assert watch["environment"]["DATABASE_URL"] == compose["services"]["web"]["environment"]["DATABASE_URL"]
+    main = (ROOT / "stopdesk" / "__main__.py").read_text()
+    assert '"uvicorn", "stopdesk.asgi:application"' in main

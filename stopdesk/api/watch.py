@@ -1,0 +1,166 @@
+"""GET /api/v1/tasks/{task_id}/stop/watch?timeout=S: a long poll that answers the moment the task's
+Stop commits (`stopped: true`), or after `timeout` seconds with `stopped: false` (watch again).
+
+A waiting watcher is a future on the event loop, woken by the process's one listening connection
+(`stopdesk.services.stop_watch`). The token check and the first read of the task run on a small,
+fixed pool of threads (so of database connections) shared by every watch. Under the ASGI server
+(`python -m stopdesk watch`, uvicorn) `stopdesk.asgi` routes this path to `asgi_watch`, a plain
+ASGI handler outside Django's request cycle, which would otherwise hold a thread for every request
+in flight: a thousand watchers then cost no threads, no connections and no queries while they wait.
+The Django view (`watch_stop`) serves the same answers under WSGI, one thread per watcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from typing import Any
+from urllib.parse import parse_qs
+
+from django.db import close_old_connections, connection
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from stopdesk.api.auth import runtime_for
+from stopdesk.api.views import _path_id
+from stopdesk.client.errors import InvalidRequest, MethodNotAllowed, NotFound, StopdeskError
+from stopdesk.client.types import StopWatchInfo
+from stopdesk.models import Task
+from stopdesk.services.stop_watch import resolve, stop_hub
+
+log = logging.getLogger(__name__)
+DEFAULT_TIMEOUT_S = 25.0
+MAX_TIMEOUT_S = 55.0  # under the usual 60 s idle timeout of proxies in front
+PATH = "/tasks/{task_id}/stop/watch"
+DB_THREADS = 4
+# The watches' database work (token, scope, first read): a few threads, so a few connections, for
+# any number of watchers.
+_db = ThreadPoolExecutor(max_workers=DB_THREADS, thread_name_prefix="stopdesk-watch-db")
+SERVER_ERROR = {"error": "server_error", "detail": "Internal error; nothing was written."}
+
+
+async def answer(*, method: str, authorization: str, task_id: str, timeout: str | None) -> tuple[int, dict[str, Any]]:
+    """The status and JSON body for one watch request, whichever server it came through."""
+    try:
+        if method != "GET":
+            raise MethodNotAllowed("Use GET here.", allow=["GET"])
+        seconds = _timeout(timeout)
+        pk = _path_id(task_id, "task_id")
+        return 200, (await _watch(authorization, pk, seconds)).to_json()
+    except StopdeskError as exc:
+        return exc.status, exc.to_json()
+    except Exception:
+        log.exception("stop watch for task %s failed", task_id)
+        return 500, SERVER_ERROR
+
+
+@csrf_exempt
+async def watch_stop(request: HttpRequest, task_id: str) -> JsonResponse:
+    status, body = await answer(
+        method=request.method or "",
+        authorization=request.headers.get("Authorization", ""),
+        task_id=task_id,
+        timeout=request.GET.get("timeout"),
+    )
+    return _json_response(status, body)
+
+
+async def asgi_watch(scope: dict[str, Any], receive: Any, send: Any, task_id: str) -> None:
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    request = asyncio.ensure_future(
+        answer(
+            method=scope.get("method", ""),
+            authorization=headers.get("authorization", ""),
+            task_id=task_id,
+            timeout=query.get("timeout", [None])[0],
+        )
+    )
+    gone = asyncio.ensure_future(_disconnected(receive))
+    await asyncio.wait([request, gone], return_when=asyncio.FIRST_COMPLETED)
+    if not request.done():  # the client left: stop waiting for it
+        request.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await request
+        return
+    gone.cancel()
+    status, body = request.result()
+    extra = []
+    if status == 401:
+        extra.append((b"www-authenticate", b'Bearer realm="stopdesk"'))
+    await send(
+        {"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json"), *extra]}
+    )
+    await send({"type": "http.response.body", "body": json.dumps(body).encode()})
+
+
+async def _disconnected(receive: Any) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _watch(authorization: str, task_id: int, timeout: float) -> StopWatchInfo:
+    loop = asyncio.get_running_loop()
+    pushed: asyncio.Future[datetime | None] = loop.create_future()
+
+    def wake(_: int, at: datetime | None) -> None:
+        loop.call_soon_threadsafe(resolve, pushed, at)
+
+    # Watch first, then read: a Stop that commits in between is seen by one or the other.
+    unwatch = stop_hub().watch(task_id, wake)
+    try:
+        requested_at = await loop.run_in_executor(_db, _read, authorization, task_id)
+        if requested_at is not None:
+            return StopWatchInfo(task_id, True, requested_at)
+        with contextlib.suppress(TimeoutError):
+            return StopWatchInfo(task_id, True, await asyncio.wait_for(pushed, timeout))
+        return StopWatchInfo(task_id, False)
+    finally:
+        unwatch()
+
+
+def _read(authorization: str, task_id: int) -> Any:
+    close_old_connections()  # these threads see no request signals: check the connection here
+    runtime = runtime_for(authorization)
+    found = Task.objects.filter(pk=task_id, runtime=runtime).values_list("stop_requested_at", flat=True)
+    if not found:
+        raise NotFound(f"No task {task_id}.")
+    return found[0]
+
+
+def _timeout(raw: str | None) -> float:
+    if raw is None:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= MAX_TIMEOUT_S:
+        raise InvalidRequest(f"timeout must be a number of seconds from 0 to {MAX_TIMEOUT_S:g}.", field="timeout")
+    return value
+
+
+def _json_response(status: int, body: dict[str, Any]) -> JsonResponse:
+    response = JsonResponse(body, status=status)
+    if status == 401:
+        response["WWW-Authenticate"] = 'Bearer realm="stopdesk"'
+    if status == 405:
+        response["Allow"] = "GET"
+    return response
+
+
+def close_connections() -> None:
+    """Close the database connections the watch threads hold (tests, before dropping the database)."""
+    barrier = threading.Barrier(DB_THREADS)
+
+    def close() -> None:
+        barrier.wait(timeout=5)  # one call per thread: each waits until all threads have one
+        connection.close()
+
+    for future in [_db.submit(close) for _ in range(DB_THREADS)]:
+        future.result(timeout=10)

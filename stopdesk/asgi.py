@@ -1,0 +1,25 @@
+"""The ASGI application. Production serves the stop watch endpoint with it (uvicorn, `python -m
+stopdesk watch`). That path goes to a plain ASGI handler (`stopdesk.api.watch.asgi_watch`), outside
+Django's request cycle, which keeps a thread for every request in flight: a waiting watcher is then
+only a future on the event loop. Every other path is Django's."""
+
+import os
+import re
+from typing import Any
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "stopdesk.settings")
+
+django_application = get_asgi_application()
+
+from stopdesk.api.watch import asgi_watch  # noqa: E402 - needs the apps loaded above
+
+WATCH = re.compile(r"^/api/v1/tasks/([^/]+)/stop/watch/?$")
+
+
+async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] == "http" and (match := WATCH.match(scope["path"])):
+        await asgi_watch(scope, receive, send, match.group(1))
+        return
+    await django_application(scope, receive, send)
