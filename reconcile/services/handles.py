@@ -9,7 +9,7 @@ from django.db import transaction
 
 from reconcile.mechanisms.base import RecordFact
 from stopdesk.models import ExternalRecord, WorkItem
-from stopdesk.services.items import item_attach_record, item_set_handle
+from stopdesk.services.items import item_attach_record, item_note_evidence, item_set_handle
 
 
 def item_record_handle(*, item_id: int, handle: str, actor: str, detail: dict[str, Any] | None = None) -> WorkItem:
@@ -32,21 +32,8 @@ def item_attach_fact(*, item_id: int, fact: RecordFact, actor: str) -> ExternalR
 
 
 def item_add_evidence(*, item_id: int, evidence: dict[str, Any], actor: str, message: str) -> None:
-    """Add an observation to an item's evidence without changing its state (progress the server
-    kept reporting after a cancel, say), with an event saying what was seen."""
-    with transaction.atomic():
-        item = WorkItem.objects.select_for_update().get(pk=item_id)
-        item.evidence = {**item.evidence, **evidence}
-        item.save(update_fields=["evidence"])
-        event_record(
-            kind="evidence",
-            actor=actor,
-            item=item,
-            from_state=item.state,
-            to_state=item.state,
-            message=message,
-            data={"evidence": evidence},
-        )
+    """Add an observation to an item's evidence without changing its state (see `item_note_evidence`)."""
+    item_note_evidence(item_id=item_id, evidence=evidence, actor=actor, message=message)
 
 
 def item_state_of(*, item_id: int) -> str:
