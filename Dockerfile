@@ -6,6 +6,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     DJANGO_SETTINGS_MODULE=stopdesk.settings \
     STOPDESK_ENV=production \
+    STOPDESK_BIND_HOST=0.0.0.0 \
     STOPDESK_STATIC_ROOT=/app/staticfiles
 
 WORKDIR /app
@@ -20,7 +21,7 @@ COPY static ./static
 
 # Static files are collected at build time and served by whitenoise from the web process. The build
 # needs settings to load, not a secret: a throwaway key and host are used for this step only.
-RUN SECRET_KEY=build-only-not-a-secret-000000000000000000 ALLOWED_HOSTS=build \
+RUN SECRET_KEY=build-only-not-a-secret-0123456789-abcdefghijklmnopqrstuvwxyz ALLOWED_HOSTS=build \
     python manage.py collectstatic --noinput --verbosity 0
 
 RUN useradd --system --uid 10001 --home-dir /app stopdesk

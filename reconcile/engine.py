@@ -8,7 +8,7 @@ The rules, in the order they apply:
 - A final observation that contradicts a settled item is a late result: an event and a review
   flag, never an overwrite.
 - After `cancelled` is recorded, a mechanism whose cancel has been seen to flip keeps watching
-  for `recheck_after_cancelled_s`.
+  for `recheck_after_cancelled_s`, at growing intervals (`watch_first_s`, then times `watch_growth`).
 - Anything else waits, with backoff on failures, until the mechanism's deadline; then the item is
   `uncertain` with an investigate-by deadline.
 - `unknowable` (no lookup exists and no answer will come) is `uncertain` at once.
@@ -141,9 +141,12 @@ def _settled(
     if facts.state == S.CANCELLED and facts.cancelled_at is not None and cfg.recheck_after_cancelled_s > 0:
         window_ends = facts.cancelled_at + timedelta(seconds=cfg.recheck_after_cancelled_s)
         if now < window_ends:
-            step = cfg.backoff_initial_s if seen == Seen.UNREACHABLE else _watch_step(cfg)
+            if seen == Seen.UNREACHABLE:
+                next_at = min(now + timedelta(seconds=cfg.backoff_initial_s), window_ends)
+            else:
+                next_at = watch_next_at(facts.cancelled_at, now, cfg)
             return Plan(
-                next_check_at=min(now + timedelta(seconds=step), window_ends),
+                next_check_at=next_at,
                 reason="watching a cancelled result",
                 evidence=evidence,
             )
@@ -175,7 +178,26 @@ def _uncertain(
 
 
 def _watch_step(cfg: MechanismSettings) -> float:
-    return max(0.001, min(cfg.recheck_interval_s, cfg.recheck_after_cancelled_s / 3))
+    """The first interval of the watch after `cancelled`."""
+    first = cfg.watch_first_s
+    if first is None:
+        first = min(cfg.recheck_interval_s, cfg.recheck_after_cancelled_s / 3)
+    return max(0.001, first)
+
+
+def watch_next_at(cancelled_at: datetime, now: datetime, cfg: MechanismSettings) -> datetime:
+    """The next read-back of a watched `cancelled`: the first point of the growing schedule
+    (first, first + first*g, ...) after `now`, counted from when `cancelled` was recorded, and
+    never past the window. From the recorded time, not from the last check, so a late or missed
+    sweep does not push the whole schedule back."""
+    window = cfg.recheck_after_cancelled_s
+    elapsed = (now - cancelled_at).total_seconds()
+    step = _watch_step(cfg)
+    point = step
+    while point <= elapsed and point < window:
+        step *= max(1.0, cfg.watch_growth)
+        point += step
+    return cancelled_at + timedelta(seconds=min(point, window))
 
 
 def _outcome(seen: Seen, observation: Observation, facts: ItemFacts) -> str:

@@ -6,8 +6,8 @@ exits with one readable line when they do not; then it replaces itself with the 
 the container reach it directly.
 
 Environment: DATABASE_URL, CELERY_BROKER_URL, SECRET_KEY, ALLOWED_HOSTS, STOPDESK_ENV=production,
-OPENAI_API_KEY / OPENAI_BASE_URL; PORT (8000; `watch`: WATCH_PORT, 8001), WEB_CONCURRENCY (2),
-WORKER_CONCURRENCY (8).
+OPENAI_API_KEY / OPENAI_BASE_URL; STOPDESK_BIND_HOST (127.0.0.1; the image sets 0.0.0.0), PORT (8000;
+`watch`: WATCH_PORT, 8001), WEB_CONCURRENCY (2), WORKER_CONCURRENCY (8).
 """
 
 from __future__ import annotations
@@ -34,7 +34,16 @@ def main(argv: list[str]) -> None:
     django.setup()  # a bad setting raises config.ConfigError here: one line, exit status 1
     from stopdesk import config
 
-    config.preflight(broker=command not in ("migrate", "watch"))
+    # Checked for every command, so `check` finds a bad number before `web` or `worker` would.
+    port = config.integer("PORT", 8000, maximum=65535)
+    host = config.bind_host()
+    web_processes = config.integer("WEB_CONCURRENCY", 2)
+    worker_processes = config.integer("WORKER_CONCURRENCY", 8)
+    from reconcile.mechanisms.registry import timing_problems
+
+    if problems := timing_problems():
+        raise config.ConfigError(problems[0])
+    config.preflight(broker=command not in ("migrate", "watch"), create=command == "migrate")
     python = sys.executable
     if command == "check":
         print("stopdesk: configuration ok; the database and the broker answer.")
@@ -43,8 +52,8 @@ def main(argv: list[str]) -> None:
     elif command == "web":
         _exec([
             python, "-m", "gunicorn", "stopdesk.wsgi:application",
-            "--bind", f"0.0.0.0:{os.environ.get('PORT', '8000')}",
-            "--worker-class", "gthread", "--workers", os.environ.get("WEB_CONCURRENCY", "2"), "--threads", "8",
+            "--bind", f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
+            "--worker-class", "gthread", "--workers", str(web_processes), "--threads", "8",
             "--access-logfile", "-", "--no-control-socket", *extra,
         ])  # fmt: skip
     elif command == "watch":
@@ -52,13 +61,13 @@ def main(argv: list[str]) -> None:
         # LISTEN connection, so a thousand of them cost no threads and no database connections.
         _exec([
             python, "-m", "uvicorn", "stopdesk.asgi:application",
-            "--host", "0.0.0.0", "--port", os.environ.get("WATCH_PORT", "8001"),  # noqa: S104 - in a container
+            "--host", host, "--port", str(config.integer("WATCH_PORT", 8001, maximum=65535)),
             "--no-access-log", "--timeout-keep-alive", "75", *extra,
         ])  # fmt: skip
     elif command == "worker":
         _exec([
             python, "-m", "celery", "-A", "stopdesk", "worker",
-            "--concurrency", os.environ.get("WORKER_CONCURRENCY", "8"), "--loglevel", "INFO", *extra,
+            "--concurrency", str(worker_processes), "--loglevel", "INFO", *extra,
         ])  # fmt: skip
     elif command == "beat":
         schedule = os.environ.get("STOPDESK_BEAT_SCHEDULE", "/tmp/celerybeat-schedule")  # noqa: S108

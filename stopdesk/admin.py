@@ -25,6 +25,7 @@ from stopdesk.models import (
     Task,
     WorkItem,
 )
+from stopdesk.templatetags.stopdesk_pages import pretty_json
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -66,7 +67,9 @@ class TaskAdmin(ReadOnlyAdmin):
             from django.core.exceptions import PermissionDenied
 
             raise PermissionDenied
-        events = Event.objects.filter(task=task).select_related("item").order_by("at", "id")
+        oldest_first = request.GET.get("order") == "oldest"
+        order = ("at", "id") if oldest_first else ("-at", "-id")
+        events = Event.objects.filter(task=task).select_related("item").order_by(*order)
         kind = request.GET.get("kind", "")
         if kind:
             events = events.filter(kind=kind)
@@ -80,6 +83,7 @@ class TaskAdmin(ReadOnlyAdmin):
             "page": page,
             "kinds": kinds,
             "kind": kind,
+            "oldest_first": oldest_first,
         }
         return TemplateResponse(request, "admin/stopdesk/task/timeline.html", context)
 
@@ -117,7 +121,7 @@ class WorkItemAdmin(ReadOnlyAdmin):
         "state",
         "handle",
         "investigate_by",
-        "needs_review",
+        "needs_review_display",
         "updated_at",
     )
     list_filter = ("state", "kind", "mechanism", "needs_review")
@@ -125,6 +129,11 @@ class WorkItemAdmin(ReadOnlyAdmin):
     list_select_related = ("task",)
     raw_id_fields = ("task", "parent")
     inlines = (ExternalRecordInline, AttemptInline)
+
+    @admin.display(description="Needs review", boolean=True)
+    def needs_review_display(self, item: WorkItem) -> bool:
+        # As the API and the review queue say it: uncertain items need review too.
+        return item.review_required
 
 
 @admin.register(ExternalRecord)
@@ -171,6 +180,16 @@ class EventAdmin(ReadOnlyAdmin):
     list_select_related = ("task",)
     date_hierarchy = "at"
     actions = None
+    ordering = ("-at", "-id")  # an auditor looks for what just happened first
+    readonly_fields = ("data_json",)
+    exclude = ("data",)
+
+    class Media:
+        css = {"all": ["stopdesk/admin.css"]}
+
+    @admin.display(description="Data")
+    def data_json(self, event: Event) -> str:
+        return format_html('<pre class="event-data">{}</pre>', pretty_json(event.data))
 
 
 @admin.register(ApiIdempotency)

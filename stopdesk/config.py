@@ -8,7 +8,10 @@ what to fix, so `manage.py`, gunicorn and Celery exit with that line instead of 
 
 from __future__ import annotations
 
+import ipaddress
+import math
 import os
+import re
 import socket
 import sys
 from typing import Any
@@ -17,7 +20,12 @@ from urllib.parse import urlsplit, urlunsplit
 PREFIX = "stopdesk: configuration error: "
 DATABASE_SCHEMES = ("postgres", "postgresql", "pgsql", "sqlite")
 BROKER_SCHEMES = ("redis", "rediss", "amqp", "amqps", "pyamqp", "filesystem", "memory", "sentinel")
-MIN_SECRET_KEY = 32
+MIN_SECRET_KEY = 50  # Django's own deploy check (security.W009) asks for 50
+MIN_SECRET_KEY_CHARACTERS = 10  # distinct characters: "aaaa…" or "abab…" is long but guessable
+DEV_SECRET_KEY = "dev-only-insecure-key-not-for-production"  # noqa: S105 - public on purpose; refused in production
+ENVIRONMENTS = ("development", "production")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 
 
 class ConfigError(SystemExit):
@@ -47,17 +55,152 @@ def _port(parts: Any) -> int | None:
         return None
 
 
+def environment() -> str:
+    """STOPDESK_ENV: development (the default) or production. Anything else is refused: a typo
+    such as `prod` must not quietly mean development."""
+    value = os.environ.get("STOPDESK_ENV", "") or "development"
+    if value not in ENVIRONMENTS:
+        raise ConfigError(f"STOPDESK_ENV={value!r} is not one of: {', '.join(ENVIRONMENTS)}.")
+    return value
+
+
 def secret_key(*, production: bool) -> str:
     value = os.environ.get("SECRET_KEY", "")
+    how = 'e.g. from `python -c "import secrets; print(secrets.token_urlsafe(50))"`'
     if production and not value:
         raise ConfigError(
-            'SECRET_KEY is not set; production mode (STOPDESK_ENV=production) needs a random key of 50 characters, e.g. from `python -c "import secrets; print(secrets.token_urlsafe(50))"`.'
+            f"SECRET_KEY is not set; production mode (STOPDESK_ENV=production) needs a random key of 50 characters, {how}."
+        )
+    if production and (value == DEV_SECRET_KEY or value.startswith("django-insecure-")):
+        raise ConfigError(
+            f"SECRET_KEY is a development key that anyone can read; production mode needs its own, {how}."
         )
     if production and len(value) < MIN_SECRET_KEY:
         raise ConfigError(
-            f"SECRET_KEY is {len(value)} characters long; production mode needs at least {MIN_SECRET_KEY}."
+            f"SECRET_KEY is {len(value)} characters long; production mode needs at least {MIN_SECRET_KEY}, {how}."
         )
-    return value or "dev-only-insecure-key-not-for-production"
+    if production and len(set(value)) < MIN_SECRET_KEY_CHARACTERS:
+        raise ConfigError(
+            f"SECRET_KEY has too few different characters ({len(set(value))}) to be random; production mode needs a random key, {how}."
+        )
+    return value or DEV_SECRET_KEY
+
+
+def boolean(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(f"{name}={raw!r} is not a yes/no value; use 1 or 0.")
+
+
+def debug(*, production: bool) -> bool:
+    on = boolean("DEBUG", not production)
+    if production and on:
+        raise ConfigError(
+            "DEBUG is on in production mode; it shows settings and code to visitors. Unset DEBUG or set DEBUG=0."
+        )
+    return on
+
+
+def integer(name: str, default: int, *, minimum: int = 1, maximum: int | None = None) -> int:
+    """A whole number from the environment, within bounds, or one line naming the variable."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a whole number.") from None
+    if value < minimum or (maximum is not None and value > maximum):
+        upper = f" and at most {maximum}" if maximum is not None else ""
+        raise ConfigError(f"{name}={value} must be at least {minimum}{upper}.")
+    return value
+
+
+def bind_host() -> str:
+    """STOPDESK_BIND_HOST: where `python -m stopdesk web` listens. Loopback unless told otherwise;
+    the container image sets 0.0.0.0, because there the port is published by the container."""
+    raw = os.environ.get("STOPDESK_BIND_HOST", "").strip() or "127.0.0.1"
+    try:
+        ipaddress.ip_address(raw)
+    except ValueError:
+        if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})", raw):
+            raise ConfigError(
+                f"STOPDESK_BIND_HOST={raw!r} is not an address to listen on; use 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)."
+            ) from None
+    return raw
+
+
+def networks(name: str) -> list[str]:
+    """Comma-separated addresses or networks (10.0.0.0/8), each checked."""
+    found = []
+    for part in (p.strip() for p in os.environ.get(name, "").split(",")):
+        if not part:
+            continue
+        try:
+            ipaddress.ip_network(part, strict=False)
+        except ValueError:
+            raise ConfigError(
+                f"{name}: {part!r} is not an IP address or network (e.g. 10.0.0.5 or 10.0.0.0/8)."
+            ) from None
+        found.append(part)
+    return found
+
+
+def log_level() -> str:
+    raw = os.environ.get("LOG_LEVEL", "WARNING")
+    if raw.strip().upper() not in LOG_LEVELS:
+        raise ConfigError(f"LOG_LEVEL={raw!r} is not a log level; use one of {', '.join(LOG_LEVELS)}.")
+    return raw.strip().upper()
+
+
+# Per-mechanism timing from the environment: STOPDESK_<MECHANISM>_<WHAT>. The names of the
+# mechanisms are the adapters' (reconcile/mechanisms/, a test keeps the two lists equal).
+MECHANISMS = ("asyncio", "celery", "http", "manual", "mcp", "openai")
+MECHANISM_TIMINGS = {
+    "DEADLINE_SECONDS": "deadline_s",  # from the cancel request to `uncertain`
+    "CALL_TIMEOUT_SECONDS": "call_timeout_s",  # one remote call
+    "WATCH_SECONDS": "recheck_after_cancelled_s",  # keep watching a `cancelled` for a flip
+}
+_TIMING = re.compile(r"STOPDESK_([A-Z0-9]+)_(" + "|".join(MECHANISM_TIMINGS) + r")")
+
+
+def timing_variable(mechanism: str, field_name: str) -> str:
+    what = next(k for k, v in MECHANISM_TIMINGS.items() if v == field_name)
+    return f"STOPDESK_{mechanism.upper()}_{what}"
+
+
+def mechanism_timings() -> dict[str, dict[str, float]]:
+    """The STOPDESK_<MECHANISM>_{DEADLINE,CALL_TIMEOUT,WATCH}_SECONDS variables that are set, as
+    overrides for settings.STOPDESK_MECHANISMS. A watch window may be 0; the others must be > 0."""
+    found: dict[str, dict[str, float]] = {}
+    for name in sorted(os.environ):
+        match = _TIMING.fullmatch(name)
+        if not match:
+            continue
+        mechanism, what = match[1].lower(), match[2]
+        if mechanism not in MECHANISMS:
+            raise ConfigError(
+                f"{name}: there is no mechanism called {mechanism!r}; use one of {', '.join(MECHANISMS)}."
+            )
+        raw = os.environ[name]
+        try:
+            value = float(raw)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value):
+            raise ConfigError(f"{name}={raw!r} is not a number of seconds.")
+        if what == "WATCH_SECONDS" and value < 0:
+            raise ConfigError(f"{name}={raw} must be at least 0.")
+        if what != "WATCH_SECONDS" and value <= 0:
+            raise ConfigError(f"{name}={raw} must be more than 0.")
+        found.setdefault(mechanism, {})[MECHANISM_TIMINGS[what]] = value
+    return found
 
 
 def allowed_hosts(*, production: bool) -> list[str]:
@@ -66,6 +209,10 @@ def allowed_hosts(*, production: bool) -> list[str]:
     if production and not hosts:
         raise ConfigError(
             "ALLOWED_HOSTS is not set; production mode needs the host names the site is served on, comma-separated (e.g. ALLOWED_HOSTS=stopdesk.example.com)."
+        )
+    if production and "*" in hosts:
+        raise ConfigError(
+            "ALLOWED_HOSTS contains *, which accepts any Host header (password-reset links and caches can then be poisoned); name the hosts the site is served on."
         )
     return hosts
 
@@ -86,6 +233,11 @@ def database(url: str) -> dict[str, Any]:
         ) from None
     if not config.get("NAME"):
         raise ConfigError(f"DATABASE_URL {redact(url)!r} names no database; expected {expected}.")
+    name = str(config["NAME"])
+    if scheme == "sqlite" and name != ":memory:" and not os.path.isabs(name):
+        raise ConfigError(
+            f"DATABASE_URL {redact(url)!r} is a relative SQLite path, which depends on the folder a process starts in; use an absolute one, sqlite:////ABSOLUTE/PATH."
+        )
     return config
 
 
@@ -101,8 +253,10 @@ def broker_url(url: str) -> str:
 # --- start-up: do the database and the broker answer? -------------------------------------------
 
 
-def check_database(timeout_s: float = 5.0) -> str | None:
-    """None when the database answers, else one line saying what to fix."""
+def check_database(timeout_s: float = 5.0, *, create: bool = False) -> str | None:
+    """None when the database answers, else one line saying what to fix. SQLite creates a missing
+    file on connect: for a DATABASE_URL the operator named, only `migrate` (create=True) may do
+    that, a check must not. (The embedded default lives in stopdesk's own data folder.)"""
     from django.conf import settings
     from django.db import connections
     from django.db.utils import Error
@@ -110,6 +264,16 @@ def check_database(timeout_s: float = 5.0) -> str | None:
     db = settings.DATABASES["default"]
     where = _where(db)
     conn = connections["default"]
+    sqlite_file = str(db["NAME"])
+    named = bool(os.environ.get("DATABASE_URL"))
+    if (
+        db["ENGINE"].endswith("sqlite3")
+        and named
+        and not create
+        and sqlite_file != ":memory:"
+        and not os.path.exists(sqlite_file)
+    ):
+        return f"the SQLite database {sqlite_file} does not exist; create it with `python -m stopdesk migrate` (or `python manage.py migrate`)."
     if db["ENGINE"].endswith("postgresql"):
         # A refused or black-holed port fails fast here; libpq's own timeout is per address.
         host, port = db.get("HOST") or "127.0.0.1", int(db.get("PORT") or 5432)
@@ -151,11 +315,17 @@ def check_broker(timeout_s: float = 5.0) -> str | None:
     return None
 
 
-def preflight(*, database: bool = True, broker: bool = True) -> None:
-    """Raise ConfigError with the first problem found."""
-    for wanted, check in ((database, check_database), (broker, check_broker)):
-        if wanted and (problem := check()):
-            raise ConfigError(problem)
+def preflight(*, database: bool = True, broker: bool = True, create: bool = False) -> None:
+    """Raise ConfigError with the first problem found. `create`: a missing SQLite file may be made."""
+    if database and (problem := check_database(create=create)):
+        raise ConfigError(problem)
+    if broker and (problem := check_broker()):
+        raise ConfigError(problem)
+
+
+def describe_database(db: dict[str, Any]) -> str:
+    """Where the database is, without its password, for one-line messages."""
+    return _where(db)
 
 
 def _where(db: dict[str, Any]) -> str:

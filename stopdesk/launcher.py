@@ -31,7 +31,16 @@ from reconcile.sandbox.server import LOOPBACK, Sandbox, start_all
 from stopdesk import config
 
 SANDBOX_NAMES = ("openai", "mcp", "crm", "outbox")
+# A system the user set up themselves is used as it is; the sandbox stands in only for the rest.
+USER_SETTINGS = {
+    "openai": "OPENAI_BASE_URL",
+    "mcp": "STOPDESK_MCP_URL",
+    "crm": "STOPDESK_CRM_URL",
+    "outbox": "STOPDESK_OUTBOX_URL",
+}
+LABELS = {"openai": "OpenAI", "mcp": "MCP", "crm": "CRM", "outbox": "Outbox"}
 # How long each stop signal is given before the next, harder one.
+WEB_URL_FILE = "web.url"
 GRACE_S = {signal.SIGTERM: 4.0, signal.SIGQUIT: 3.0, signal.SIGKILL: 2.0}
 PACE_S = 15.0
 
@@ -98,6 +107,12 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+def own_systems(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The systems whose URL the user set, by sandbox name."""
+    env = os.environ if environ is None else environ
+    return {name: env[var] for name, var in USER_SETTINGS.items() if env.get(var, "").strip()}
+
+
 def free_port(host: str = LOOPBACK) -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
@@ -142,13 +157,15 @@ class Launcher:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
         try:
-            config.preflight()
+            config.preflight(create=True)  # up migrates the database it needs
             admin_password, cast_password = self.prepare()
             self.start_sandbox()
             self.start_children()
             if not self.wait_ready():
                 return 1
             task = self.start_demo() if self.demo else None
+            # `manage.py demo_task` (another process) reads it, to print the task's full address.
+            (self.data_dir / WEB_URL_FILE).write_text(self.url + "\n")
             self.banner(admin_password, cast_password, task)
             return self.supervise()
         finally:
@@ -186,29 +203,32 @@ class Launcher:
         connection.close()  # the children write from here on; hold no SQLite lock
         return admin_password, cast_password
 
+    @property
+    def own(self) -> dict[str, str]:
+        return own_systems()
+
     def start_sandbox(self) -> None:
+        stand_ins = [name for name in SANDBOX_NAMES if name not in self.own]
         base = self.sandbox_base_port if self.sandbox_base_port is not None else self.port + 1
-        wanted = {name: base + offset for offset, name in enumerate(SANDBOX_NAMES)}
+        wanted = {name: base + offset for offset, name in enumerate(SANDBOX_NAMES) if name in stand_ins}
         if base == 0 or not all(_port_free(LOOPBACK, p) for p in wanted.values()):
             wanted = {}
-        self.sandbox = start_all(ports=wanted or None)
-        # Drafts take long enough that a person can stop them mid-run, short enough to finish.
-        self.sandbox.openai.configure(run_s=max(5.0, self.pace * 4.5))
+        self.sandbox = start_all(ports=wanted or None, only=stand_ins)
+        if "openai" in stand_ins:
+            # Drafts take long enough that a person can stop them mid-run, short enough to finish.
+            self.sandbox.openai.configure(run_s=max(5.0, self.pace * 4.5))
 
     def child_env(self) -> dict[str, str]:
         assert self.sandbox is not None
-        urls = self.sandbox.urls
         env = dict(os.environ)
         env.update(
-            STOPDESK_DATA_DIR=str(self.data_dir),
-            DJANGO_SETTINGS_MODULE="stopdesk.settings",
-            PYTHONUNBUFFERED="1",
-            OPENAI_BASE_URL=urls["openai"],
-            OPENAI_API_KEY=env.get("STOPDESK_SANDBOX_OPENAI_KEY", "sk-sandbox"),
-            STOPDESK_MCP_URL=urls["mcp"],
-            STOPDESK_CRM_URL=urls["crm"],
-            STOPDESK_OUTBOX_URL=urls["outbox"],
+            STOPDESK_DATA_DIR=str(self.data_dir), DJANGO_SETTINGS_MODULE="stopdesk.settings", PYTHONUNBUFFERED="1"
         )
+        # Only the stand-ins' URLs are filled in; what the user set stays as they set it.
+        for name, url in self.sandbox.urls.items():
+            env[USER_SETTINGS[name]] = url
+        if "openai" in self.sandbox.urls:
+            env["OPENAI_API_KEY"] = env.get("STOPDESK_SANDBOX_OPENAI_KEY", "sk-sandbox")
         env.setdefault("LOG_LEVEL", "INFO")
         return env
 
@@ -294,9 +314,8 @@ class Launcher:
                 f"             drafts now; MCP lookup at +{p:.0f}s; CRM record at +{2 * p:.0f}s; "
                 f"email at +{3 * p:.0f}s; done at about +{4.5 * p:.0f}s. Press Stop at any point.",
             ]
+        lines += self.systems_lines(urls)
         lines += [
-            f"  Sandbox    CRM {urls['crm']}/  (edit a record as someone else)",
-            f"             OpenAI {urls['openai']}  MCP {urls['mcp']}  outbox {urls['outbox']}/messages",
             f"  Data       {self.data_dir}  (logs in {self.data_dir / 'logs'})",
             "  New demo   .venv/bin/python manage.py demo_task [--stage drafts|tools|record|email|done]"
             + (
@@ -308,6 +327,19 @@ class Launcher:
             "Press Ctrl-C to stop everything.",
         ]
         self.out("\n".join(lines))
+
+    def systems_lines(self, sandbox_urls: dict[str, str]) -> list[str]:
+        """One line per external system: the user's own (real) or the sandbox's stand-in."""
+        own, lines = self.own, []
+        for name in SANDBOX_NAMES:
+            label = f"{LABELS[name]:<7}"
+            if name in own:
+                lines.append(f"  {label}    {config.redact(own[name])}  (yours, from {USER_SETTINGS[name]}: real)")
+            else:
+                hint = "  (edit a record as someone else)" if name == "crm" else ""
+                path = "/messages" if name == "outbox" else ("/" if name == "crm" else "")
+                lines.append(f"  {label}    {sandbox_urls[name]}{path}  (sandbox){hint}")
+        return lines
 
     def supervise(self) -> int:
         while not self.stopping.wait(0.5):
@@ -333,12 +365,43 @@ class Launcher:
         if self.sandbox is not None:
             self.sandbox.stop()
             self.sandbox = None
+        with contextlib.suppress(OSError):
+            (self.data_dir / WEB_URL_FILE).unlink()
         self.out("Stopped.")
 
     def _stop_child(self, child: Child) -> None:
         steps = child.stop()
         if "SIGQUIT" in steps and child.name == "worker":
-            self.out("  worker: a task was still running; the next start reconciles it from the database.")
+            # A slow graceful shutdown alone does not mean work was cut short: say so only when the
+            # ledger shows a job still running.
+            running = _jobs_running()
+            if running:
+                self.out(
+                    f"  worker: {running} job{'s were' if running != 1 else ' was'} still running; "
+                    "the next start reconciles them from the database."
+                )
+
+
+def _jobs_running() -> int:
+    from django.db import connection
+
+    from stopdesk.models import WorkItem
+    from stopdesk.states import ItemState, Kind
+
+    try:
+        return WorkItem.objects.filter(state=ItemState.RUNNING, kind=Kind.LOCAL_WORKER).count()
+    except Exception:  # a message at shutdown must not fail the shutdown
+        return 0
+    finally:
+        connection.close()
+
+
+def web_url(default: str = "http://127.0.0.1:8000") -> str:
+    """The address `manage.py up` serves on, as it wrote it to the data folder."""
+    try:
+        return (Path(settings.DATA_DIR) / WEB_URL_FILE).read_text().strip() or default
+    except OSError:
+        return default
 
 
 def _database_label() -> str:

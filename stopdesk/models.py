@@ -61,7 +61,8 @@ class Task(models.Model):
         ordering = ["-created_at"]
 
     def __str__(self) -> str:
-        return self.title
+        # With its id: several tasks often share a title (every demo run is "Invoice analysis").
+        return f"#{self.pk} {self.title}"
 
     @property
     def is_stopped(self) -> bool:
@@ -118,6 +119,12 @@ class WorkItem(models.Model):
     def plural(self) -> str:
         return self.noun_plural or pluralize(self.noun)
 
+    @property
+    def review_required(self) -> bool:
+        """In the review queue: uncertain (its own section), or a late or contradicting report.
+        This is what the API, the admin and the pages call needs_review."""
+        return self.needs_review or self.state == ItemState.UNCERTAIN
+
 
 def pluralize(noun: str) -> str:
     if noun.endswith("y") and noun[-2:-1] not in "aeiou":
@@ -141,7 +148,10 @@ class ExternalRecord(models.Model):
     recorded_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["system", "record_id"], name="external_record_unique")]
+        # Unique per item, not globally: a global key let one runtime claim (and probe) ids that
+        # another runtime's real effects then could not record.
+        constraints = [models.UniqueConstraint(fields=["item", "system", "record_id"], name="external_record_per_item")]
+        indexes = [models.Index(fields=["system", "record_id"], name="external_record_lookup")]
 
     def __str__(self) -> str:
         return f"{self.system}:{self.record_id}@{self.version}"
@@ -244,10 +254,14 @@ class ApiIdempotency(models.Model):
     endpoint = models.CharField(max_length=200)
     status = models.PositiveSmallIntegerField()
     body = models.JSONField()
+    # sha256 of the validated request: the same key with another body is refused, not replayed.
+    fingerprint = models.CharField(max_length=64, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["runtime", "key", "endpoint"], name="api_idempotency_unique")]
+        verbose_name = "API idempotency key"
+        verbose_name_plural = "API idempotency keys"
 
     def __str__(self) -> str:
         return f"{self.endpoint} {self.key}"

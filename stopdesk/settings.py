@@ -16,7 +16,7 @@ from stopdesk.logs import logging_config
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("STOPDESK_DATA_DIR", BASE_DIR / "var"))
 TESTING = "pytest" in sys.modules or os.environ.get("STOPDESK_TESTING") == "1"
-PRODUCTION = os.environ.get("STOPDESK_ENV") == "production"
+PRODUCTION = config.environment() == "production"
 
 
 def _reachable(host: str, port: int) -> bool:
@@ -29,7 +29,7 @@ def _reachable(host: str, port: int) -> bool:
 
 # Each of these raises config.ConfigError (one readable line, no traceback) when it is wrong.
 SECRET_KEY = config.secret_key(production=PRODUCTION)
-DEBUG = os.environ.get("DEBUG", "0" if PRODUCTION else "1") == "1"
+DEBUG = config.debug(production=PRODUCTION)
 ALLOWED_HOSTS = config.allowed_hosts(production=PRODUCTION)
 
 INSTALLED_APPS = [
@@ -45,6 +45,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "stopdesk.chunked.ChunkedBodyMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
@@ -149,16 +150,25 @@ if PRODUCTION:
     SECURE_SSL_REDIRECT = os.environ.get("STOPDESK_SSL_REDIRECT", "1") == "1"
     SECURE_REDIRECT_EXEMPT = [r"^healthz$"]  # health checks come over plain HTTP from inside
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-    SECURE_HSTS_SECONDS = int(os.environ.get("STOPDESK_HSTS_SECONDS", "31536000"))
+    SECURE_HSTS_SECONDS = config.integer("STOPDESK_HSTS_SECONDS", 31536000, minimum=0)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    # Preloading is a promise to browsers that every subdomain serves HTTPS for years; only the
+    # site's owner can make it (STOPDESK_HSTS_PRELOAD=1). Without it Django's deploy check warns
+    # (security.W021); that warning is silenced on purpose (see the README).
+    SECURE_HSTS_PRELOAD = config.boolean("STOPDESK_HSTS_PRELOAD", False)
+    SILENCED_SYSTEM_CHECKS = [] if SECURE_HSTS_PRELOAD else ["security.W021"]
     SESSION_COOKIE_AGE = 8 * 3600
     CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
 
-# Sign-in: this many failed attempts per client address or username within the window lock it
-# out for the rest of the window. Approving a compensation needs a password entered this recently.
-STOPDESK_LOGIN_ATTEMPTS = int(os.environ.get("STOPDESK_LOGIN_ATTEMPTS", "5"))
-STOPDESK_LOGIN_WINDOW_SECONDS = int(os.environ.get("STOPDESK_LOGIN_WINDOW_SECONDS", "300"))
-STOPDESK_REAUTH_SECONDS = int(os.environ.get("STOPDESK_REAUTH_SECONDS", "300"))
+# Sign-in: this many failed attempts for one username from one client address within the window
+# lock that pair out for the rest of the window; one address gets STOPDESK_LOGIN_ADDRESS_ATTEMPTS
+# failures in all. Approving a compensation needs a password entered this recently.
+STOPDESK_LOGIN_ATTEMPTS = config.integer("STOPDESK_LOGIN_ATTEMPTS", 5)
+STOPDESK_LOGIN_ADDRESS_ATTEMPTS = config.integer("STOPDESK_LOGIN_ADDRESS_ATTEMPTS", 20)
+# Proxies (addresses or networks) whose X-Forwarded-For is believed for the client address.
+STOPDESK_TRUSTED_PROXIES = config.networks("STOPDESK_TRUSTED_PROXIES")
+STOPDESK_LOGIN_WINDOW_SECONDS = config.integer("STOPDESK_LOGIN_WINDOW_SECONDS", 300)
+STOPDESK_REAUTH_SECONDS = config.integer("STOPDESK_REAUTH_SECONDS", 300)
 
 # Celery. The broker is Redis when configured (or reachable under tests); otherwise kombu's
 # filesystem transport, so a real worker process runs with no broker installed.
@@ -199,19 +209,20 @@ CELERY_BEAT_SCHEDULE = {
     "compensation-sweep": {"task": "reconcile.sweep_compensations", "schedule": 60.0},
 }
 # Per-mechanism timing (timeouts, deadline, backoff, re-check window after cancelled); the
-# defaults live in each adapter (reconcile/mechanisms/), these override them.
-STOPDESK_MECHANISMS: dict[str, dict] = {
-    "openai": {
-        "options": {"base_url": os.environ.get("OPENAI_BASE_URL", ""), "api_key": os.environ.get("OPENAI_API_KEY", "")}
-    },
+# defaults live in each adapter (reconcile/mechanisms/), these override them. Deadline, call
+# timeout and watch window come from STOPDESK_<MECHANISM>_{DEADLINE,CALL_TIMEOUT,WATCH}_SECONDS.
+STOPDESK_MECHANISMS: dict[str, dict] = {name: dict(values) for name, values in config.mechanism_timings().items()}
+STOPDESK_MECHANISMS.setdefault("openai", {})["options"] = {
+    "base_url": os.environ.get("OPENAI_BASE_URL", ""),
+    "api_key": os.environ.get("OPENAI_API_KEY", ""),
 }
 
 # The ledger's own knobs.
 STOPDESK = {
     # A running item whose heartbeat is older than this is presumed lost and reconciled.
-    "LEASE_SECONDS": int(os.environ.get("STOPDESK_LEASE_SECONDS", "60")),
-    "HEARTBEAT_SECONDS": int(os.environ.get("STOPDESK_HEARTBEAT_SECONDS", "10")),
-    "INVESTIGATE_BY_HOURS": int(os.environ.get("STOPDESK_INVESTIGATE_BY_HOURS", "24")),
+    "LEASE_SECONDS": config.integer("STOPDESK_LEASE_SECONDS", 60),
+    "HEARTBEAT_SECONDS": config.integer("STOPDESK_HEARTBEAT_SECONDS", 10),
+    "INVESTIGATE_BY_HOURS": config.integer("STOPDESK_INVESTIGATE_BY_HOURS", 24),
 }
 
 # External systems a compensation talks to (reconcile/services/compensators.py), by ExternalRecord.system.
@@ -228,8 +239,8 @@ STOPDESK_MCP_URL = os.environ.get("STOPDESK_MCP_URL", "http://127.0.0.1:8764/mcp
 STOPDESK_READINESS_POLICY = os.environ.get("STOPDESK_READINESS_POLICY", "off")
 STOPDESK_READINESS_CHECK = "reconcile.readiness.registration_check"
 
-# The sign-in rate limit counts in this cache. Per process by default; set STOPDESK_CACHE_URL
-# (redis://...) so every web process shares one count.
+# The sign-in rate limit counts in this cache, which every web process must share: the database
+# by default (its table is made by a migration), Redis when STOPDESK_CACHE_URL is set.
 if os.environ.get("STOPDESK_CACHE_URL"):
     CACHES = {
         "default": {
@@ -237,6 +248,8 @@ if os.environ.get("STOPDESK_CACHE_URL"):
             "LOCATION": os.environ["STOPDESK_CACHE_URL"],
         }
     }
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.db.DatabaseCache", "LOCATION": "stopdesk_cache"}}
 
 # One line per record with the task and item it is about: JSON in production, key=value here.
-LOGGING = logging_config(production=PRODUCTION, level=os.environ.get("LOG_LEVEL", "WARNING"))
+LOGGING = logging_config(production=PRODUCTION, level=config.log_level())

@@ -85,9 +85,15 @@ def shot(page: Page, name: str) -> None:
     print("wrote", name)
 
 
-def stop_and_settle(page: Page, task: int) -> None:
+def stop_and_settle(page: Page, task: int, *, confirm_shot: str = "") -> None:
     page.goto(f"{BASE}/tasks/{task}/")
     page.click("text=Stop…")
+    if confirm_shot:
+        # As a person does it: type the reason at a typing pace, then read it over while the page
+        # keeps polling; the open confirmation, its text and its focus stay put.
+        page.locator("#stop-reason").press_sequentially("Wrong invoice batch", delay=120)
+        page.wait_for_timeout(5000)
+        shot(page, confirm_shot)
     page.click("button:has-text('Stop the task')")
     page.wait_for_timeout(500)
     deadline = time.monotonic() + 60
@@ -137,8 +143,10 @@ def main() -> None:
             page.goto(f"{BASE}/tasks/{first}/")
             page.wait_for_timeout(1000)
             shot(page, "1-task-running")
-            stop_and_settle(page, first)
+            stop_and_settle(page, first, confirm_shot="8-stop-confirmation-after-polls")
             shot(page, "2-stopped-summary")
+            page.locator("#timeline").screenshot(path=str(HERE / "9-stop-timeline.png"))
+            print("wrote 9-stop-timeline")
 
             # 2. The review queue; propose archiving the CRM record; the email can only be reported.
             login(page, "reviewer", cast)

@@ -107,7 +107,12 @@ class MechanismSettings:
     backoff_initial_s: float = 1.0
     backoff_max_s: float = 60.0
     recheck_interval_s: float = 5.0  # while the remote side is still running
-    recheck_after_cancelled_s: float = 0.0  # keep watching a `cancelled` for a flip this long
+    recheck_after_cancelled_s: float = 0.0  # keep watching a `cancelled` for a flip this long (the window)
+    # The watch's schedule: read back after `watch_first_s` (None: the smaller of recheck_interval_s
+    # and a third of the window), then each interval `watch_growth` times the last (5 s, 15 s,
+    # 45 s...), never past the window. A flip is likeliest soon after the cancel; 1.0 reads evenly.
+    watch_first_s: float | None = None
+    watch_growth: float = 3.0
     investigate_by_hours: float | None = None  # None: STOPDESK["INVESTIGATE_BY_HOURS"]
     concurrency: int = 32  # cancellations in flight at once in one canceller process
     options: dict[str, Any] = field(default_factory=dict)  # adapter-specific (base_url, api key...)

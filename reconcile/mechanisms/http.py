@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 
@@ -34,6 +33,7 @@ from reconcile.mechanisms.base import (
     RecordFact,
     Seen,
 )
+from stopdesk.record_ids import UnsafeRecordId, path_segment, read_back_problem, record_id_problem
 
 RETRYABLE_STATUS = frozenset({408, 425, 429}) | frozenset(range(500, 600))
 
@@ -45,7 +45,9 @@ def declaration(detail: dict[str, Any], systems: dict[str, Any], system: str | N
 
 
 def _fill(template: str, **values: str) -> str:
-    return template.format(**{k: quote(v, safe="") for k, v in values.items()})
+    """Each value becomes one percent-encoded path segment (never `..`, never a `/`): ids are data.
+    Raises UnsafeRecordId for a value that cannot be one."""
+    return template.format(**{k: path_segment(v) for k, v in values.items()})
 
 
 def _version_of(response: httpx.Response, body: dict[str, Any], field_name: str) -> str:
@@ -72,8 +74,21 @@ def record_fact(decl: dict[str, Any], response: httpx.Response) -> RecordFact:
         effect=decl.get("effect", "created"),
         reversible=bool(reverse),
         reversal=reverse.get("action", ""),
-        link=_fill(link, record_id=record_id) if link else "",
+        link=_link(link, record_id),
     )
+
+
+def _link(template: str, record_id: str) -> str:
+    # An unsafe id gets no link; recording it is refused by the ledger with the reason.
+    try:
+        return _fill(template, record_id=record_id) if template else ""
+    except UnsafeRecordId:
+        return ""
+
+
+def unsafe_record_id(fact: RecordFact, problem: str) -> str:
+    """The outcome for an effect whose record id cannot be recorded safely."""
+    return f"{fact.system} answered with record id {fact.record_id[:60]!r}, which {problem}; review it by hand"[:200]
 
 
 @dataclass(frozen=True)
@@ -143,6 +158,8 @@ class HttpOperation(Mechanism):
                 )
             cancel = f"HTTP {answer.status_code}"
             answered = answer.status_code < 500
+        except UnsafeRecordId as exc:
+            cancel, answered = str(exc), False
         except httpx.HTTPError as exc:
             cancel, answered = type(exc).__name__, False
         read_back = self.inspect(item)
@@ -161,6 +178,8 @@ class HttpOperation(Mechanism):
         try:
             with self._http() as http:
                 response = http.get(_fill(url, idempotency_key=item.idempotency_key))
+        except UnsafeRecordId as exc:
+            return Observation(Seen.UNKNOWABLE, remote_status="unsafe key", message=str(exc))
         except httpx.HTTPError as exc:
             return Observation(Seen.UNREACHABLE, remote_status=type(exc).__name__)
         if response.status_code == 404:
@@ -177,6 +196,10 @@ class HttpOperation(Mechanism):
                 Seen.UNKNOWABLE, remote_status=f"HTTP {response.status_code}", message=response.text[:200]
             )
         fact = record_fact(decl, response)
+        if (problem := record_id_problem(fact.record_id)) is not None:
+            return Observation(
+                Seen.UNKNOWABLE, remote_status="unsafe record id", message=unsafe_record_id(fact, problem)
+            )
         body = response.json()
         failed = str(body.get("status", "")).lower() in ("failed", "error", "rejected")
         return Observation(
@@ -198,11 +221,15 @@ class HttpOperation(Mechanism):
         try:
             with httpx.Client(timeout=timeout_s or self.settings.call_timeout_s) as http:
                 response = http.get(_fill(url, record_id=record.record_id))
+        except UnsafeRecordId as exc:
+            return VersionRead(False, error=str(exc))
         except httpx.HTTPError as exc:
             return VersionRead(False, error=type(exc).__name__)
         if response.status_code >= 300:
             return VersionRead(False, status_code=response.status_code, error=response.text[:200])
         body = response.json()
+        if (problem := read_back_problem(record.record_id, body, decl.get("id_field", "id"))) is not None:
+            return VersionRead(False, status_code=response.status_code, error=problem, body=body)
         version = _version_of(response, body, decl.get("version_field", "version"))
         return VersionRead(True, version, str(body.get("status", "")), response.status_code, body=body)
 
@@ -225,6 +252,8 @@ class HttpOperation(Mechanism):
                     _fill(spec["url"], record_id=record.record_id),
                     headers={"If-Match": _if_match(expected_version), "X-Actor": actor},
                 )
+        except UnsafeRecordId as exc:
+            return Reversal("error", error=str(exc))
         except httpx.HTTPError as exc:
             return Reversal("error", error=type(exc).__name__)
         try:

@@ -69,6 +69,9 @@ class OpenAIResponses(Mechanism):
         backoff_max_s=30.0,
         recheck_interval_s=5.0,
         recheck_after_cancelled_s=600.0,
+        # The flip watch reads back after 5 s (recheck_interval_s), then 15 s, 45 s, 135 s, 405 s
+        # later: five read-backs in the window instead of one every 5 s (120).
+        watch_growth=3.0,
         concurrency=32,
     )
 

@@ -75,6 +75,22 @@ def get(name: str) -> Mechanism:
     return adapter_class(name)(mechanism_settings(name), peers=get)
 
 
+def timing_problems() -> list[str]:
+    """Each mechanism's timing as configured, checked whole: a call that may outlast the deadline
+    would let the deadline pass while we still wait on the call."""
+    from stopdesk.config import timing_variable
+
+    problems = []
+    for name in names():
+        timing = mechanism_settings(name)
+        if timing.call_timeout_s >= timing.deadline_s:
+            problems.append(
+                f"{timing_variable(name, 'call_timeout_s')}={timing.call_timeout_s:g} must be shorter than "
+                f"{timing_variable(name, 'deadline_s')}={timing.deadline_s:g}."
+            )
+    return problems
+
+
 def reset() -> None:
     """Forget built adapters, e.g. after settings changed in a test."""
     get.cache_clear()

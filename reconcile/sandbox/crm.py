@@ -10,6 +10,9 @@
 - `POST /records/{id}/archive` requires `If-Match` (428 without, 412 with the current
   version on mismatch). Retrying an archive that already happened from that version is a
   200 replay, so an approved compensation can be retried safely.
+- Records merged into another (`merge()`) answer reads and writes as the surviving record, as
+  CRMs do after a merge: a caller that trusts the path rather than the id it reads back acts on
+  the survivor.
 - `/` is a small HTML page with an "edit as someone else" button for the walkthrough.
 
 Faults (global, or aimed at a record id or idempotency key): `fail_500` (nothing applied),
@@ -83,11 +86,16 @@ class CRM(SandboxParty):
     """
 
     FAULTS: ClassVar[frozenset[str]] = WRITE_FAULTS | {READ_500}
+    # id_prefix: some systems name records like paths ("accounts/7", Google-style resource names),
+    # which stopdesk must not record as an id it will later put in a URL.
+    CONFIG_FIELDS: ClassVar[tuple[str, ...]] = ("latency_s", "id_prefix")
 
     def __init__(self, *, latency_s: float = 0.0) -> None:
         super().__init__(latency_s=latency_s)
+        self.id_prefix = "crm-"
         self._records: dict[str, Record] = {}
         self._by_key: dict[str, str] = {}
+        self._merged: dict[str, str] = {}
         self._next_id = 1
 
     # --- Python control API -----------------------------------------------------------
@@ -109,11 +117,29 @@ class CRM(SandboxParty):
             record.bump(actor, "edit")
             return record.to_json()
 
+    def seed(self, record_id: str, **fields: Any) -> dict[str, Any]:
+        """A record that exists already (imported, or made by a person) under an id of its own."""
+        with self.lock:
+            record = Record(id=record_id, fields=dict(fields), idempotency_key=None, created_with=dict(fields))
+            self._records[record_id] = record
+            return record.to_json()
+
+    def merge(self, record_id: str, *, into: str) -> None:
+        """Merge one record into another: its id now answers as the survivor."""
+        with self.lock:
+            self._merged[record_id] = into
+            self._records.pop(record_id, None)
+
+    def _find(self, record_id: str) -> Record | None:
+        return self._records.get(self._merged.get(record_id, record_id))
+
     def reset(self) -> None:
         super().reset()
         with self.lock:
+            self.id_prefix = "crm-"
             self._records.clear()
             self._by_key.clear()
+            self._merged.clear()
             self._next_id = 1
 
     # --- HTTP handlers ----------------------------------------------------------------
@@ -135,7 +161,9 @@ class CRM(SandboxParty):
                 if existing.created_with != body:
                     return _error(422, "Idempotency-Key was already used with a different body")
                 return _record_response(existing, 200)
-            record = Record(id=f"crm-{self._next_id}", fields=dict(body), idempotency_key=key, created_with=dict(body))
+            record = Record(
+                id=f"{self.id_prefix}{self._next_id}", fields=dict(body), idempotency_key=key, created_with=dict(body)
+            )
             record.history.append({"version": 1, "actor": "stopdesk", "action": "create", "at": record.created_at})
             self._next_id += 1
             self._records[record.id] = record
@@ -165,7 +193,7 @@ class CRM(SandboxParty):
         if self.has_fault(READ_500, record_id):
             return _error(500, "internal error")
         with self.lock:
-            record = self._records.get(record_id)
+            record = self._find(record_id)
             if record is None:
                 return _error(404, f"no record {record_id!r}")
             return _record_response(record, 200)
@@ -189,7 +217,7 @@ class CRM(SandboxParty):
         if pre := await self._before_commit(record_id):
             return pre
         with self.lock:
-            record = self._records.get(record_id)
+            record = self._find(record_id)
             if record is None:
                 return _error(404, f"no record {record_id!r}")
             if record.status == "archived":
@@ -213,7 +241,7 @@ class CRM(SandboxParty):
             return pre
         actor = request.headers.get("x-actor") or "stopdesk"
         with self.lock:
-            record = self._records.get(record_id)
+            record = self._find(record_id)
             if record is None:
                 return _error(404, f"no record {record_id!r}")
             expected = _parse_if_match(if_match)

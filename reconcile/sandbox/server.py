@@ -12,7 +12,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Self, cast
@@ -170,13 +170,10 @@ class Sandbox:
 
     @property
     def urls(self) -> dict[str, str]:
-        """Base URLs to configure clients with (OpenAI's includes `/v1`, MCP's `/mcp`)."""
-        return {
-            "openai": self.servers["openai"].url + "/v1",
-            "mcp": self.servers["mcp"].url + MCP_PATH,
-            "crm": self.servers["crm"].url,
-            "outbox": self.servers["outbox"].url,
-        }
+        """Base URLs to configure clients with (OpenAI's includes `/v1`, MCP's `/mcp`), for the
+        parties that are served."""
+        suffix = {"openai": "/v1", "mcp": MCP_PATH}
+        return {name: server.url + suffix.get(name, "") for name, server in self.servers.items()}
 
     def stop(self) -> None:
         for server in self.servers.values():
@@ -205,11 +202,13 @@ def start_all(
     crm: CRM | None = None,
     outbox: Outbox | None = None,
     ports: dict[str, int] | None = None,
+    only: Collection[str] | None = None,
 ) -> Sandbox:
     """Start all four parties (fresh ones unless given) and return them with their servers.
 
     `ports` pins ports by party name (`openai`, `mcp`, `crm`, `outbox`), e.g. for a
     management command whose URLs go into settings; unpinned parties get a free port.
+    `only` serves just those parties (the others exist, unserved, with no URL).
     """
     ports = ports or {}
     parties: dict[str, SandboxParty] = {
@@ -221,7 +220,8 @@ def start_all(
     servers: dict[str, BackgroundServer] = {}
     try:
         for name, party in parties.items():
-            servers[name] = BackgroundServer(party.app, name=name, port=ports.get(name, 0)).start()
+            if only is None or name in only:
+                servers[name] = BackgroundServer(party.app, name=name, port=ports.get(name, 0)).start()
     except BaseException:
         for server in servers.values():
             server.stop()

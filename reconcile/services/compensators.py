@@ -14,6 +14,7 @@ import httpx
 from django.conf import settings
 
 from stopdesk.models import ExternalRecord
+from stopdesk.record_ids import UnsafeRecordId, path_segment, read_back_problem
 
 REPORT_ONLY = "report_only"
 
@@ -88,10 +89,13 @@ class CRMCompensator:
 
     def read_version(self, record: ExternalRecord) -> str:
         with self._client() as client:
-            response = client.get(f"/records/{record.record_id}")
+            response = client.get(f"/records/{_segment(record)}")
         if response.status_code != 200:
             raise CompensationError(f"reading {record.record_id}: HTTP {response.status_code} {response.text[:200]}")
-        return normalize_version(response.json().get("version"))
+        body = response.json()
+        if (problem := read_back_problem(record.record_id, body)) is not None:
+            raise CompensationError(f"reading {record.record_id}: {problem}; nothing was written")
+        return normalize_version(body.get("version"))
 
     def run(self, record: ExternalRecord, action: str, expected_version: str) -> dict[str, Any]:
         if action == REPORT_ONLY:
@@ -100,7 +104,7 @@ class CRMCompensator:
             raise CompensationError(f"the CRM cannot {action}")
         with self._client() as client:
             response = client.post(
-                f"/records/{record.record_id}/archive",
+                f"/records/{_segment(record)}/archive",
                 headers={"If-Match": f'"v{normalize_version(expected_version)}"', "X-Actor": "stopdesk:compensation"},
             )
         if response.status_code == 412:
@@ -109,6 +113,13 @@ class CRMCompensator:
             raise CompensationError(f"archive {record.record_id}: HTTP {response.status_code} {response.text[:200]}")
         body = response.json()
         return {"status": body.get("status"), "version": normalize_version(body.get("version"))}
+
+
+def _segment(record: ExternalRecord) -> str:
+    try:
+        return path_segment(record.record_id)
+    except UnsafeRecordId as exc:
+        raise CompensationError(str(exc)) from None
 
 
 _REGISTRY: dict[str, Compensator] = {

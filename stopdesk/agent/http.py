@@ -15,9 +15,10 @@ from django.utils import timezone
 
 from reconcile.mechanisms.base import RecordFact
 from reconcile.mechanisms.http import declaration as declaration_of
-from reconcile.mechanisms.http import record_fact
+from reconcile.mechanisms.http import record_fact, unsafe_record_id
 from reconcile.mechanisms.registry import mechanism_settings
 from reconcile.services.handles import item_attach_fact, item_record_detail
+from stopdesk.record_ids import record_id_problem
 from stopdesk.services.errors import IllegalTransition
 from stopdesk.services.items import item_finish
 from stopdesk.services.transitions import item_submit, item_transition
@@ -66,6 +67,11 @@ def http_submit(
         error = type(exc).__name__
     if response is not None and response.status_code < 300:
         fact = record_fact(declaration_of({"http": decl}, cfg.options.get("systems", {})), response)
+        if (problem := record_id_problem(fact.record_id)) is not None:
+            # It happened, but the id cannot be recorded for a later reversal: a person decides.
+            outcome = unsafe_record_id(fact, problem)
+            item_transition(item_id=item_id, to_state=ItemState.UNCERTAIN, actor=actor, outcome=outcome)
+            return Submitted(True, response.status_code, None, error=problem)
         item_attach_fact(item_id=item_id, fact=fact, actor=actor)
         item_finish(item_id=item_id, succeeded=True, actor=actor, outcome=f"{fact.effect} {fact.record_id}")
         return Submitted(True, response.status_code, fact)

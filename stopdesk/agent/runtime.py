@@ -14,6 +14,8 @@ Bound to a `Runtime`, it sees and changes only that runtime's tasks (another's t
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -26,7 +28,7 @@ from pydantic import BaseModel
 
 from stopdesk.agent import schemas
 from stopdesk.client.action import ExternalAction
-from stopdesk.client.errors import Conflict, InvalidRequest, NotFound, StopRequested
+from stopdesk.client.errors import Conflict, IdempotencyKeyReused, InvalidRequest, NotFound, StopRequested
 from stopdesk.client.types import HeartbeatInfo, ItemInfo, RecordInfo, StopInfo, StopWatchInfo, TaskDetail, TaskInfo
 from stopdesk.models import ApiIdempotency, ExternalRecord, Runtime, StopRequest, Task, WorkItem
 from stopdesk.services.errors import HandleConflict, IllegalTransition, TaskStopped, ToolNotReady, UnknownMechanism
@@ -73,6 +75,7 @@ class LocalRuntime:
             "create_task",
             TaskInfo,
             lambda: task_info(task_create(title=args.title, actor=self.actor, runtime=self.runtime)),
+            args,
         )
 
     def get_task(self, task_id: int) -> TaskDetail:
@@ -146,7 +149,7 @@ class LocalRuntime:
                 )
             return item_info(item)
 
-        return self._once(request_key, f"register:{task.pk}", ItemInfo, produce)
+        return self._once(request_key, f"register:{task.pk}", ItemInfo, produce, args)
 
     def get_item(self, item_id: int) -> ItemInfo:
         return item_info(self._item(item_id))
@@ -169,7 +172,7 @@ class LocalRuntime:
                 item_start(item_id=item_id, actor=self.actor, worker=args.worker, lease_seconds=args.lease_seconds)
             return item_info(WorkItem.objects.get(pk=item_id))
 
-        return self._once_transition(request_key, f"start:{item_id}", ItemInfo, produce)
+        return self._once_transition(request_key, f"start:{item_id}", ItemInfo, produce, args)
 
     def submit(
         self,
@@ -200,7 +203,7 @@ class LocalRuntime:
                 )
             return item_info(WorkItem.objects.get(pk=item_id))
 
-        return self._once_transition(request_key, f"submit:{item_id}", ItemInfo, produce)
+        return self._once_transition(request_key, f"submit:{item_id}", ItemInfo, produce, args)
 
     def heartbeat(self, item_id: int, *, lease_seconds: int | None = None, raise_on_stop: bool = True) -> HeartbeatInfo:
         """Extend a running item's lease and answer whether Stop was requested. With
@@ -244,7 +247,7 @@ class LocalRuntime:
                 item = item_set_handle(item_id=item_id, handle=args.handle, actor=self.actor, detail=args.detail)
             return item_info(item)
 
-        return self._once(request_key, f"record_handle:{item_id}", ItemInfo, produce)
+        return self._once(request_key, f"record_handle:{item_id}", ItemInfo, produce, args)
 
     def attach_record(
         self,
@@ -279,19 +282,10 @@ class LocalRuntime:
                     state=item.state,
                     item=item.pk,
                 )
-            existing = ExternalRecord.objects.filter(system=args.system, record_id=args.record_id).exclude(
-                item__task_id=item.task_id
-            )
-            if existing.exists():
-                raise Conflict(
-                    f"{args.system} {args.record_id} is already recorded for another task.",
-                    code="record_conflict",
-                    field="record_id",
-                )
             record = item_attach_record(item_id=item.pk, actor=self.actor, **args.model_dump())
             return record_info(record)
 
-        return self._once(request_key, f"attach_record:{item.pk}", RecordInfo, produce)
+        return self._once(request_key, f"attach_record:{item.pk}", RecordInfo, produce, args)
 
     def finish(
         self,
@@ -323,7 +317,7 @@ class LocalRuntime:
             )
             return item_info(result)
 
-        return self._once(request_key, f"finish:{item.pk}", ItemInfo, produce)
+        return self._once(request_key, f"finish:{item.pk}", ItemInfo, produce, args)
 
     def mark_uncertain(
         self, item_id: int, *, detail: str = "", evidence: dict[str, Any] | None = None, request_key: str | None = None
@@ -342,6 +336,7 @@ class LocalRuntime:
                 args.detail or "outcome unknown",
                 args.evidence,
             ),
+            args,
         )
 
     def cancel(self, item_id: int, *, detail: str = "", request_key: str | None = None) -> ItemInfo:
@@ -356,6 +351,7 @@ class LocalRuntime:
             lambda: self._move(
                 item_id, S.CANCELLED, frozenset({S.QUEUED, S.RUNNING}), args.detail or "stopped between steps", None
             ),
+            args,
         )
 
     def external_action(
@@ -414,7 +410,12 @@ class LocalRuntime:
         return item_info(item)
 
     def _once_transition(
-        self, key: str | None, operation: str, kind: type[ItemInfo], produce: Callable[[], ItemInfo]
+        self,
+        key: str | None,
+        operation: str,
+        kind: type[ItemInfo],
+        produce: Callable[[], ItemInfo],
+        args: BaseModel,
     ) -> ItemInfo:
         """Like `_once`, for the boundary's transitions, which refuse a repeat on their own (a
         started item cannot start again). So the work goes first, and the stored answer is read
@@ -422,6 +423,7 @@ class LocalRuntime:
         twin waits on the item's row lock, so the winner's answer is committed when it looks."""
         if not key or self.runtime is None:
             return produce()
+        fingerprint = request_fingerprint(args)
         # No atomic block of our own around the work: the boundary is one statement, and its
         # refusals (a Conflict, or StopRequested after it cancelled the item) must leave the
         # caller's transaction usable and the cancellation recorded.
@@ -431,20 +433,27 @@ class LocalRuntime:
             seen = ApiIdempotency.objects.filter(runtime=self.runtime, key=key, endpoint=operation).first()
             if seen is None:
                 raise
-            return kind.from_json(seen.body)
+            return kind.from_json(_replayable(seen, fingerprint))
         ApiIdempotency.objects.create(
-            runtime=self.runtime, key=key, endpoint=operation, status=200, body=result.to_json()
+            runtime=self.runtime,
+            key=key,
+            endpoint=operation,
+            status=200,
+            body=result.to_json(),
+            fingerprint=fingerprint,
         )
         return result
 
     def _once[T: (TaskInfo, ItemInfo, RecordInfo)](
-        self, key: str | None, operation: str, kind: type[T], produce: Callable[[], T]
+        self, key: str | None, operation: str, kind: type[T], produce: Callable[[], T], args: BaseModel
     ) -> T:
         """With a request key, do the work once per (runtime, key, operation) and answer every
-        repeat with the first answer. Only successes are kept: a refused request wrote nothing and
-        may be sent again."""
+        repeat of the same request with the first answer; the same key with another body is
+        refused (IdempotencyKeyReused). Only successes are kept: a refused request wrote nothing
+        and may be sent again."""
         if not key or self.runtime is None:
             return produce()
+        fingerprint = request_fingerprint(args)
         nested = connection.in_atomic_block
         try:
             # No savepoint inside a caller's transaction: if a concurrent twin wins the unique key,
@@ -452,7 +461,7 @@ class LocalRuntime:
             with transaction.atomic(savepoint=not nested):
                 seen = ApiIdempotency.objects.filter(runtime=self.runtime, key=key, endpoint=operation).first()
                 if seen is not None:
-                    return kind.from_json(seen.body)
+                    return kind.from_json(_replayable(seen, fingerprint))
                 try:
                     result = produce()
                 except StopRequested as exc:
@@ -461,14 +470,19 @@ class LocalRuntime:
                     refused = exc
                 else:
                     ApiIdempotency.objects.create(
-                        runtime=self.runtime, key=key, endpoint=operation, status=200, body=result.to_json()
+                        runtime=self.runtime,
+                        key=key,
+                        endpoint=operation,
+                        status=200,
+                        body=result.to_json(),
+                        fingerprint=fingerprint,
                     )
                     return result
         except IntegrityError:
             if nested:
                 raise
             seen = ApiIdempotency.objects.get(runtime=self.runtime, key=key, endpoint=operation)
-            return kind.from_json(seen.body)
+            return kind.from_json(_replayable(seen, fingerprint))
         raise refused
 
 
@@ -494,6 +508,23 @@ class LocalStopWatch:
 
     def cancel(self) -> None:
         self._unwatch()
+
+
+def request_fingerprint(args: BaseModel) -> str:
+    """What was asked, independent of key order and of defaults spelled out or left off: the
+    validated arguments, canonically serialised and hashed."""
+    canonical = json.dumps(args.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _replayable(seen: ApiIdempotency, fingerprint: str) -> Any:
+    # Rows stored before fingerprints existed have none; they replay as they always did.
+    if seen.fingerprint and seen.fingerprint != fingerprint:
+        raise IdempotencyKeyReused(
+            "This Idempotency-Key was already used for a different request; use a new key for new work.",
+            field="Idempotency-Key",
+        )
+    return seen.body
 
 
 def _dispatch_or_log(item_ids: list[int]) -> None:
@@ -570,7 +601,7 @@ def item_info(item: WorkItem) -> ItemInfo:
         cancel_requested_at=item.cancel_requested_at,
         investigate_by=item.investigate_by,
         outcome=item.outcome,
-        needs_review=item.needs_review,
+        needs_review=item.review_required,
         detail=item.detail,
         evidence=item.evidence,
     )

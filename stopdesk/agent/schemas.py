@@ -12,6 +12,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 from pydantic import ValidationError as PydanticValidationError
 
 from stopdesk.client.errors import InvalidRequest
+from stopdesk.record_ids import record_id_problem
 from stopdesk.states import Effect, Kind
 
 MAX_ID = 2**63 - 1
@@ -47,6 +48,12 @@ def _json_object(value: dict[str, Any]) -> dict[str, Any]:
                 walk(child, depth + 1)
 
     walk(value, 0)
+    return value
+
+
+def _record_id(value: str) -> str:
+    if (problem := record_id_problem(value)) is not None:
+        raise ValueError(problem)
     return value
 
 
@@ -130,7 +137,7 @@ class Submit(Body):
 
 class AttachRecord(Body):
     system: Text(64, 1)  # type: ignore[valid-type]
-    record_id: Text(200, 1)  # type: ignore[valid-type]
+    record_id: Annotated[Text(200, 1), AfterValidator(_record_id)]  # type: ignore[valid-type]
     effect: EffectName
     version: Text(200) = ""  # type: ignore[valid-type]
     reversible: bool = False

@@ -20,6 +20,7 @@ from stopdesk.client.action import AsyncExternalAction, ExternalAction
 from stopdesk.client.aio import AsyncClient
 from stopdesk.client.errors import (
     Conflict,
+    IdempotencyKeyReused,
     InvalidRequest,
     NotFound,
     PayloadTooLarge,
@@ -39,6 +40,7 @@ __all__ = [
     "Conflict",
     "ExternalAction",
     "HeartbeatInfo",
+    "IdempotencyKeyReused",
     "InvalidRequest",
     "ItemInfo",
     "NotFound",

@@ -55,6 +55,12 @@ class InvalidRequest(StopdeskError):
     code = "invalid_field"
 
 
+class IdempotencyKeyReused(InvalidRequest):
+    """The Idempotency-Key was already used with a different body: nothing was done."""
+
+    code = "idempotency_key_reused"
+
+
 class MalformedRequest(InvalidRequest):
     """The body is not a JSON object."""
 
@@ -125,6 +131,8 @@ def error_from_response(status: int, body: Any) -> StopdeskError:
     if code == StopRequested.code:
         return StopRequested(detail, **extra)
     cls = _BY_STATUS.get(status, ServerError if status >= 500 else StopdeskError)
+    if status == 422 and code == IdempotencyKeyReused.code:
+        cls = IdempotencyKeyReused
     err = cls(detail, code=code, field=body.get("field"), **extra)
     err.status = status
     return err

@@ -21,10 +21,10 @@ class TaskStopped(LedgerError, StopRequested):
         )
 
 
-class RecordConflict(LedgerError):
-    """The external record is already the effect of another item; one effect has one cause."""
+class InvalidRecordId(LedgerError):
+    """The record id cannot travel back to its system as one URL path segment."""
 
-    code = "record_conflict"
+    code = "invalid_record_id"
 
 
 class IllegalTransition(LedgerError):

@@ -3,20 +3,28 @@
 
 from __future__ import annotations
 
+import hashlib
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from reconcile.mechanisms import registry
 from stopdesk.models import ExternalRecord, Task, WorkItem
-from stopdesk.services.errors import HandleConflict, IllegalTransition, RecordConflict, UnknownMechanism
+from stopdesk.record_ids import record_id_problem
+from stopdesk.services.errors import (
+    HandleConflict,
+    IllegalTransition,
+    InvalidRecordId,
+    UnknownMechanism,
+)
 from stopdesk.services.events import event_record
 from stopdesk.services.sql import ClockNow
 from stopdesk.services.transitions import item_late_result, item_transition
+from stopdesk.services.transitions.settled import task_reopen
 from stopdesk.states import IN_FLIGHT, TERMINAL, UNSTARTED, ItemState, Kind
 
 S = ItemState
@@ -79,6 +87,8 @@ def item_register(
                 outcome="registered after Stop; never started",
                 kind="boundary_refused",
             )
+        else:
+            task_reopen(task_id=task_id, actor=actor)
     return item
 
 
@@ -194,18 +204,21 @@ def item_attach_record(
     link: str = "",
 ) -> ExternalRecord:
     """Report an effect in another system. Attaching the same record to the same item again
-    updates its version; attaching it to another item is refused (it would silently move an
-    effect, possibly across tasks)."""
+    updates its version. The same record attached to another item is recorded there too: each
+    item keeps its own effect, and nobody can block or probe another's (see `_note_shared`).
+
+    An id that cannot be sent back to its system as one URL path segment is refused: a
+    compensation would otherwise act on whatever record it names."""
+    if (problem := record_id_problem(record_id)) is not None:
+        raise InvalidRecordId(f"The record id {record_id[:80]!r} {problem}.")
     with transaction.atomic():
-        item = WorkItem.objects.select_for_update().get(pk=item_id)
-        owner = ExternalRecord.objects.filter(system=system, record_id=record_id).values_list("item_id", flat=True)
-        if owner and owner[0] != item.pk:
-            raise RecordConflict(f"{system} {record_id} is already recorded as the effect of item {owner[0]}.")
+        item = WorkItem.objects.select_for_update().select_related("task").get(pk=item_id)
+        _lock_record_key(system, record_id)
         record, created = ExternalRecord.objects.update_or_create(
+            item=item,
             system=system,
             record_id=record_id,
             defaults={
-                "item": item,
                 "version": version,
                 "effect": effect,
                 "reversible": reversible,
@@ -226,4 +239,41 @@ def item_attach_record(
                 "reversible": reversible,
             },
         )
+        if created:
+            _note_shared(item, record, actor)
     return record
+
+
+def _lock_record_key(system: str, record_id: str) -> None:
+    """Serialise attaches of one (system, record id) so two concurrent ones see each other and
+    both get flagged. SQLite serialises writers anyway."""
+    if connection.vendor != "postgresql":
+        return
+    digest = hashlib.sha256(f"{system}\0{record_id}".encode()).digest()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [int.from_bytes(digest[:8], "big", signed=True)])
+
+
+def _note_shared(item: WorkItem, record: ExternalRecord, actor: str) -> None:
+    """The same external record is the effect of more than one item. Within one runtime (or the
+    in-process API) both items are flagged for review: two tasks really touched one record.
+    Across runtimes each item only gets an event for people reading the trail; no flag a runtime
+    could read back, so no runtime learns which ids another has recorded."""
+    others = (
+        ExternalRecord.objects.filter(system=record.system, record_id=record.record_id)
+        .exclude(pk=record.pk)
+        .select_related("item__task")
+    )
+    for other in others:
+        same_runtime = other.item.task.runtime_id == item.task.runtime_id
+        for mine, theirs in ((item, other.item), (other.item, item)):
+            where = f"item {theirs.pk} (task {theirs.task_id})" if same_runtime else "an item of another runtime"
+            event_record(
+                kind="record_shared",
+                actor=actor,
+                item=mine,
+                message=f"{record.system} {record.record_id} is also recorded as the effect of {where}.",
+                data={"system": record.system, "record_id": record.record_id, "flagged": same_runtime},
+            )
+        if same_runtime:
+            WorkItem.objects.filter(pk__in=[item.pk, other.item_id]).update(needs_review=True)

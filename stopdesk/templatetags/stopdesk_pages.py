@@ -6,6 +6,7 @@ from datetime import datetime
 
 from django import template
 from django.utils import timezone
+from django.utils.html import format_html
 from django.utils.timesince import timesince, timeuntil
 
 register = template.Library()
@@ -32,3 +33,28 @@ def time_left(deadline: datetime | None) -> str:
 @register.filter
 def overdue(deadline: datetime | None) -> bool:
     return deadline is not None and deadline < timezone.now()
+
+
+NO_VERSION = "no version (a reversal could not check it for later changes)"
+
+
+@register.filter
+def version_text(version: str | None) -> str:
+    """ "version 3", or what the absence of a version means (an email has none)."""
+    if version:
+        return format_html("version <code>{}</code>", version)
+    return NO_VERSION
+
+
+@register.filter
+def pretty_json(value: object) -> str:
+    """Event data as a person reads JSON: indented, keys in order, not Python's dict text."""
+    import json
+
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+@register.filter
+def action_words(action: str) -> str:
+    """ "report_only" as a person writes it: "report only"."""
+    return str(action or "").replace("_", " ")

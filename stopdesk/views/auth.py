@@ -1,12 +1,21 @@
 """Sign-in with rate limiting, and re-authentication for approvals.
 
-Failed attempts are counted in Django's cache per client address and per username: five wrong
-passwords in five minutes lock that address and that username out for the rest of the window.
-Counting per username too stops one account being guessed from many addresses.
+Failed sign-ins are counted in Django's cache (the database by default, so every web process
+shares one count) per (username, client address): five wrong passwords in five minutes lock that
+pair for the rest of the window. Counting the pair, not the username alone, means a stranger
+guessing an approver's password locks out only themselves. A ceiling per address
+(STOPDESK_LOGIN_ADDRESS_ATTEMPTS) stops one address trying many accounts. Approval
+re-authentication counts on its own, per signed-in person: only someone holding that person's
+session can spend it, and a locked sign-in does not block an approval or the other way round.
+
+The client address is REMOTE_ADDR, or, when that is a proxy named in STOPDESK_TRUSTED_PROXIES,
+the nearest address in X-Forwarded-For that is not one of those proxies: a client can prepend
+anything to the header, but only the hops our own proxies added are believed.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from typing import Any
 
@@ -22,27 +31,56 @@ from django.utils.http import url_has_allowed_host_and_scheme
 REAUTH_SESSION_KEY = "stopdesk_reauth_at"
 
 
-def _client_address(request: HttpRequest) -> str:
-    # REMOTE_ADDR only: X-Forwarded-For is client-controlled unless a proxy we trust sets it.
-    return request.META.get("REMOTE_ADDR", "unknown")
+def _trusted(address: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return any(ip in ipaddress.ip_network(net, strict=False) for net in settings.STOPDESK_TRUSTED_PROXIES)
 
 
-def _keys(request: HttpRequest, username: str) -> list[str]:
-    return [f"login-fail:addr:{_client_address(request)}", f"login-fail:user:{username.lower()[:150]}"]
+def client_address(request: HttpRequest) -> str:
+    remote = str(request.META.get("REMOTE_ADDR", "unknown"))
+    if not settings.STOPDESK_TRUSTED_PROXIES or not _trusted(remote):
+        return remote
+    hops = [h.strip() for h in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",") if h.strip()]
+    for hop in reversed(hops):
+        if not _trusted(hop):
+            return hop[:64]
+    return remote
 
 
-def attempts_exceeded(request: HttpRequest, username: str) -> bool:
-    limit = settings.STOPDESK_LOGIN_ATTEMPTS
-    return any((cache.get(key) or 0) >= limit for key in _keys(request, username))
+def _login_limits(request: HttpRequest, username: str) -> list[tuple[str, int]]:
+    address = client_address(request)
+    return [
+        (f"login-fail:pair:{address}:{username.lower()[:150]}", settings.STOPDESK_LOGIN_ATTEMPTS),
+        (f"login-fail:addr:{address}", settings.STOPDESK_LOGIN_ADDRESS_ATTEMPTS),
+    ]
 
 
-def attempt_failed(request: HttpRequest, username: str) -> None:
-    for key in _keys(request, username):
+def _reauth_limits(username: str) -> list[tuple[str, int]]:
+    return [(f"reauth-fail:user:{username.lower()[:150]}", settings.STOPDESK_LOGIN_ATTEMPTS)]
+
+
+def _exceeded(limits: list[tuple[str, int]]) -> bool:
+    return any((cache.get(key) or 0) >= limit for key, limit in limits)
+
+
+def _count(limits: list[tuple[str, int]]) -> None:
+    for key, _limit in limits:
         if not cache.add(key, 1, timeout=settings.STOPDESK_LOGIN_WINDOW_SECONDS):
             try:
                 cache.incr(key)
             except ValueError:  # expired between add and incr
                 cache.add(key, 1, timeout=settings.STOPDESK_LOGIN_WINDOW_SECONDS)
+
+
+def attempts_exceeded(request: HttpRequest, username: str) -> bool:
+    return _exceeded(_login_limits(request, username))
+
+
+def attempt_failed(request: HttpRequest, username: str) -> None:
+    _count(_login_limits(request, username))
 
 
 def _too_many(request: HttpRequest) -> HttpResponse:
@@ -82,10 +120,10 @@ def reauth_fresh(request: HttpRequest) -> bool:
 def reauth_check_password(request: HttpRequest, password: str) -> bool:
     """Check the signed-in person's password and stamp the session; rate-limited like sign-in."""
     username = request.user.get_username()
-    if attempts_exceeded(request, username):
+    if _exceeded(_reauth_limits(username)):
         return False
     if authenticate(request, username=username, password=password) is None:
-        attempt_failed(request, username)
+        _count(_reauth_limits(username))
         return False
     request.session[REAUTH_SESSION_KEY] = time.time()
     return True
@@ -98,7 +136,7 @@ def reauth(request: HttpRequest) -> HttpResponse:
         next_url = "/"
     error = ""
     if request.method == "POST":
-        if attempts_exceeded(request, request.user.get_username()):
+        if _exceeded(_reauth_limits(request.user.get_username())):
             return _too_many(request)
         if reauth_check_password(request, request.POST.get("password", "")):
             return redirect(next_url)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import get_user_model
 from django.http import HttpResponse
@@ -193,6 +194,12 @@ def record_propose_view(request: HtmxHttpRequest, record_id: int) -> HttpRespons
     return _form_page(request, "review/propose.html", context)
 
 
+def _reauth_until(request: HtmxHttpRequest) -> Any:
+    """When the password entered last stops counting for approvals."""
+    at = reauthenticated_at(request)
+    return at + timedelta(seconds=settings.STOPDESK_REAUTH_SECONDS) if at else None
+
+
 @perms.require(*perms.REVIEW_ANY)
 def compensation_detail(
     request: HtmxHttpRequest, compensation_id: int, error: str = "", status: int = 200
@@ -204,6 +211,8 @@ def compensation_detail(
         "record": compensation.external_record,
         "error": error,
         "reauth_fresh": reauth_fresh(request),
+        "reauth_until": _reauth_until(request),
+        "reauth_minutes": settings.STOPDESK_REAUTH_SECONDS // 60,
         "can_approve": perms.can(user, perms.APPROVE) and compensation.proposed_by_id != user.pk,
         "own_proposal": compensation.proposed_by_id == user.pk,
         "is_approver": perms.can(user, perms.APPROVE),

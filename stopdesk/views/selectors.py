@@ -14,6 +14,7 @@ from reconcile.models import Compensation, CompensationState, Escalation
 from stopdesk.models import CancellationAttempt, ExternalRecord, StopRequest, Task, WorkItem
 from stopdesk.states import UNSETTLED, ItemState
 from stopdesk.summary import task_summary
+from stopdesk.views.timeline import task_timeline
 
 S = ItemState
 C = CompensationState
@@ -80,9 +81,18 @@ class TaskOverview:
     unsettled: int
     stop_request: StopRequest | None
 
+    timeline: Any = None
+
     @property
     def settled(self) -> bool:
-        return self.unsettled == 0
+        """Nothing left moving. A task with no items yet is not settled unless it was stopped:
+        its agent may still register work, and the page keeps watching for it."""
+        return self.unsettled == 0 and (self.total > 0 or self.task.stop_requested_at is not None)
+
+    @property
+    def finished(self) -> bool:
+        """Every item reached its outcome without a Stop: there is nothing left to stop."""
+        return self.settled and self.task.stop_requested_at is None
 
     @property
     def status(self) -> str:
@@ -114,13 +124,15 @@ def task_overview(task: Task, *, with_items: bool = True) -> TaskOverview:
         for group in groups:
             group.items = by_state.get(group.state, [])
     stop_request = StopRequest.objects.select_related("requested_by").filter(task=task).first()
+    total = sum(counts.values())
     return TaskOverview(
         task=task,
         summary=task_summary(task),
         groups=groups,
-        total=sum(counts.values()),
+        total=total,
         unsettled=sum(counts.get(s, 0) for s in UNSETTLED),
         stop_request=stop_request,
+        timeline=task_timeline(task, total=total) if with_items else None,
     )
 
 

@@ -50,11 +50,18 @@ def _task_context(request: HtmxHttpRequest, task_id: int, *, confirm: bool = Fal
     }
 
 
-def _live(request: HtmxHttpRequest, context: dict, primary: str) -> HttpResponse:  # type: ignore[type-arg]
+LIVE_PARTS = ("stop-state", "stop-action", "summary", "timeline", "groups")
+
+
+def _live(request: HtmxHttpRequest, context: dict, primary: str | None) -> HttpResponse:  # type: ignore[type-arg]
     """The fragment htmx asked for, plus the other live parts out of band, so one poll keeps the
-    summary, the Stop control and the groups consistent with each other."""
-    parts = [render_to_string(f"tasks/detail.html#{primary}", context, request)]
-    for name in ("summary", "stop-control", "groups"):
+    summary, the Stop control and the groups consistent with each other. The poller itself swaps
+    nothing (primary None): every part arrives out of band, and the page skips a part a person is
+    using (static/stopdesk/live.js)."""
+    parts = []
+    if primary:
+        parts.append(render_to_string(f"tasks/detail.html#{primary}", context, request))
+    for name in LIVE_PARTS:
         if name != primary:
             parts.append(render_to_string(f"tasks/detail.html#{name}", {**context, "oob": True}, request))
     status = POLL_SETTLED if context["o"].settled else 200
@@ -64,8 +71,11 @@ def _live(request: HtmxHttpRequest, context: dict, primary: str) -> HttpResponse
 @perms.require(perms.VIEW)
 def task_detail(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
     context = _task_context(request, task_id)
-    if request.htmx and request.htmx.target in ("summary", "stop-control", "groups"):
-        return _live(request, context, request.htmx.target)
+    target = request.htmx.target if request.htmx else None
+    if target == "live":
+        return _live(request, context, None)
+    if target in LIVE_PARTS:
+        return _live(request, context, target)
     return render(request, "tasks/detail.html", context)
 
 
@@ -73,19 +83,25 @@ def task_detail(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
 @perms.require(perms.STOP)
 def task_stop(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
     """GET is the confirmation step; POST is Stop. A repeated POST (a second click, a second
-    browser) gets the same stop request back: task_request_stop is idempotent."""
+    browser) gets the same stop request back: task_request_stop is idempotent. A task whose every
+    item already finished is not stopped: the page says why instead."""
     if request.method == "GET":
         context = _task_context(request, task_id, confirm=True)
         if request.htmx:
-            return render(request, "tasks/detail.html#stop-control", context)
+            return _live(request, context, "stop-action")
         return render(request, "tasks/detail.html", context)
     task = perms.task_for(request.user, task_id)
+    context = _task_context(request, task_id)
+    if context["o"].finished:
+        if request.htmx:
+            return _live(request, context, "stop-action")
+        return render(request, "tasks/detail.html", context, status=409)
     reason = request.POST.get("reason", "").strip()[:1000]
     task_request_stop(task_id=task.pk, actor=actor_for(request.user), by=request.user, reason=reason)
     if not request.htmx:
         return redirect("task-detail", task_id=task.pk)
     context = _task_context(request, task_id)
-    response = _live(request, context, "stop-control")
+    response = _live(request, context, "stop-action")
     response.status_code = 200  # the page needs the fragment even if everything settled at once
     return response
 

@@ -53,7 +53,10 @@ def test_start_raises_stop_requested_after_a_stop_from_another_thread(sd, live_s
     with pytest.raises(StopRequested):
         sd.heartbeat(first.id)
     assert sd.cancel(first.id).state == S.CANCELLED
-    assert sd.get_task(task.id).summary == "Stopped new work. Two drafts stopped before they finished."
+    # The first draft had started, the second never did.
+    assert sd.get_task(task.id).summary == (
+        "Stopped new work. One draft cancelled before it started. One draft stopped before it finished."
+    )
 
 
 def test_submit_raises_stop_requested_and_the_action_body_never_runs(sd):
@@ -209,3 +212,15 @@ def test_local_runtime_obeys_the_same_boundary(token):
         sd.start(item.id)
     assert sd.get_item(item.id).state == S.CANCELLED
     assert Event.objects.filter(item_id=item.id, kind="stop_cancelled", to_state=S.CANCELLED).exists()
+
+
+def test_the_client_retries_a_lost_answer_with_the_same_body_and_a_new_body_needs_a_new_key(lossy_proxy, token):
+    from stopdesk.client import IdempotencyKeyReused
+
+    with Client(lossy_proxy, token, retries=2, backoff_seconds=0.01) as sd:
+        task = sd.create_task("Analyse invoices", request_key="create-1")  # first answer lost, retried
+        assert sd.create_task("Analyse invoices", request_key="create-1").id == task.id
+        with pytest.raises(IdempotencyKeyReused) as refused:
+            sd.create_task("Payroll", request_key="create-1")
+    assert refused.value.status == 422 and refused.value.field == "Idempotency-Key"
+    assert list(Task.objects.values_list("title", flat=True)) == ["Analyse invoices"]

@@ -70,5 +70,6 @@ def test_the_readme_agent_obeys_stop(live_server, tmp_path):
     assert agent.returncode == 0, err
     assert "stopped between steps" in out and "email: not sent, the task was stopped" in out
     assert (
-        out.strip().splitlines()[-1] == "Stopped new work. Five drafts discarded. One email stopped before it finished."
+        out.strip().splitlines()[-1]
+        == "Stopped new work. Five drafts discarded. One email cancelled before it started."
     )

@@ -143,16 +143,6 @@ def test_an_external_action_records_its_key_and_its_record(api, task):
     assert detail["counts"][S.COMPLETED] == 1 and detail["summary"] == "Finished. One record created."
 
 
-def test_a_record_already_held_by_another_task_is_409(api, other_api, task, other_runtime):
-    theirs = make_item(task_create(title="theirs", actor="test", runtime=other_runtime[0]), state=S.RUNNING)
-    other_api.post(f"/items/{theirs.pk}/records", {"system": "crm", "record_id": "C-9", "effect": "created"})
-    mine = make_item(task, state=S.RUNNING)
-    before = ledger_counts()
-    answer = api.post(f"/items/{mine.pk}/records", {"system": "crm", "record_id": "C-9", "effect": "updated"})
-    assert answer.status == 409 and answer.body["error"] == "record_conflict"
-    assert ledger_counts() == before and ExternalRecord.objects.get().item_id == theirs.pk
-
-
 def test_an_uncertain_item_gets_an_investigate_by_deadline(api, task):
     item = make_item(task, state=S.RUNNING)
     answer = api.post(f"/items/{item.pk}/uncertain", {"detail": "CRM timed out", "evidence": {"timeout_s": 10}})

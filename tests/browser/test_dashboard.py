@@ -62,7 +62,7 @@ def test_the_review_dashboard_end_to_end(live_server, browser, shots, world):
     page.get_by_label("Reason").fill("Wrong supplier list")
     page.screenshot(path=shots / "03-stop-confirm.png", full_page=True)
     page.get_by_role("button", name="Stop the task").click()
-    page.locator("#stop-control", has_text="Stopping…").wait_for()
+    page.locator("#stop-state", has_text="Stopping…").wait_for()
     # A poll that left before the stop committed may land just after it; the next one is current.
     page.locator("#summary", has_text="Stopped new work.").wait_for()
     assert "still being checked" in summary.inner_text()
@@ -72,7 +72,7 @@ def test_the_review_dashboard_end_to_end(live_server, browser, shots, world):
     export = WorkItem.objects.get(task=world["task"], noun="export")
     timer = threading.Timer(1.0, settle, args=[export.pk, S.CANCELLED])
     timer.start()
-    page.locator("#summary:not([hx-trigger])").wait_for(timeout=15000)
+    page.locator("#summary.stopped").wait_for(timeout=15000)  # settled: the poller got 286
     timer.join()
     settled = summary.inner_text()
     assert (
@@ -80,7 +80,7 @@ def test_the_review_dashboard_end_to_end(live_server, browser, shots, world):
         == "Stopped new work. Two drafts discarded. One export stopped before it finished. One summary completed."
     )
     assert page.evaluate("window.__noReload") is True  # updated in place, no reload
-    page.locator("#stop-control", has_text="Stopped").wait_for()
+    page.locator("#stop-state", has_text="Stopped").wait_for()
     page.screenshot(path=shots / "05-task-stopped.png", full_page=True)
 
     # A reviewer resolves the uncertain item with evidence.
@@ -157,5 +157,5 @@ def test_stop_works_by_keyboard_alone(live_server, browser, shots, world):
     page.keyboard.type("keyboard only")
     page.keyboard.press("Tab")
     page.keyboard.press("Enter")
-    page.locator("#stop-control", has_text="Stopping…").wait_for()
+    page.locator("#stop-state", has_text="Stopping…").wait_for()
     context.close()

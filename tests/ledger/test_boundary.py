@@ -139,21 +139,6 @@ def test_the_database_refuses_raw_updates_of_events():
         cursor.execute("UPDATE stopdesk_event SET message = 'x' WHERE item_id = %s", [item.pk])
 
 
-def test_an_external_record_cannot_be_moved_to_another_item():
-    from stopdesk.services.errors import RecordConflict
-    from stopdesk.services.items import item_attach_record
-
-    task = make_task()
-    first = make_item(task, state=S.RUNNING)
-    second = make_item(task, state=S.RUNNING)
-    item_attach_record(item_id=first.pk, system="crm", record_id="r-1", effect="created", actor="t", version="1")
-    item_attach_record(item_id=first.pk, system="crm", record_id="r-1", effect="created", actor="t", version="2")
-    with pytest.raises(RecordConflict):
-        item_attach_record(item_id=second.pk, system="crm", record_id="r-1", effect="created", actor="t")
-    record = first.external_records.get()
-    assert (record.item_id, record.version) == (first.pk, "2")
-
-
 @pytest.mark.parametrize(
     ("state", "expected", "late"),
     [

@@ -120,6 +120,8 @@ def test_stop_commits_its_request_in_its_own_transaction_before_the_queued_cance
     task = make_task()
     make_item(task)
     make_item(task)
+    # Still running after Stop, so the task does not settle (settled_at would rewrite its row).
+    make_item(task, state=S.RUNNING)
     task_request_stop(task_id=task.pk, actor="user:a", dispatch=lambda ids: None)
     with connection.cursor() as cursor:
         cursor.execute("SELECT xmin::text::bigint FROM stopdesk_task WHERE id = %s", [task.pk])

@@ -68,7 +68,7 @@ def test_a_mixed_task_tells_each_group_in_order():
     make_item(task, state=S.RUNNING, noun="report", kind=Kind.LOCAL_WORKER)
     make_external_effect(task, noun="email", system="mail", effect="sent", reversible=False)
     assert _stop(task) == (
-        "Stopped new work. Three drafts discarded. One export stopped before it finished. "
+        "Stopped new work. Three drafts discarded. One export cancelled before it started. "
         "One email sent; it cannot be recalled. One draft completed. One lookup failed. "
         "One report still being checked."
     )
@@ -87,3 +87,54 @@ def test_large_counts_use_digits_and_plural_rules():
     for _ in range(13):
         make_item(task, noun="query")
     assert _stop(task) == "Stopped new work. 13 queries discarded."
+
+
+# The latest known outcome, through the services as it really happens.
+
+
+def test_a_draft_cancelled_then_reported_completed_counts_as_completed_with_review():
+    from stopdesk.services.items import item_finish
+
+    task = make_task()
+    flipped = make_item(task, noun="draft")
+    make_item(task, noun="draft")
+    _stop(task)
+    item_finish(item_id=flipped.pk, succeeded=True, actor="test:openai")  # the response flipped
+    text = task_summary(task)
+    assert text == (
+        "Stopped new work. One draft discarded. "
+        "One draft completed; a late report contradicts its record: review required."
+    )
+
+
+def test_fifty_jobs_that_never_started_were_cancelled_before_they_started():
+    task = make_task()
+    for _ in range(50):
+        make_item(task, noun="job", kind=Kind.LOCAL_WORKER)
+    assert _stop(task) == "Stopped new work. 50 jobs cancelled before they started."
+
+
+def test_a_stop_that_reconciled_an_in_flight_action_never_says_nothing_was_left():
+    from stopdesk.services.items import item_attach_record, item_finish, item_register
+    from stopdesk.services.transitions import item_submit
+
+    task = make_task()
+    item = item_register(task=task, kind=Kind.EXTERNAL_OPERATION, noun="record", actor="test", mechanism="http")
+    item_submit(item_id=item.pk, idempotency_key="k-1", actor="test")
+    _stop(task)
+    # The reconciler looks the action up and finds it completed, with the record it created.
+    item_attach_record(item_id=item.pk, system="crm", record_id="r-1", effect="created", actor="t", reversible=True)
+    item_finish(item_id=item.pk, succeeded=True, actor="system:reconciler")
+    text = task_summary(task)
+    assert text == "Stopped new work. One record created; review required."
+    assert "nothing was left" not in text
+
+
+def test_a_started_worker_cancelled_by_stop_stopped_before_it_finished():
+    from tests.web.scenes import settle
+
+    task = make_task()
+    worker = make_item(task, state=S.RUNNING, noun="export", kind=Kind.LOCAL_WORKER)
+    _stop(task)
+    settle(worker.pk, S.CANCELLED)
+    assert task_summary(task) == "Stopped new work. One export stopped before it finished."

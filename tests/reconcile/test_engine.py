@@ -31,7 +31,10 @@ def test_a_cancelled_is_watched_when_the_mechanism_has_seen_flips():
     plan = decide(facts(), Observation(Seen.CANCELLED), at(1), cfg)
     assert plan.to_state == S.CANCELLED and plan.next_check_at == at(6)
     watching = decide(facts(S.CANCELLED, cancelled_at=at(1)), Observation(Seen.CANCELLED), at(6), cfg)
-    assert watching.to_state is None and watching.next_check_at == at(11)
+    # Growing intervals: 5 s after the cancel, then 15 s after that, then capped at the window.
+    assert watching.to_state is None and watching.next_check_at == at(21)
+    last = decide(facts(S.CANCELLED, cancelled_at=at(1)), Observation(Seen.CANCELLED), at(21), cfg)
+    assert last.next_check_at == at(31)
     done = decide(facts(S.CANCELLED, cancelled_at=at(1)), Observation(Seen.CANCELLED), at(31), cfg)
     assert done.next_check_at is None
 
@@ -94,3 +97,26 @@ def test_an_uncertain_item_keeps_its_investigate_by_deadline():
 def test_a_fact_found_later_settles_an_uncertain_item():
     plan = decide(facts(S.UNCERTAIN), Observation(Seen.COMPLETED), at(100), CFG)
     assert plan.to_state == S.COMPLETED
+
+
+def test_the_flip_watch_reads_back_at_growing_intervals_within_its_window():
+    cfg = MechanismSettings(recheck_interval_s=5, recheck_after_cancelled_s=600, watch_growth=3)
+    cancelled = at(0)
+    schedule, now = [], cancelled
+    while True:
+        plan = decide(facts(S.CANCELLED, cancelled_at=cancelled), Observation(Seen.CANCELLED), now, cfg)
+        if plan.next_check_at is None:
+            break
+        now = plan.next_check_at
+        schedule.append((now - cancelled).total_seconds())
+    assert schedule == [5, 20, 65, 200, 600]
+
+
+def test_the_watch_schedule_is_a_setting_and_a_late_sweep_does_not_push_it_back():
+    cfg = MechanismSettings(recheck_after_cancelled_s=100, watch_first_s=2, watch_growth=2)
+    # Points at 2, 6, 14, 30, 62, then the window's end at 100.
+    late = decide(facts(S.CANCELLED, cancelled_at=at(0)), Observation(Seen.CANCELLED), at(20), cfg)
+    assert late.next_check_at == at(30)
+    even = MechanismSettings(recheck_after_cancelled_s=30, recheck_interval_s=5, watch_growth=1)
+    plan = decide(facts(S.CANCELLED, cancelled_at=at(0)), Observation(Seen.CANCELLED), at(5), even)
+    assert plan.next_check_at == at(10)

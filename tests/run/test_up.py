@@ -26,11 +26,11 @@ STOP_WITHIN_S = 20
 
 
 class Up:
-    def __init__(self, data_dir: Path, port: int, *, by_flag: bool = False) -> None:
+    def __init__(self, data_dir: Path, port: int, *, by_flag: bool = False, extra: tuple[str, ...] = ()) -> None:
         self.data_dir, self.port = data_dir, port
         self.marker = f"STOPDESK_DATA_DIR={data_dir}"
         self.lines: list[str] = []
-        args = ["manage.py", "up", "--port", str(port), "--sandbox-port", "0", "--pace", "5"]
+        args = ["manage.py", "up", "--port", str(port), "--sandbox-port", "0", "--pace", "5", *extra]
         env = clean_env(data_dir)
         if by_flag:
             args += ["--data-dir", str(data_dir)]
@@ -112,6 +112,18 @@ def test_up_serves_the_login_page_runs_the_demo_task_and_stops_cleanly(up: Up) -
     assert [s for s in states if s[0] == "draft"] == [("draft", "running"), ("draft", "running")]
     assert processes_with(up.marker), "the web server and the worker run with the data folder in their environment"
 
+    # A second demo from another terminal prints where to open it, as a full address.
+    demo = subprocess.run(
+        [PYTHON, "manage.py", "demo_task", "--pace", "5"],
+        cwd=ROOT,
+        env=clean_env(up.data_dir),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert demo.returncode == 0, demo.stderr
+    assert f"started: {base}/tasks/" in demo.stdout, demo.stdout
+
     up.proc.send_signal(signal.SIGINT)  # what Ctrl-C in the terminal sends
     started = time.monotonic()
     assert up.proc.wait(STOP_WITHIN_S) == 0
@@ -131,3 +143,17 @@ def test_up_takes_its_data_folder_from_the_flag_and_stops_cleanly_on_sigterm(up:
     up.proc.send_signal(signal.SIGTERM)
     assert up.proc.wait(STOP_WITHIN_S) == 0
     assert processes_with(up.marker) == []
+
+
+def test_ctrl_c_with_nothing_running_does_not_say_a_task_was_running(tmp_path: Path) -> None:
+    up = Up(tmp_path / "data", free_port(), extra=("--no-demo",))
+    try:
+        assert up.wait_for("Press Ctrl-C to stop everything.", START_WITHIN_S), up.output
+        up.proc.send_signal(signal.SIGINT)
+        assert up.proc.wait(STOP_WITHIN_S) == 0
+        up.reader.join(5)
+        assert "Stopped." in up.output
+        assert up.query("SELECT count(*) FROM stopdesk_workitem") == [(0,)]
+        assert "still running" not in up.output, up.output
+    finally:
+        up.kill_everything()

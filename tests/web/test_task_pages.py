@@ -78,7 +78,12 @@ def test_task_page_summary_fragment_polls_until_settled_then_answers_286(as_user
     assert response.status_code == 200
     assert html.lstrip().startswith('<p id="summary"') and "<html" not in html
     # The other live parts come along out of band.
-    assert 'id="groups"' in html and 'id="stop-control"' in html and 'hx-swap-oob="true"' in html
+    assert (
+        'id="groups"' in html
+        and 'id="stop-state"' in html
+        and 'id="stop-action"' in html
+        and 'hx-swap-oob="true"' in html
+    )
     for item in WorkItem.objects.filter(task=task, state__in=[S.QUEUED, S.RUNNING]):
         if item.state == S.QUEUED:
             from stopdesk.services.transitions import item_transition
@@ -96,21 +101,21 @@ def test_stop_has_a_confirmation_step(as_user):
     client = as_user("operator")
     page = client.get(reverse("task-stop", args=[task.pk]))
     assert page.status_code == 200 and "Stop this task?" in page.content.decode() and "<html" in page.content.decode()
-    fragment = client.get(reverse("task-stop", args=[task.pk]), **htmx("stop-control"))
+    fragment = client.get(reverse("task-stop", args=[task.pk]), **htmx("stop-action"))
     html = fragment.content.decode()
-    assert html.lstrip().startswith('<div id="stop-control"') and "Stop this task?" in html
+    assert html.lstrip().startswith('<div id="stop-action"') and "Stop this task?" in html
     assert not StopRequest.objects.filter(task=task).exists()
 
 
 def test_stop_by_htmx_answers_stopping_at_once_and_a_second_click_gets_the_same_stop(as_user):
     task = running_task()
     client = as_user("operator")
-    response = client.post(reverse("task-stop", args=[task.pk]), {"reason": "wrong recipients"}, **htmx("stop-control"))
+    response = client.post(reverse("task-stop", args=[task.pk]), {"reason": "wrong recipients"}, **htmx("stop-action"))
     html = response.content.decode()
     assert response.status_code == 200
     assert "Stopping…" in html and "wrong recipients" in html
     assert 'id="summary"' in html and "Stopped new work." in html
-    second = as_user("operator").post(reverse("task-stop", args=[task.pk]), **htmx("stop-control"))
+    second = as_user("operator").post(reverse("task-stop", args=[task.pk]), **htmx("stop-action"))
     assert second.status_code == 200
     stop = StopRequest.objects.get(task=task)
     assert stop.duplicates == 1
@@ -149,3 +154,48 @@ def test_htmx_request_without_target_gets_the_full_page(as_user):
     task = running_task()
     response = as_user("operator").get(reverse("task-detail", args=[task.pk]), **HTMX)
     assert "<html" in response.content.decode()
+
+
+def test_the_poll_swaps_nothing_itself_and_brings_every_live_part_out_of_band(as_user):
+    task = running_task()
+    response = as_user("operator").get(reverse("task-detail", args=[task.pk]), **htmx("live"))
+    html = response.content.decode()
+    assert response.status_code == 200 and "<html" not in html
+    for part in ("stop-state", "stop-action", "summary", "timeline", "groups"):
+        assert f'id="{part}"' in html
+    assert html.count('hx-swap-oob="true"') == 5
+    # The action part is guarded in the page: a poll never replaces it while a person uses it.
+    assert 'id="stop-action" class="stop-action" data-live-guard' in html
+
+
+def test_a_finished_task_offers_no_stop_and_says_why(as_user):
+    task = make_task("All done")
+    make_item(task, state=S.COMPLETED, noun="draft")
+    client = as_user("operator")
+    html = client.get(reverse("task-detail", args=[task.pk])).content.decode()
+    assert "Stop…" not in html and "nothing left to stop" in html
+    assert 'hx-trigger="every 1s"' not in html
+    refused = client.post(reverse("task-stop", args=[task.pk]), {"reason": "late"})
+    assert refused.status_code == 409 and "nothing left to stop" in refused.content.decode()
+    assert not StopRequest.objects.filter(task=task).exists()
+    confirm = client.get(reverse("task-stop", args=[task.pk])).content.decode()
+    assert "Stop this task?" not in confirm and "nothing left to stop" in confirm
+
+
+def test_a_task_with_no_work_yet_still_offers_stop_and_keeps_watching(as_user):
+    task = make_task("Just started")
+    html = as_user("operator").get(reverse("task-detail", args=[task.pk])).content.decode()
+    assert "Stop…" in html and 'hx-trigger="every 1s"' in html
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_page_shows_when_the_task_settled_as_the_api_does(as_user):
+    task = make_task("Settles")
+    item = make_item(task, state=S.RUNNING)
+    html = as_user("operator").get(reverse("task-detail", args=[task.pk])).content.decode()
+    assert "settled <time" not in html
+    settle(item.pk, S.COMPLETED)
+    task.refresh_from_db()
+    assert task.settled_at is not None
+    html = as_user("operator").get(reverse("task-detail", args=[task.pk])).content.decode()
+    assert f'settled <time datetime="{task.settled_at.isoformat()}' in html

@@ -34,6 +34,7 @@ from reconcile.drills.catalogue import BY_NAME
 from reconcile.drills.external import Integration
 from reconcile.drills.runner import Outcome, run_drills
 from reconcile.drills.table import table
+from stopdesk.management.ready import require_migrated_database
 
 
 class Command(BaseCommand):
@@ -66,6 +67,8 @@ class Command(BaseCommand):
         own.add_argument("--mcp-arguments", default="{}", help="JSON arguments for the tool call.")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        require_migrated_database()
+
         def progress(outcome: Outcome) -> None:
             self.stderr.write(f"  {outcome.verdict:4}  {outcome.drill} / {outcome.mechanism}  ({outcome.seconds}s)")
 

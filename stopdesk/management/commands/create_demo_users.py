@@ -12,6 +12,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand
 
+from stopdesk.management.ready import require_migrated_database
 from stopdesk.permissions import roles_ensure
 
 PEOPLE = {"operator": "operators", "reviewer": "reviewers", "approver": "approvers", "approver2": "approvers"}
@@ -25,6 +26,7 @@ class Command(BaseCommand):
         parser.add_argument("--admin", action="store_true", help="Also create a superuser 'admin'.")
 
     def handle(self, *args: Any, password: str = "", admin: bool = False, **options: Any) -> None:
+        require_migrated_database()
         roles_ensure()
         users = get_user_model()
         for name, group in PEOPLE.items():

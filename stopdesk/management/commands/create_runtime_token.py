@@ -6,6 +6,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from stopdesk.api.tokens import runtime_create, runtime_rotate
+from stopdesk.management.ready import require_migrated_database
 from stopdesk.models import Runtime
 
 
@@ -18,6 +19,7 @@ class Command(BaseCommand):
         parser.add_argument("--quiet", action="store_true", help="Print only the token (for scripts).")
 
     def handle(self, *args: Any, name: str, rotate: bool, quiet: bool, **options: Any) -> None:
+        require_migrated_database()
         actor = f"cli:{getpass.getuser()}"
         existing = Runtime.objects.filter(name=name).first()
         if existing is not None and rotate:

@@ -11,6 +11,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from stopdesk.demo.agent import STAGES
 from stopdesk.demo.start import demo_task_start, demo_task_wait
+from stopdesk.launcher import web_url
+from stopdesk.management.ready import require_migrated_database
 
 
 class Command(BaseCommand):
@@ -33,10 +35,11 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, stage: str = "", pace: float = 15.0, wait: float = 0.0, **options: Any) -> None:
+        require_migrated_database()
         if pace < 0:
             raise CommandError("--pace must be zero or more seconds.")
         task = demo_task_start(stage=stage, pace=pace)
-        self.stdout.write(f"demo task {task.pk} started: /tasks/{task.pk}/")
+        self.stdout.write(f"demo task {task.pk} started: {web_url()}/tasks/{task.pk}/")
         if wait and stage:
             if not demo_task_wait(task, stage, timeout_s=wait):
                 raise CommandError(

@@ -6,6 +6,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from stopdesk.api.tokens import runtime_revoke
+from stopdesk.management.ready import require_migrated_database
 from stopdesk.models import Runtime
 
 
@@ -16,6 +17,7 @@ class Command(BaseCommand):
         parser.add_argument("name")
 
     def handle(self, *args: Any, name: str, **options: Any) -> None:
+        require_migrated_database()
         runtime = Runtime.objects.filter(name=name).first()
         if runtime is None:
             raise CommandError(f"No runtime {name!r}.")

@@ -7,7 +7,8 @@
   the from-state in its WHERE) and `items_schedule` (next check and progress, guarded by the
   state the caller decided on; not a move, so no event);
 - `boundary`: `item_start` and `item_submit`, the cancellation boundary (one statement on
-  PostgreSQL that checks Stop and moves the item, with its event).
+  PostgreSQL that checks Stop and moves the item, with its event);
+- `settled`: a task's `settled_at` (and its `task_settled` event) once its last item settles.
 
 Every move is one of `stopdesk.states.TRANSITIONS`; states are named through `ItemState`, never as
 string literals, and the columns a move may set besides the state are `FIELDS`. Both PostgreSQL

@@ -23,6 +23,7 @@ from stopdesk.models import Task, WorkItem
 from stopdesk.services.errors import IllegalTransition, TaskStopped
 from stopdesk.services.events import event_record
 from stopdesk.services.sql import is_postgres
+from stopdesk.services.transitions.settled import task_settle_after_commit
 from stopdesk.states import ItemState
 
 S = ItemState
@@ -110,6 +111,8 @@ def _pass(*, item_id: int, actor: str, worker: str, lease_seconds: int | None, s
     # Refused: either just now by the stop check, or the item was not startable (already started,
     # finished, cancelled by Stop's set-based update, or unknown).
     item = WorkItem.objects.select_related("task").get(pk=item_id)
+    if state == S.CANCELLED:
+        task_settle_after_commit(task_id=item.task_id)
     if state == S.CANCELLED or (item.state == S.CANCELLED and item.task.stop_requested_at is not None):
         raise TaskStopped(item.task_id, item.pk)
     raise IllegalTransition(item.pk, item.state, "submitted" if submit else S.RUNNING)

@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from stopdesk.models import Event, WorkItem
 from stopdesk.services.sql import is_postgres
+from stopdesk.services.transitions.settled import tasks_settle_after_move
 from stopdesk.services.transitions.single import check_fields
 from stopdesk.states import TERMINAL, can_move
 
@@ -74,8 +75,11 @@ def items_move(
             raise ValueError("every row must set the same columns, none of them shared, and not `evidence`")
     selection = WorkItem.objects.filter(where, state__in=from_states).values("id")
     if is_postgres():
-        return _move_postgres(selection, from_states, to_state, columns, actor, kind, message, return_ids, rows)
-    return _move_portable(selection, to_state, columns, actor, kind, message, return_ids, rows)
+        moved = _move_postgres(selection, from_states, to_state, columns, actor, kind, message, return_ids, rows)
+    else:
+        moved = _move_portable(selection, to_state, columns, actor, kind, message, return_ids, rows)
+    tasks_settle_after_move(where=where, to_state=to_state, ids=list(rows) if rows is not None else None)
+    return moved
 
 
 def _move_postgres(selection, from_states, to_state, columns, actor, kind, message, return_ids, rows):  # type: ignore[no-untyped-def]

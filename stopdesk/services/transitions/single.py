@@ -12,7 +12,8 @@ from django.utils import timezone
 from stopdesk.models import WorkItem
 from stopdesk.services.errors import IllegalTransition
 from stopdesk.services.events import event_record
-from stopdesk.states import TERMINAL, ItemState, can_move
+from stopdesk.services.transitions.settled import task_settle_after_commit
+from stopdesk.states import SETTLED, TERMINAL, ItemState, can_move
 
 S = ItemState
 
@@ -74,6 +75,8 @@ def item_transition(
             message=message or (outcome or ""),
             data={"evidence": evidence} if evidence else {},
         )
+        if to_state in SETTLED:
+            task_settle_after_commit(task_id=item.task_id)
     return item
 
 

@@ -1,0 +1,47 @@
+/* Live refresh at a person's pace.
+   The task page polls once a second and receives its live parts out of band. A part is not
+   replaced while a person is using it (an open form, focus inside it, typed text): the next poll
+   after they are done brings it up to date. A part whose content did not change is not replaced
+   at all, so nothing moves on the screen and a live region announces each change once. Evidence
+   trails a person opened stay open across refreshes. */
+(function () {
+  "use strict";
+
+  function inUse(el) {
+    if (el.querySelector("form")) return true;
+    var active = document.activeElement;
+    if (active && active !== document.body && el.contains(active)) return true;
+    var fields = el.querySelectorAll("input, textarea");
+    for (var i = 0; i < fields.length; i++) {
+      if (fields[i].value !== fields[i].defaultValue) return true;
+    }
+    return false;
+  }
+
+  function sameContent(current, incoming) {
+    var copy = current.cloneNode(true);
+    copy.classList.remove("htmx-settling", "htmx-swapping", "htmx-added");
+    copy.querySelectorAll("details[open]").forEach(function (d) { d.removeAttribute("open"); });
+    copy.querySelectorAll(".htmx-added").forEach(function (n) { n.classList.remove("htmx-added"); });
+    return copy.isEqualNode(incoming);
+  }
+
+  document.addEventListener("htmx:oobBeforeSwap", function (event) {
+    var target = event.detail.target;
+    var incoming = event.detail.fragment && event.detail.fragment.firstElementChild;
+    if (!target || !incoming) return;
+    if (target.hasAttribute("data-live-guard") && inUse(target)) {
+      event.detail.shouldSwap = false;
+      return;
+    }
+    if (sameContent(target, incoming)) {
+      event.detail.shouldSwap = false;
+      return;
+    }
+    // Keep open the evidence trails a person opened.
+    target.querySelectorAll("details[open][id]").forEach(function (d) {
+      var twin = incoming.querySelector("#" + CSS.escape(d.id));
+      if (twin) twin.setAttribute("open", "");
+    });
+  });
+})();

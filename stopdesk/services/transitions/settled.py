@@ -1,0 +1,98 @@
+"""When a task's work has settled: Task.settled_at.
+
+A task is settled when none of its items is queued, running or awaiting reconciliation (uncertain
+counts as settled, as everywhere: it has a deadline and a place in the review queue). settled_at is
+the moment the last item got there. It is written once; a late result arriving afterwards flags
+the item for review (needs_review) and leaves settled_at as it was, because no work resumed. Only
+new work (an item registered on a settled task that was not stopped) clears it, and it is written
+again when that work settles.
+
+The check runs after the moving transaction commits, as one conditional UPDATE (with its audit
+events in the same statement on PostgreSQL): two transactions settling a task's last two items
+cannot both miss it (the later commit's check sees the earlier commit), only one of them writes
+it, and no task-row lock is taken while item rows are locked, so it cannot deadlock with the
+boundary (which locks the task first, then its item).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from django.db import connection, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from stopdesk.models import Event, Task, WorkItem
+from stopdesk.services.events import event_record
+from stopdesk.services.sql import is_postgres
+from stopdesk.states import SETTLED, ItemState
+
+S = ItemState
+UNSETTLED = (S.QUEUED, S.RUNNING, S.AWAITING_RECONCILIATION)
+ACTOR = "system:ledger"
+MESSAGE = "Every item has settled."
+
+_SETTLE_SQL = """
+    UPDATE stopdesk_task SET settled_at = %s
+    WHERE settled_at IS NULL AND id IN ({tasks})
+      AND EXISTS (SELECT 1 FROM stopdesk_workitem w WHERE w.task_id = stopdesk_task.id)
+      AND NOT EXISTS (
+          SELECT 1 FROM stopdesk_workitem w WHERE w.task_id = stopdesk_task.id AND w.state IN (%s, %s, %s)
+      )
+    RETURNING id, settled_at
+"""
+
+
+def tasks_settle(*, task_ids: Iterable[int] | None = None, items_where: Q | None = None) -> list[int]:
+    """Write settled_at on each task (given by id, or as the tasks of the items matching
+    `items_where`) whose items have all settled. Returns the tasks written."""
+    if items_where is not None:
+        tasks_sql, tasks_params = WorkItem.objects.filter(items_where).values("task_id").query.sql_with_params()
+    else:
+        ids = sorted(set(task_ids or ()))
+        if not ids:
+            return []
+        tasks_sql, tasks_params = Task.objects.filter(pk__in=ids).values("pk").query.sql_with_params()
+    update = _SETTLE_SQL.format(tasks=tasks_sql)
+    now = timezone.now()
+    params = [now, *tasks_params, *UNSETTLED]
+    with connection.cursor() as cursor:
+        if is_postgres():
+            # The UPDATE and its events in one statement, as the set-based moves do.
+            cursor.execute(
+                f"""WITH settled AS ({update})
+                INSERT INTO stopdesk_event (at, task_id, item_id, kind, actor, from_state, to_state, message, data)
+                SELECT settled_at, id, NULL, 'task_settled', %s, '', '', %s, '{{}}'::jsonb FROM settled
+                RETURNING task_id""",
+                [*params, ACTOR, MESSAGE],
+            )
+            return [row[0] for row in cursor.fetchall()]
+        with transaction.atomic():
+            cursor.execute(update, params)
+            written = cursor.fetchall()
+            Event.objects.bulk_create(
+                [
+                    Event(at=at, task_id=task_id, kind="task_settled", actor=ACTOR, message=MESSAGE)
+                    for task_id, at in written
+                ]
+            )
+    return [row[0] for row in written]
+
+
+def task_settle_after_commit(*, task_id: int) -> None:
+    transaction.on_commit(lambda: tasks_settle(task_ids=[task_id]), robust=True)
+
+
+def tasks_settle_after_move(*, where: Q, to_state: str | None, ids: Iterable[int] | None = None) -> None:
+    """After a set-based move into a settled state (call it after the move, not before: outside a
+    transaction on_commit runs at once): the tasks it touched may have settled."""
+    if to_state not in SETTLED:
+        return
+    items = Q(pk__in=list(ids)) if ids is not None else where
+    transaction.on_commit(lambda: tasks_settle(items_where=items & Q(state=to_state)), robust=True)
+
+
+def task_reopen(*, task_id: int, actor: str) -> None:
+    """New work on a settled task that was not stopped: it is no longer settled."""
+    if Task.objects.filter(pk=task_id, settled_at__isnull=False).update(settled_at=None):
+        event_record(kind="task_reopened", actor=actor, task=task_id, message="New work was registered.")
