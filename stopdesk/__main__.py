@@ -36,6 +36,7 @@ def main(argv: list[str]) -> None:
 
     # Checked for every command, so `check` finds a bad number before `web` or `worker` would.
     port = config.integer("PORT", 8000, maximum=65535)
+    watch_port = config.integer("WATCH_PORT", 8001, maximum=65535)
     host = config.bind_host()
     web_processes = config.integer("WEB_CONCURRENCY", 2)
     worker_processes = config.integer("WORKER_CONCURRENCY", 8)
@@ -43,6 +44,7 @@ def main(argv: list[str]) -> None:
 
     if problems := timing_problems():
         raise config.ConfigError(problems[0])
+    # The watch server only reads: it needs the database, not the broker.
     config.preflight(broker=command not in ("migrate", "watch"), create=command == "migrate")
     python = sys.executable
     if command == "check":
@@ -61,7 +63,7 @@ def main(argv: list[str]) -> None:
         # LISTEN connection, so a thousand of them cost no threads and no database connections.
         _exec([
             python, "-m", "uvicorn", "stopdesk.asgi:application",
-            "--host", host, "--port", str(config.integer("WATCH_PORT", 8001, maximum=65535)),
+            "--host", host, "--port", str(watch_port),
             "--no-access-log", "--timeout-keep-alive", "75", *extra,
         ])  # fmt: skip
     elif command == "worker":

@@ -86,8 +86,7 @@ def _link(template: str, record_id: str) -> str:
         return ""
 
 
-def unsafe_record_id(fact: RecordFact, problem: str) -> str:
-    """The outcome for an effect whose record id cannot be recorded safely."""
+def unsafe_record_id_outcome(fact: RecordFact, problem: str) -> str:
     return f"{fact.system} answered with record id {fact.record_id[:60]!r}, which {problem}; review it by hand"[:200]
 
 
@@ -198,7 +197,7 @@ class HttpOperation(Mechanism):
         fact = record_fact(decl, response)
         if (problem := record_id_problem(fact.record_id)) is not None:
             return Observation(
-                Seen.UNKNOWABLE, remote_status="unsafe record id", message=unsafe_record_id(fact, problem)
+                Seen.UNKNOWABLE, remote_status="unsafe record id", message=unsafe_record_id_outcome(fact, problem)
             )
         body = response.json()
         failed = str(body.get("status", "")).lower() in ("failed", "error", "rejected")

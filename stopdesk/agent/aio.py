@@ -68,6 +68,7 @@ class Child:
     outcome: str = ""
     overran: bool = False  # its cleanup outlived cleanup_s after Stop, and that was recorded
     task: asyncio.Task[Any] | None = field(default=None, repr=False)
+    task_id: int = 0  # the stopdesk task it belongs to, known once it passed the boundary
 
     async def submit(self, idempotency_key: str) -> None:
         """Pass the boundary before an external action. Raises TaskStopped if Stop came first."""
@@ -86,7 +87,8 @@ class Group:
         self.children: list[Child] = []
         self.stopped = asyncio.Event()
         self._started: list[asyncio.Task[None]] = []
-        self._stop_pushed = asyncio.Event()
+        self._stops: asyncio.Queue[int] = asyncio.Queue()  # stopdesk tasks whose Stop arrived
+        self._stopped_tasks: set[int] = set()
         self._unwatch: dict[int, Callable[[], None]] = {}
 
     def start(self, item_id: int, body: Callable[[Child], Coroutine[Any, Any, Any]]) -> Child:
@@ -102,11 +104,15 @@ class Group:
             child.outcome = "not started"
             log.info("child %s not started: %s", child.item_id, exc)
             return
+        child.task_id = task_id
         self._watch_task(task_id)
         # A Stop that committed between the start and the watch was not pushed to us: look once.
         if await in_thread(stopped_among, task_ids=[task_id]):
-            self._stop_pushed.set()
+            self._stop_arrived(task_id)
         child.task = asyncio.create_task(body(child), name=f"stopdesk-body-{child.item_id}")
+        if task_id in self._stopped_tasks:
+            # Stop arrived while this child was starting, after its task's cancel went out.
+            child.task.cancel("stop requested")
         try:
             result = await asyncio.shield(child.task)
         except asyncio.CancelledError:
@@ -174,14 +180,21 @@ class Group:
 
     async def cancel_all(self) -> None:
         """Cancel every running child, give their cleanup a bounded time, record the rest."""
+        await self._cancel(list(self.children))
+
+    async def cancel_task(self, task_id: int) -> None:
+        """Cancel the running children of one stopdesk task (its Stop arrived)."""
+        await self._cancel([c for c in self.children if c.task_id == task_id])
+
+    async def _cancel(self, children: list[Child]) -> None:
         self.stopped.set()
-        bodies = [c.task for c in self.children if c.task is not None and not c.task.done()]
+        bodies = [c.task for c in children if c.task is not None and not c.task.done()]
         for body in bodies:
             body.cancel("stop requested")
         if bodies:
             await asyncio.wait(bodies, timeout=self.cleanup_s)
-        for child in self.children:
-            if child.task is not None and not child.task.done():
+        for child in children:
+            if child.task is not None and not child.task.done() and not child.overran:
                 await self._record_overrun(child)
 
     async def _record_overrun(self, child: Child) -> None:
@@ -211,14 +224,28 @@ class Group:
             return
         loop = asyncio.get_running_loop()
 
-        def wake(_: int, __: object) -> None:
-            loop.call_soon_threadsafe(self._stop_pushed.set)
+        def wake(stopped: int, __: object) -> None:
+            loop.call_soon_threadsafe(self._stop_arrived, stopped)
 
         self._unwatch[task_id] = stop_hub().watch(task_id, wake)
 
+    def _stop_arrived(self, task_id: int) -> None:
+        """On the loop: a task's Stop committed (pushed, read, or answered by a heartbeat)."""
+        if task_id not in self._stopped_tasks:
+            self._stopped_tasks.add(task_id)
+            self._stops.put_nowait(task_id)
+
     async def _on_stop(self) -> None:
-        await self._stop_pushed.wait()
-        await self.cancel_all()
+        cancels: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                task_id = await self._stops.get()
+                cancel = asyncio.create_task(self.cancel_task(task_id), name=f"stopdesk-cancel-{task_id}")
+                cancels.add(cancel)
+                cancel.add_done_callback(cancels.discard)
+        finally:
+            for cancel in list(cancels):
+                cancel.cancel()
 
     async def _beat(self, heartbeat_s: float) -> None:
         """Keep the running children's leases alive. Their answer also says whether Stop was
@@ -228,8 +255,9 @@ class Group:
             running = [c for c in self.children if c.task is not None and not c.task.done()]
             if running:
                 answers = await asyncio.gather(*(in_thread(item_heartbeat, item_id=c.item_id) for c in running))
-                if any(answers):
-                    self._stop_pushed.set()
+                for child, stopped in zip(running, answers, strict=True):
+                    if stopped:
+                        self._stop_arrived(child.task_id)
 
     def _close(self) -> None:
         for unwatch in self._unwatch.values():

@@ -15,7 +15,8 @@ from django.utils import timezone
 
 from reconcile.mechanisms.base import RecordFact
 from reconcile.mechanisms.http import declaration as declaration_of
-from reconcile.mechanisms.http import record_fact, unsafe_record_id
+from reconcile.mechanisms.http import record_fact
+from reconcile.mechanisms.http import unsafe_record_id_outcome as unsafe
 from reconcile.mechanisms.registry import mechanism_settings
 from reconcile.services.handles import item_attach_fact, item_record_detail
 from stopdesk.record_ids import record_id_problem
@@ -69,8 +70,7 @@ def http_submit(
         fact = record_fact(declaration_of({"http": decl}, cfg.options.get("systems", {})), response)
         if (problem := record_id_problem(fact.record_id)) is not None:
             # It happened, but the id cannot be recorded for a later reversal: a person decides.
-            outcome = unsafe_record_id(fact, problem)
-            item_transition(item_id=item_id, to_state=ItemState.UNCERTAIN, actor=actor, outcome=outcome)
+            item_transition(item_id=item_id, to_state=ItemState.UNCERTAIN, actor=actor, outcome=unsafe(fact, problem))
             return Submitted(True, response.status_code, None, error=problem)
         item_attach_fact(item_id=item_id, fact=fact, actor=actor)
         item_finish(item_id=item_id, succeeded=True, actor=actor, outcome=f"{fact.effect} {fact.record_id}")

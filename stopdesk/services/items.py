@@ -15,12 +15,7 @@ from django.utils.module_loading import import_string
 from reconcile.mechanisms import registry
 from stopdesk.models import ExternalRecord, Task, WorkItem
 from stopdesk.record_ids import record_id_problem
-from stopdesk.services.errors import (
-    HandleConflict,
-    IllegalTransition,
-    InvalidRecordId,
-    UnknownMechanism,
-)
+from stopdesk.services.errors import HandleConflict, IllegalTransition, InvalidRecordId, UnknownMechanism
 from stopdesk.services.events import event_record
 from stopdesk.services.sql import ClockNow
 from stopdesk.services.transitions import item_late_result, item_transition

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import pytest
@@ -205,3 +206,32 @@ def test_child_that_hears_of_stop_itself_is_recorded_cancelled(fast):
     item.refresh_from_db()
     assert item.state == S.CANCELLED and item.submitted_at is None
     assert not item.needs_review and not Event.objects.filter(item=item, kind="late_result").exists()
+
+
+def test_stop_is_pushed_to_the_children_of_the_stopped_task_only(fast):
+    # Leases renewed hourly: the children can only hear of Stop by push.
+    stopped_task, other_task = make_task("stopped"), make_task("goes on")
+    stopped_item, other_item = child_item(stopped_task), child_item(other_task)
+    heard_at: dict[int, float] = {}
+
+    async def body(child):  # type: ignore[no-untyped-def]
+        try:
+            await asyncio.sleep(2.0)
+        except asyncio.CancelledError:
+            heard_at[child.item_id] = time.monotonic()
+            raise
+
+    async def main():  # type: ignore[no-untyped-def]
+        async with supervise(actor="agent:test", poll_s=3600) as group:
+            group.start(stopped_item.pk, body)
+            group.start(other_item.pk, body)
+            await asyncio.sleep(0.3)
+            asked = time.monotonic()
+            await stop_soon(stopped_task, 0)
+            return asked
+
+    asked = run(main())
+    stopped_item.refresh_from_db()
+    other_item.refresh_from_db()
+    assert stopped_item.state == S.CANCELLED and other_item.state == S.COMPLETED
+    assert list(heard_at) == [stopped_item.pk] and heard_at[stopped_item.pk] - asked < 1.0

@@ -14,6 +14,15 @@ from tests.reconcile.test_http import crm_declaration
 
 pytestmark = pytest.mark.django_db
 
+
+def read_version(record):  # type: ignore[no-untyped-def]
+    return registry.get("http").read_version(record)  # type: ignore[attr-defined]
+
+
+def reverse(record, expected_version):  # type: ignore[no-untyped-def]
+    return registry.get("http").reverse(record, expected_version)  # type: ignore[attr-defined]
+
+
 AWKWARD = ["a%2Fb", "what?x=1", "hash#frag", "two words", "Zürich-日本-🙂", "y" * 200, "%2e%2e", "~user;p=1"]
 UNSAFE = ["decoy-0704/../crm-2", "../crm-2", "..", ".", "crm-2/", "a\\..\\crm-2", "tab\tid", "\u202ecrm"]
 

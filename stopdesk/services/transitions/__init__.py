@@ -8,7 +8,8 @@
   state the caller decided on; not a move, so no event);
 - `boundary`: `item_start` and `item_submit`, the cancellation boundary (one statement on
   PostgreSQL that checks Stop and moves the item, with its event);
-- `settled`: a task's `settled_at` (and its `task_settled` event) once its last item settles.
+- `settled`: the task's `settled_at` that follows from its items' states, with its event, written
+  after the move that settled the last item commits.
 
 Every move is one of `stopdesk.states.TRANSITIONS`; states are named through `ItemState`, never as
 string literals, and the columns a move may set besides the state are `FIELDS`. Both PostgreSQL
