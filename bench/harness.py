@@ -11,6 +11,8 @@ import psycopg
 
 # One database per run, so two benchmark runs on one machine cannot drop each other's.
 BENCH_DB = os.environ.get("STOPDESK_BENCH_DB", f"stopdesk_bench_{os.getpid()}")
+# Keep the database between runs (a seeded scale database takes minutes to fill).
+KEEP_DB = os.environ.get("STOPDESK_BENCH_KEEP_DB") == "1"
 ADMIN_DSN = os.environ.get("STOPDESK_BENCH_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
@@ -47,8 +49,10 @@ class Figure:
 def scratch_database() -> Iterator[None]:
     """Create a fresh database, point Django at it, migrate, and drop it afterwards."""
     with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{BENCH_DB}"')
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [BENCH_DB]).fetchone()
+        if not (KEEP_DB and exists):
+            conn.execute(f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)')
+            conn.execute(f'CREATE DATABASE "{BENCH_DB}"')
     os.environ["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{BENCH_DB}"
     import django
     from django.core.management import call_command
@@ -61,5 +65,6 @@ def scratch_database() -> Iterator[None]:
         from django.db import connections
 
         connections.close_all()
-        with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)')
+        if not KEEP_DB:
+            with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)')

@@ -6,6 +6,7 @@ from django.contrib import admin
 
 from reconcile.models import Compensation, DrillResult, DrillRun, Escalation
 from stopdesk.admin import ReadOnlyAdmin
+from stopdesk.admin_scale import id_search, recent_values
 
 
 @admin.register(Compensation)
@@ -23,9 +24,13 @@ class CompensationAdmin(ReadOnlyAdmin):
         "proposed_at",
         "finished_at",
     )
-    list_filter = ("state", "action", "external_record__system")
-    search_fields = ("=id", "external_record__record_id", "note", "reason", "error")
+    list_filter = ("state", recent_values("action", "action"), recent_values("external_record__system", "system"))
+    search_fields = ("=id",)
+    search_help_text = "A compensation id, or a record id (exactly)."
     list_select_related = ("external_record", "proposed_by", "approved_by", "rejected_by")
+
+    def get_search_results(self, request, queryset, search_term):  # type: ignore[no-untyped-def]
+        return id_search(queryset, search_term, ("id",), ("external_record__record_id",))
 
 
 @admin.register(Escalation)
@@ -50,12 +55,12 @@ class DrillResultInline(admin.TabularInline):
 @admin.register(DrillRun)
 class DrillRunAdmin(ReadOnlyAdmin):
     list_display = ("id", "started_at", "finished_at", "target", "passed")
-    list_filter = ("passed", "target")
+    list_filter = ("passed", recent_values("target", "target"))
     inlines = (DrillResultInline,)
 
 
 @admin.register(DrillResult)
 class DrillResultAdmin(ReadOnlyAdmin):
     list_display = ("id", "run", "drill", "mechanism", "passed")
-    list_filter = ("passed", "mechanism", "drill")
+    list_filter = ("passed", recent_values("mechanism", "mechanism"), recent_values("drill", "drill"))
     search_fields = ("drill", "observed", "expected")

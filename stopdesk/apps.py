@@ -6,6 +6,7 @@ class StopdeskConfig(AppConfig):
     verbose_name = "stopdesk ledger"
 
     def ready(self) -> None:
+        from django.db.backends.signals import connection_created
         from django.db.models.signals import post_save
 
         # The Celery app, so that @shared_task binds to it in every Django process.
@@ -14,3 +15,12 @@ class StopdeskConfig(AppConfig):
 
         # Every audit event also becomes a log line carrying its task and item ids.
         post_save.connect(log_event, sender="stopdesk.Event", dispatch_uid="stopdesk.logs.log_event")
+        # SQLite's audit triggers call into Python; see stopdesk.audit_db.
+        connection_created.connect(_register_sqlite_functions, dispatch_uid="stopdesk.audit_db")
+
+
+def _register_sqlite_functions(sender, connection, **kwargs):  # type: ignore[no-untyped-def]
+    if connection.vendor == "sqlite":
+        from stopdesk.audit_db import sqlite_register
+
+        sqlite_register(connection.connection)

@@ -59,6 +59,8 @@ class Task(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        # Serves the task list and the admin's ordering (-created_at, -id) with a LIMIT.
+        indexes = [models.Index(fields=["created_at", "id"], name="task_created")]
 
     def __str__(self) -> str:
         # With its id: several tasks often share a title (every demo run is "Invoice analysis").
@@ -106,10 +108,28 @@ class WorkItem(models.Model):
         indexes = [
             models.Index(fields=["task", "state"]),
             models.Index(fields=["lease_until"], condition=Q(state=ItemState.RUNNING.value), name="item_running_lease"),
-            models.Index(fields=["next_check_at"], condition=Q(next_check_at__isnull=False), name="item_next_check"),
+            # The sweep's claim order (due time, then id) read straight off the index: ties in
+            # next_check_at otherwise sort every tied row before the LIMIT.
             models.Index(
-                fields=["investigate_by"], condition=Q(state=ItemState.UNCERTAIN.value), name="item_uncertain_deadline"
+                fields=["next_check_at", "id"], condition=Q(next_check_at__isnull=False), name="item_next_check"
             ),
+            # The review queue's order (deadline, then id) read straight off the index.
+            models.Index(
+                fields=["investigate_by", "id"],
+                condition=Q(state=ItemState.UNCERTAIN.value),
+                name="item_uncertain_deadline",
+            ),
+            # The overdue sweep: unflagged uncertain items only, so flagged ones are not read again.
+            models.Index(
+                fields=["investigate_by"],
+                condition=Q(state=ItemState.UNCERTAIN.value, needs_review=False),
+                name="item_overdue_unflagged",
+            ),
+            # The admin's state filter with its newest-first order; without it a rare state walks
+            # the whole primary key.
+            models.Index(fields=["state", "id"], name="item_state"),
+            # The review queue's late results (rare rows, in the order the queue shows them).
+            models.Index(fields=["updated_at", "id"], condition=Q(needs_review=True), name="item_late_results"),
         ]
 
     def __str__(self) -> str:
@@ -151,7 +171,12 @@ class ExternalRecord(models.Model):
         # Unique per item, not globally: a global key let one runtime claim (and probe) ids that
         # another runtime's real effects then could not record.
         constraints = [models.UniqueConstraint(fields=["item", "system", "record_id"], name="external_record_per_item")]
-        indexes = [models.Index(fields=["system", "record_id"], name="external_record_lookup")]
+        indexes = [
+            models.Index(fields=["system", "record_id"], name="external_record_lookup"),
+            # The review queue's reversals, newest first, and the admin's search by record id.
+            models.Index(fields=["recorded_at", "id"], name="record_recorded"),
+            models.Index(fields=["record_id"], name="record_id"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.system}:{self.record_id}@{self.version}"
@@ -190,6 +215,7 @@ class CancellationAttempt(models.Model):
 
     class Meta:
         ordering = ["sent_at", "id"]
+        indexes = [models.Index(fields=["sent_at", "id"], name="attempt_sent")]
 
     def __str__(self) -> str:
         return f"{self.action} via {self.mechanism} for item {self.item_id}"
@@ -204,22 +230,28 @@ class EventQuerySet(models.QuerySet["Event"]):
 
 
 class Event(models.Model):
-    """Append-only audit row for every transition and decision (a trigger enforces it on PostgreSQL)."""
+    """Append-only audit row for every transition and decision.
 
-    # No foreign-key constraints: tasks and items are never deleted (PROTECT), and per-row
-    # referential checks doubled the cost of writing 10,000 events in one Stop.
+    Database triggers (stopdesk.audit_db) refuse UPDATE, DELETE and TRUNCATE, and give each event its
+    place (`seq`) and `hash` in its task's chain whoever inserts it, so rewriting history is visible
+    to `manage.py audit_verify` even for someone who can switch the triggers off.
+    """
+
+    # No foreign-key constraints: per-row referential checks doubled the cost of writing 10,000
+    # events in one Stop. Tasks and items with events are never deleted: PROTECT here, and a
+    # trigger on each table for raw SQL.
     at = models.DateTimeField(default=timezone.now)
     task = models.ForeignKey(
         Task,
         null=True,
         blank=True,
-        on_delete=models.DO_NOTHING,
+        on_delete=models.PROTECT,
         related_name="events",
         db_constraint=False,
         db_index=False,
     )
     item = models.ForeignKey(
-        WorkItem, null=True, blank=True, on_delete=models.DO_NOTHING, related_name="events", db_constraint=False
+        WorkItem, null=True, blank=True, on_delete=models.PROTECT, related_name="events", db_constraint=False
     )
     kind = models.CharField(max_length=40)
     actor = models.CharField(max_length=200)
@@ -227,12 +259,27 @@ class Event(models.Model):
     to_state = models.CharField(max_length=32, blank=True)
     message = models.TextField(blank=True)
     data = models.JSONField(default=dict, blank=True)
+    # Set by the database on insert; whatever the writer passes is replaced.
+    seq = models.BigIntegerField(db_default=0, editable=False, help_text="Place in its task's chain, from 1.")
+    hash = models.CharField(
+        max_length=64,
+        db_default="",
+        blank=True,
+        editable=False,
+        help_text="SHA-256 of this event and the previous one's hash.",
+    )
 
     objects = EventQuerySet.as_manager()
 
     class Meta:
         ordering = ["at", "id"]
-        indexes = [models.Index(fields=["task", "at"])]
+        # (task, at): a task's timeline. (at, id): the admin's list in time order, and the date
+        # filter. (kind, at): the admin's kind filter.
+        indexes = [
+            models.Index(fields=["task", "at"]),
+            models.Index(fields=["at", "id"], name="event_at"),
+            models.Index(fields=["kind", "at"], name="event_kind_at"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind} {self.from_state}->{self.to_state}"
@@ -244,6 +291,23 @@ class Event(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
         raise PermissionError("Audit events are append-only.")
+
+
+class EventChain(models.Model):
+    """The head of each task's event chain (task 0: events without a task), kept by the database.
+
+    Appending locks this row until commit, so two transactions never fork one task's chain; an
+    archive that moves old events out keeps its last link as `anchor_seq`/`anchor_hash`.
+    """
+
+    task_id = models.BigIntegerField(primary_key=True)
+    seq = models.BigIntegerField(default=0)
+    hash = models.CharField(max_length=64, blank=True)
+    anchor_seq = models.BigIntegerField(default=0, help_text="Events up to here were archived.")
+    anchor_hash = models.CharField(max_length=64, blank=True)
+
+    def __str__(self) -> str:
+        return f"chain of task {self.task_id} at {self.seq}"
 
 
 class ApiIdempotency(models.Model):

@@ -202,6 +202,8 @@ CELERY_BEAT_SCHEDULE = {
     "reap-stale-items": {"task": "stopdesk.reap_stale_items", "schedule": 30.0},
     "resume-stop-fanouts": {"task": "stopdesk.resume_stop_fanouts", "schedule": 30.0},
     "purge-api-replays": {"task": "stopdesk.purge_api_replays", "schedule": 3600.0},
+    # The audit table's monthly partitions, created months ahead (stopdesk/services/partitions.py).
+    "ensure-event-partitions": {"task": "stopdesk.ensure_event_partitions", "schedule": 6 * 3600.0},
     # Bounded batch of items awaiting reconciliation or due for a re-check (reconcile/services).
     "reconcile-sweep": {"task": "reconcile.sweep", "schedule": 5.0},
     # Approved compensations whose job was lost are queued again; ones whose worker died mid-run

@@ -4,6 +4,7 @@ from celery import shared_task
 from celery.signals import worker_ready
 from django.db import close_old_connections
 
+from stopdesk.services.partitions import event_partitions_ensure
 from stopdesk.services.reaper import api_replays_purge, items_reap_stale
 from stopdesk.services.stop import stops_resume_fanout
 
@@ -21,6 +22,11 @@ def resume_stop_fanouts() -> int:
 @shared_task(name="stopdesk.purge_api_replays", time_limit=300, soft_time_limit=290)
 def purge_api_replays() -> int:
     return api_replays_purge()
+
+
+@shared_task(name="stopdesk.ensure_event_partitions", time_limit=120, soft_time_limit=110)
+def ensure_event_partitions() -> int:
+    return len(event_partitions_ensure())
 
 
 @worker_ready.connect

@@ -32,6 +32,18 @@ _clients: dict[tuple[str | None, str | None, float], sdk.OpenAI] = {}
 _clients_lock = threading.Lock()
 
 
+def _forget_parent_clients() -> None:
+    """A forked process (a prefork worker, a canceller process) must not write to its parent's
+    pooled sockets: two processes on one keep-alive connection interleave their requests. Nor
+    inherit the lock in whatever state another thread of the parent left it."""
+    global _clients_lock
+    _clients.clear()
+    _clients_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_parent_clients)
+
+
 def client_for(*, base_url: str | None = None, api_key: str | None = None, timeout_s: float = 10.0) -> sdk.OpenAI:
     """A shared client (one connection pool) per endpoint, with the SDK's retries off: the
     engine retries, with a deadline the SDK does not know about. Unset, the endpoint and key come

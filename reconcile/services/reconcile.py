@@ -414,11 +414,17 @@ def sweep_once(*, now: datetime | None = None, batch: int | None = None, concurr
     return SweepReport(claimed=len(ids), errors=len(errors), flagged_overdue=flagged, results=tuple(results))
 
 
-def items_flag_overdue(*, now: datetime | None = None) -> int:
-    """Uncertain items past their investigate-by deadline go to the top of the review queue."""
+OVERDUE_BATCH = 1000
+
+
+def items_flag_overdue(*, now: datetime | None = None, limit: int = OVERDUE_BATCH) -> int:
+    """Uncertain items past their investigate-by deadline go to the top of the review queue, at
+    most `limit` a run. Only unflagged uncertain items are read (a partial index): the ones
+    flagged before are not scanned again on every sweep."""
     now = now or timezone.now()
+    due = WorkItem.objects.filter(state=S.UNCERTAIN, needs_review=False, investigate_by__lt=now)
     return items_move(  # type: ignore[return-value]
-        where=Q(investigate_by__lt=now, needs_review=False),
+        where=Q(pk__in=due.order_by("investigate_by").values("id")[:limit]),
         from_states=(S.UNCERTAIN,),
         to_state=None,
         actor="system:sweep",

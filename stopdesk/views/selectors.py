@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from reconcile.models import Compensation, CompensationState, Escalation
 from stopdesk.models import CancellationAttempt, ExternalRecord, StopRequest, Task, WorkItem
+from stopdesk.paging import QUEUE_CAP, capped_count
 from stopdesk.states import UNSETTLED, ItemState
 from stopdesk.summary import task_summary
 from stopdesk.views.timeline import task_timeline
@@ -33,25 +34,41 @@ TASK_STATUSES = {
 
 
 def tasks_listing(tasks: QuerySet[Task], *, status: str = "", q: str = "") -> QuerySet[Task]:
-    unsettled = WorkItem.objects.filter(task=OuterRef("pk"), state__in=UNSETTLED)
-    uncertain = WorkItem.objects.filter(task=OuterRef("pk"), state=S.UNCERTAIN)
-    tasks = tasks.annotate(has_unsettled=Exists(unsettled), has_uncertain=Exists(uncertain))
+    """Newest first. The flags each row shows are read for the page only (`tasks_flag`): in the
+    select list over the whole table, PostgreSQL hashes every unsettled item of every task."""
     if q:
         match = Q(title__icontains=q)
         if q.isdigit():
             match |= Q(pk=int(q))
         tasks = tasks.filter(match)
+    # Filters, not annotations: in the WHERE clause an EXISTS is probed per task, newest first,
+    # until the page is full.
     stopped = Q(stop_requested_at__isnull=False)
+    unsettled = Exists(WorkItem.objects.filter(task=OuterRef("pk"), state__in=UNSETTLED))
+    uncertain = Exists(WorkItem.objects.filter(task=OuterRef("pk"), state=S.UNCERTAIN))
     filters = {
-        "running": ~stopped & Q(has_unsettled=True),
-        "stopping": stopped & Q(has_unsettled=True),
-        "stopped": stopped & Q(has_unsettled=False),
-        "finished": ~stopped & Q(has_unsettled=False),
-        "review": Q(has_uncertain=True),
+        "running": ~stopped & Q(unsettled),
+        "stopping": stopped & Q(unsettled),
+        "stopped": stopped & ~Q(unsettled),
+        "finished": ~stopped & ~Q(unsettled),
+        "review": Q(uncertain),
     }
     if status in filters:
         tasks = tasks.filter(filters[status])
     return tasks.select_related("owner", "runtime").order_by("-created_at", "-id")
+
+
+def tasks_flag(tasks: list[Task]) -> None:
+    """Set has_unsettled, has_uncertain and status on one page of tasks: one query, one index
+    probe per task and flag."""
+    unsettled = WorkItem.objects.filter(task=OuterRef("pk"), state__in=UNSETTLED)
+    uncertain = WorkItem.objects.filter(task=OuterRef("pk"), state=S.UNCERTAIN)
+    page = Task.objects.filter(pk__in=[t.pk for t in tasks])
+    flagged = page.annotate(has_unsettled=Exists(unsettled), has_uncertain=Exists(uncertain))
+    flags = {pk: (a, b) for pk, a, b in flagged.values_list("pk", "has_unsettled", "has_uncertain")}
+    for task in tasks:
+        task.has_unsettled, task.has_uncertain = flags[task.pk]  # type: ignore[attr-defined]
+        task.status = task_status(task)  # type: ignore[attr-defined]
 
 
 def task_status(task: Any) -> str:
@@ -156,7 +173,8 @@ class Section:
 
 
 def _section(key: str, queryset: QuerySet[Any], page: int) -> Section:
-    count = queryset.count()
+    # Exact up to the cap, "1,000+" beyond it: the queue's counts must not grow with history.
+    count = capped_count(queryset, QUEUE_CAP)
     pages = max(1, -(-count // SECTION_LIMIT))
     page = min(max(1, page), pages)
     start = (page - 1) * SECTION_LIMIT

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from django.core.paginator import Paginator
 from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
 from django.views.decorators.http import require_http_methods
 
 from stopdesk import permissions as perms
+from stopdesk.paging import CappedPaginator
 from stopdesk.services.events import actor_for
 from stopdesk.services.stop import task_request_stop
 from stopdesk.states import ItemState
@@ -18,7 +18,7 @@ from stopdesk.views.selectors import (
     TASK_STATUSES,
     items_with_trail,
     task_overview,
-    task_status,
+    tasks_flag,
     tasks_listing,
 )
 
@@ -30,9 +30,8 @@ def task_list(request: HtmxHttpRequest) -> HttpResponse:
     status = request.GET.get("status", "")
     q = request.GET.get("q", "").strip()[:200]
     tasks = tasks_listing(perms.tasks_for(request.user), status=status, q=q)
-    page = Paginator(tasks, 25).get_page(request.GET.get("page"))
-    for task in page.object_list:
-        task.status = task_status(task)  # type: ignore[attr-defined]
+    page = CappedPaginator(tasks, 25).get_page(request.GET.get("page"))
+    tasks_flag(list(page.object_list))
     context = {"page": page, "status": status, "q": q, "statuses": TASK_STATUSES}
     template = "tasks/list.html"
     if request.htmx and request.htmx.target == "task-table":
@@ -113,7 +112,7 @@ def task_items(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
     if state not in ItemState.values:
         state = GROUP_ORDER[0]
     items = items_with_trail(task.items.filter(state=state).order_by("id"))
-    page = Paginator(items, 50).get_page(request.GET.get("page"))
+    page = CappedPaginator(items, 50).get_page(request.GET.get("page"))
     context = {
         "task": task,
         "state": state,

@@ -1,0 +1,114 @@
+"""Checking the audit trail's hash chains: every event is recomputed from its columns and the
+previous link, and each chain's head must be its last event."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from django.db import connection
+
+from stopdesk.audit_db import SQLITE_COLUMNS, digest, postgres_columns
+
+
+@dataclass(frozen=True)
+class Break:
+    task_id: int
+    seq: int
+    event_id: int | None
+    reason: str
+
+    def __str__(self) -> str:
+        where = f"event {self.event_id}" if self.event_id is not None else "chain head"
+        return f"task {self.task_id}: {where} (seq {self.seq}): {self.reason}"
+
+
+@dataclass
+class Report:
+    events: int = 0
+    chains: int = 0
+    breaks: list[Break] | None = None
+
+
+def _events(task_ids: list[int]) -> Iterator[tuple]:  # type: ignore[type-arg]
+    columns = postgres_columns() if connection.vendor == "postgresql" else list(SQLITE_COLUMNS)
+    # Chain 0 holds the events without a task; the others are found through the (task, at) index.
+    tasks = [key for key in task_ids if key != 0]
+    where = [f"task_id IN ({', '.join(['%s'] * len(tasks))})"] if tasks else []
+    if 0 in task_ids:
+        where.append("task_id IS NULL")
+    # Qualified: `seq` alone would name the text column of the select list.
+    sql = (
+        f"SELECT coalesce(task_id, 0), id, hash, {', '.join(columns)} FROM stopdesk_event e WHERE {' OR '.join(where)}"
+        " ORDER BY coalesce(e.task_id, 0), e.seq, e.id"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, tasks)
+        yield from cursor.fetchall()
+
+
+def audit_verify(*, task_id: int | None = None, batch: int = 500) -> Report:
+    """Walk the chains (one task's, or all in task order, `batch` chains per query) and report
+    the first broken link of each."""
+    report = Report(breaks=[])
+    assert report.breaks is not None
+    after = -1
+    while True:
+        with connection.cursor() as cursor:
+            if task_id is not None:
+                cursor.execute(
+                    "SELECT task_id, seq, hash, anchor_seq, anchor_hash FROM stopdesk_eventchain WHERE task_id = %s",
+                    [task_id],
+                )
+            else:
+                cursor.execute(
+                    "SELECT task_id, seq, hash, anchor_seq, anchor_hash FROM stopdesk_eventchain"
+                    " WHERE task_id > %s ORDER BY task_id LIMIT %s",
+                    [after, batch],
+                )
+            heads = {row[0]: row[1:] for row in cursor.fetchall()}
+        if not heads:
+            break
+        by_task: dict[int, list[tuple]] = {key: [] for key in heads}  # type: ignore[type-arg]
+        for row in _events(list(heads)):
+            by_task[row[0]].append(row)
+        for key, (head_seq, head_hash, anchor_seq, anchor_hash) in heads.items():
+            report.chains += 1
+            report.events += len(by_task[key])
+            found = _check_chain(key, by_task[key], head_seq, head_hash, anchor_seq, anchor_hash)
+            if found is not None:
+                report.breaks.append(found)
+        if task_id is not None:
+            break
+        after = max(heads)
+    if task_id is None:
+        report.breaks.extend(_unchained())
+    return report
+
+
+def _check_chain(key, rows, head_seq, head_hash, anchor_seq, anchor_hash) -> Break | None:  # type: ignore[no-untyped-def]
+    prev, expected = anchor_hash, anchor_seq + 1
+    for _, event_id, stored, seq, *columns in rows:
+        seq = int(seq)
+        if seq <= anchor_seq:
+            continue  # before the anchor: archived with its month (events_archive)
+        if seq != expected:
+            what = "an event is missing before it" if seq > expected else "its place is taken twice"
+            return Break(key, seq, event_id, f"seq {expected} expected: {what}")
+        if digest(prev, seq, *columns) != stored:
+            return Break(key, seq, event_id, "its hash does not match its content and the previous link")
+        prev, expected = stored, seq + 1
+    if expected - 1 != head_seq or prev != head_hash:
+        return Break(key, head_seq, None, f"the head says seq {head_seq}, the last event is seq {expected - 1}")
+    return None
+
+
+def _unchained() -> list[Break]:
+    """Events no chain knows about (a head removed, or rows inserted with the triggers off)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT coalesce(e.task_id, 0), min(e.id), min(e.seq) FROM stopdesk_event e"
+            " LEFT JOIN stopdesk_eventchain c ON c.task_id = coalesce(e.task_id, 0)"
+            " WHERE c.task_id IS NULL GROUP BY coalesce(e.task_id, 0) ORDER BY 1 LIMIT 100"
+        )
+        return [Break(key, seq, event_id, "no chain head for this task's events") for key, event_id, seq in cursor]

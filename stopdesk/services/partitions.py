@@ -1,0 +1,180 @@
+"""The audit table's monthly partitions on PostgreSQL: created ahead by a daily job, and archived
+(exported, anchored, dropped) by `manage.py events_archive` when a deployment no longer wants to
+keep old months online.
+
+Archiving a month never breaks what is left: each task's chain keeps an anchor (the seq and hash
+of its last archived event), so `audit_verify` checks the live events from there, and the export
+carries every archived row with its hash for checking on its own. It refuses a month while any
+task with events in it is still under review or has a compensation under way.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+
+from django.db import connection, transaction
+
+from reconcile.models import CompensationState as C
+from stopdesk.audit_db import EVENT_COLUMNS
+from stopdesk.services.sql import is_postgres
+from stopdesk.states import ItemState as S
+
+MONTHS_AHEAD = 3
+# A task with any of these is still someone's work: its history stays online.
+OPEN_ITEM_STATES = (S.QUEUED, S.RUNNING, S.AWAITING_RECONCILIATION, S.UNCERTAIN)
+OPEN_COMPENSATION_STATES = (C.PROPOSED, C.APPROVED, C.RUNNING, C.ESCALATED)
+
+
+class ArchiveRefused(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    month: date | None  # None: the default partition
+    rows: int
+
+
+@dataclass
+class Archived:
+    partition: str
+    rows: int
+    path: Path
+    anchors: int
+    sha256: str
+    tasks: list[int] = field(default_factory=list)
+
+
+def event_partitions_ensure(*, months_ahead: int = MONTHS_AHEAD) -> list[str]:
+    """Create this month's partition and the next `months_ahead` (idempotent)."""
+    if not is_postgres():
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT stopdesk_event_partition(m::date) FROM generate_series(
+                date_trunc('month', now()), date_trunc('month', now()) + %s * interval '1 month',
+                interval '1 month') m
+            """,
+            [months_ahead],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+def event_partitions() -> list[Partition]:
+    """Every partition, oldest first, with PostgreSQL's row estimate (no count over the table)."""
+    if not is_postgres():
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT c.relname, greatest(c.reltuples, 0)::bigint FROM pg_inherits i
+            JOIN pg_class c ON c.oid = i.inhrelid
+            WHERE i.inhparent = 'stopdesk_event'::regclass ORDER BY c.relname
+            """
+        )
+        rows = cursor.fetchall()
+    parts = []
+    for name, estimate in rows:
+        suffix = name.removeprefix("stopdesk_event_")
+        month = None if suffix == "default" else date(int(suffix[:4]), int(suffix[5:7]), 1)
+        parts.append(Partition(name, month, estimate))
+    return parts
+
+
+def _still_needed(name: str) -> list[int]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            SELECT DISTINCT e.task_id FROM {name} e
+            WHERE e.task_id IS NOT NULL AND (
+                EXISTS (SELECT 1 FROM stopdesk_workitem i WHERE i.task_id = e.task_id
+                        AND (i.state = ANY(%s) OR i.needs_review))
+                OR EXISTS (SELECT 1 FROM reconcile_compensation c
+                           JOIN stopdesk_externalrecord r ON r.id = c.external_record_id
+                           JOIN stopdesk_workitem i ON i.id = r.item_id
+                           WHERE i.task_id = e.task_id AND c.state = ANY(%s))
+                OR EXISTS (SELECT 1 FROM reconcile_escalation x
+                           JOIN stopdesk_workitem i ON i.id = x.item_id
+                           WHERE i.task_id = e.task_id AND x.closed_at IS NULL))
+            ORDER BY e.task_id LIMIT 20
+            """,
+            [list(OPEN_ITEM_STATES), list(OPEN_COMPENSATION_STATES)],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+def events_archive(*, month: date, out_dir: Path, today: date) -> Archived:
+    """Export one month's partition to `out_dir` (gzip CSV, every column with its hash, in chain
+    order, and a manifest with each task's anchor), record the anchors, and drop the partition:
+    all in one transaction that holds off writers to that month. Refuses with ArchiveRefused."""
+    if not is_postgres():
+        raise ArchiveRefused("archiving needs PostgreSQL: on SQLite the audit table is not partitioned")
+    month = month.replace(day=1)
+    if (month.year, month.month) >= (today.year, today.month):
+        raise ArchiveRefused(f"{month:%Y-%m} is this month or later; only past months can be archived")
+    name = f"stopdesk_event_{month:%Y_%m}"
+    if name not in {p.name for p in event_partitions()}:
+        raise ArchiveRefused(f"there is no partition for {month:%Y-%m} (already archived?)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.csv.gz"
+    if path.exists():
+        raise ArchiveRefused(f"{path} exists; an archive is never overwritten")
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            # Writers to this month wait; everything else goes on.
+            cursor.execute(f"LOCK TABLE {name} IN SHARE MODE")
+        needed = _still_needed(name)
+        if needed:
+            listed = ", ".join(str(t) for t in needed)
+            raise ArchiveRefused(
+                f"{month:%Y-%m} has events of tasks still under review or with a compensation under way "
+                f"(tasks {listed}{'...' if len(needed) == 20 else ''}); settle them first"
+            )
+        digest = hashlib.sha256()
+        rows = 0
+        with connection.cursor() as cursor, gzip.open(path, "wb") as out:
+            copy_sql = (
+                f"COPY (SELECT {EVENT_COLUMNS} FROM {name} ORDER BY coalesce(task_id, 0), seq, id)"
+                " TO STDOUT WITH (FORMAT csv, HEADER)"
+            )
+            with cursor.cursor.copy(copy_sql) as copy:
+                for chunk in copy:
+                    data = bytes(chunk)
+                    digest.update(data)
+                    rows += data.count(b"\n")
+                    out.write(data)
+        rows -= 1  # the header
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"""
+                SELECT DISTINCT ON (coalesce(task_id, 0)) coalesce(task_id, 0), seq, hash FROM {name}
+                ORDER BY coalesce(task_id, 0), seq DESC
+                """
+            )
+            anchors = cursor.fetchall()
+            cursor.execute(
+                """
+                UPDATE stopdesk_eventchain c SET anchor_seq = a.seq, anchor_hash = a.hash
+                FROM unnest(%s::bigint[], %s::bigint[], %s::text[]) AS a(task_id, seq, hash)
+                WHERE c.task_id = a.task_id AND a.seq > c.anchor_seq
+                """,
+                [[a[0] for a in anchors], [a[1] for a in anchors], [a[2] for a in anchors]],
+            )
+            manifest = {
+                "partition": name,
+                "month": f"{month:%Y-%m}",
+                "rows": rows,
+                "csv_sha256": digest.hexdigest(),
+                "anchors": {str(task): {"seq": seq, "hash": value} for task, seq, value in anchors},
+            }
+            (out_dir / f"{name}.manifest.json").write_text(json.dumps(manifest, indent=1))
+            cursor.execute(f"ALTER TABLE stopdesk_event DETACH PARTITION {name}")
+            cursor.execute(f"DROP TABLE {name}")
+    return Archived(name, rows, path, len(anchors), digest.hexdigest(), [a[0] for a in anchors])

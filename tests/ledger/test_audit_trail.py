@@ -1,0 +1,240 @@
+"""The audit trail: append-only at the database, rows it describes cannot vanish, tampering shows."""
+
+import io
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import DatabaseError, connection, connections, transaction
+from django.db.models import ProtectedError, Q
+
+from stopdesk.models import Event, ExternalRecord, Task, WorkItem
+from stopdesk.services.events import event_record
+from stopdesk.services.transitions import items_move
+from stopdesk.states import ItemState as S
+from tests.factories import make_external_effect, make_item, make_task
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _verify() -> tuple[bool, str]:
+    out = io.StringIO()
+    try:
+        call_command("audit_verify", stdout=out, stderr=out)
+    except CommandError as error:
+        return False, f"{out.getvalue()}{error}"
+    return True, out.getvalue()
+
+
+def _tamper(sql: str, params: list) -> None:
+    """What a database owner can do: switch the triggers off, rewrite, switch them on again."""
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE stopdesk_event DISABLE TRIGGER USER")
+        cursor.execute(sql, params)
+        cursor.execute("ALTER TABLE stopdesk_event ENABLE TRIGGER USER")
+
+
+@pytest.mark.django_db
+@pytest.mark.postgres
+def test_truncate_of_the_event_table_is_refused():
+    make_item(make_task())
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("TRUNCATE stopdesk_event")
+    assert Event.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_task_with_events_cannot_be_deleted():
+    task = make_task()  # task_create records its event; the task has no items
+    with pytest.raises(ProtectedError):
+        task.delete()
+    with pytest.raises(DatabaseError, match="has audit events"), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("DELETE FROM stopdesk_task WHERE id = %s", [task.pk])
+    assert Task.objects.filter(pk=task.pk).exists()
+
+
+@pytest.mark.django_db
+def test_an_item_with_events_cannot_be_deleted():
+    item = make_item(make_task())
+    with pytest.raises(ProtectedError):
+        item.delete()
+    with pytest.raises(DatabaseError, match="has audit events"), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("DELETE FROM stopdesk_workitem WHERE id = %s", [item.pk])
+    assert WorkItem.objects.filter(pk=item.pk).exists()
+
+
+@pytest.mark.django_db
+def test_an_external_record_whose_item_has_events_cannot_be_deleted():
+    item = make_external_effect(make_task())
+    record = ExternalRecord.objects.get(item=item)
+    with pytest.raises(DatabaseError, match="has audit events"), transaction.atomic():
+        record.delete()
+    with pytest.raises(DatabaseError, match="has audit events"), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("DELETE FROM stopdesk_externalrecord WHERE id = %s", [record.pk])
+    assert ExternalRecord.objects.filter(pk=record.pk).exists()
+
+
+@pytest.mark.django_db
+def test_every_writer_chains_the_events_of_a_task():
+    task = make_task()
+    items = [make_item(task) for _ in range(30)]
+    event_record(kind="note", actor="test", task=task, message="a person's note")
+    # The set-based writer: one statement, thirty events.
+    moved = items_move(
+        where=Q(task=task), from_states=(S.QUEUED,), to_state=S.CANCELLED, actor="test", kind="cancel", message="x"
+    )
+    assert moved == 30
+    seqs = list(Event.objects.filter(task=task).order_by("seq").values_list("seq", flat=True))
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert len(seqs) == 1 + 30 + 1 + 30
+    assert all(len(h) == 64 for h in Event.objects.filter(task=task).values_list("hash", flat=True))
+    ok, report = _verify()
+    assert ok, report
+    assert "0 broken" in report
+    assert items[0].pk  # the items exist; their events are what the chain covers
+
+
+@pytest.mark.django_db
+@pytest.mark.postgres
+def test_audit_verify_names_the_first_broken_link():
+    task = make_task()
+    make_item(task, state=S.COMPLETED)
+    other = make_task("untouched")
+    events = list(Event.objects.filter(task=task).order_by("seq"))
+    assert len(events) >= 3
+    target = events[1]
+    _tamper("UPDATE stopdesk_event SET message = 'nothing happened' WHERE id = %s", [target.pk])
+    ok, report = _verify()
+    assert not ok
+    assert f"event {target.pk}" in report
+    assert f"task {task.pk}" in report
+    assert f"seq {target.seq}" in report
+    assert f"task {other.pk}" not in report
+
+
+@pytest.mark.django_db
+@pytest.mark.postgres
+def test_audit_verify_notices_a_deleted_event_and_a_cut_tail():
+    task = make_task()
+    make_item(task, state=S.COMPLETED)
+    events = list(Event.objects.filter(task=task).order_by("seq"))
+    _tamper("DELETE FROM stopdesk_event WHERE id = %s", [events[-1].pk])
+    ok, report = _verify()
+    assert not ok
+    assert f"task {task.pk}" in report
+    assert "head" in report
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.postgres
+def test_concurrent_appends_to_one_task_keep_one_chain():
+    task = make_task()
+    threads_n, per_thread = 6, 25
+    items = [make_item(task).pk for _ in range(threads_n * 5)]
+    gate = threading.Barrier(threads_n)
+    errors: list[BaseException] = []
+
+    def worker(n: int) -> None:
+        try:
+            gate.wait()
+            for i in range(per_thread):
+                with transaction.atomic():
+                    event_record(kind="note", actor=f"thread-{n}", task=task.pk, message=str(i))
+            # and a set-based writer racing the single ones
+            mine = items[n * 5 : (n + 1) * 5]
+            items_move(
+                where=Q(pk__in=mine), from_states=(S.QUEUED,), to_state=S.CANCELLED, actor="t", kind="c", message=""
+            )
+        except BaseException as error:
+            errors.append(error)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(threads_n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    seqs = sorted(Event.objects.filter(task=task).values_list("seq", flat=True))
+    assert seqs == list(range(1, len(seqs) + 1))  # no fork: each seq once, no gap
+    # task created, items registered, the notes, the cancels (and the task's settling, if recorded)
+    written = Event.objects.filter(task=task).exclude(kind="task_settled").count()
+    assert written == 1 + len(items) + threads_n * per_thread + len(items)
+    ok, report = _verify()
+    assert ok, report
+
+
+@pytest.mark.slow
+def test_sqlite_refuses_changes_to_events_and_chains_them(tmp_path):
+    """`make run`'s default database: the same protection without PostgreSQL."""
+    script = """
+from django.db import connection, DatabaseError
+from stopdesk.services.items import task_create
+from stopdesk.models import Event, Task
+task = task_create(title="t", actor="test")
+for sql in ("UPDATE stopdesk_event SET message = 'x'", "DELETE FROM stopdesk_event",
+            "DELETE FROM stopdesk_task"):
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(sql)
+    except DatabaseError as error:
+        print("refused:", error)
+    else:
+        print("accepted:", sql)
+event = Event.objects.get(task=task)
+print("chained:", event.seq, len(event.hash))
+"""
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}", "STOPDESK_DATA_DIR": str(tmp_path)}
+    manage = [sys.executable, str(ROOT / "manage.py")]
+    subprocess.run([*manage, "migrate", "-v0"], env=env, check=True, cwd=ROOT, timeout=120)
+    out = subprocess.run(
+        [*manage, "shell", "-c", script], env=env, cwd=ROOT, timeout=120, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert "accepted" not in out.stdout, out.stdout
+    assert out.stdout.count("refused:") == 3, out.stdout
+    assert "append-only" in out.stdout and "has audit events" in out.stdout
+    assert "chained: 1 64" in out.stdout
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.postgres
+def test_set_based_moves_over_the_same_tasks_at_once_neither_deadlock_nor_fork():
+    """Each statement appends to several tasks' chains; two at once must take the heads in one
+    order (by task), or each holds a head the other waits for."""
+    tasks = [make_task(f"t{n}") for n in range(6)]
+    rounds = 10
+    items = {t.pk: [make_item(t).pk for _ in range(rounds * 2)] for t in tasks}
+    gate = threading.Barrier(2, timeout=30)
+    errors: list[BaseException] = []
+
+    def worker(n: int, order: list[int]) -> None:
+        try:
+            for r in range(rounds):
+                gate.wait()
+                # One item of every task; the ids ascend with the tasks for one thread and
+                # descend for the other.
+                mine = [items[t][r * 2 + n] for t in order]
+                items_move(
+                    where=Q(pk__in=mine), from_states=(S.QUEUED,), to_state=S.CANCELLED, actor="t", kind="c", message=""
+                )
+        except BaseException as error:
+            errors.append(error)
+            gate.abort()
+        finally:
+            connections.close_all()
+
+    ids = [t.pk for t in tasks]
+    threads = [threading.Thread(target=worker, args=(0, ids)), threading.Thread(target=worker, args=(1, ids[::-1]))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors[0]
+    ok, report = _verify()
+    assert ok, report
