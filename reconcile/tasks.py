@@ -5,6 +5,7 @@ from celery import shared_task
 from reconcile import tasks_compensation  # noqa: F401  (autodiscovery imports only this module)
 from reconcile.services.cancel import item_cancel, items_cancel
 from reconcile.services.reconcile import sweep_once
+from stopdesk.notify.heartbeat import heartbeat_record
 
 
 @shared_task(name="reconcile.cancel_item", time_limit=120, soft_time_limit=110)
@@ -22,4 +23,5 @@ def cancel_items(item_ids: list[int], mechanism: str) -> int:
 @shared_task(name="reconcile.sweep", time_limit=300, soft_time_limit=280)
 def sweep() -> dict[str, int]:
     report = sweep_once()
+    heartbeat_record("reconcile_sweep", detail={"claimed": report.claimed, "errors": report.errors})
     return {"claimed": report.claimed, "errors": report.errors, "flagged_overdue": report.flagged_overdue}

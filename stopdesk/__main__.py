@@ -15,7 +15,10 @@ from __future__ import annotations
 import os
 import sys
 
-USAGE = "usage: python -m stopdesk {check,migrate,web,watch,worker,beat} [extra arguments for the server]"
+USAGE = (
+    "usage: python -m stopdesk {check,migrate,web,watch,worker,beat} [extra arguments for the server]\n"
+    "       python -m stopdesk ready {worker,beat}   (exit 0 when its heartbeat is recent: health checks)"
+)
 
 
 def _exec(argv: list[str]) -> None:
@@ -23,7 +26,25 @@ def _exec(argv: list[str]) -> None:
     os.execvp(argv[0], argv)  # noqa: S606 - fixed programs, arguments from the operator
 
 
+def ready(component: str) -> None:
+    """The readiness check (the same function as /readyz) for one process kind; no web needed."""
+    import django
+
+    django.setup()
+    from stopdesk.health import processes_ready
+
+    found = processes_ready((component,))[component]
+    print(f"stopdesk: {component} heartbeat age {found['age_s']} s; {'ready' if found['ok'] else 'NOT ready'}")
+    raise SystemExit(0 if found["ok"] else 1)
+
+
 def main(argv: list[str]) -> None:
+    if argv[:1] == ["ready"]:
+        if argv[1:] not in (["worker"], ["beat"]):
+            print(USAGE, file=sys.stderr)
+            raise SystemExit(2)
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "stopdesk.settings")
+        ready(argv[1])
     if not argv or argv[0] not in ("check", "migrate", "web", "watch", "worker", "beat"):
         print(USAGE, file=sys.stderr)
         raise SystemExit(2)

@@ -12,6 +12,10 @@ class StopdeskConfig(AppConfig):
         # The Celery app, so that @shared_task binds to it in every Django process.
         import stopdesk.celery  # noqa: F401
         from stopdesk.logs import log_event
+        from stopdesk.tracing import connect_celery_signals, tracing_setup
+
+        tracing_setup()  # only when OTEL_* configures an exporter
+        connect_celery_signals()
 
         # Every audit event also becomes a log line carrying its task and item ids.
         post_save.connect(log_event, sender="stopdesk.Event", dispatch_uid="stopdesk.logs.log_event")

@@ -39,6 +39,7 @@ USER_SETTINGS = {
     "outbox": "STOPDESK_OUTBOX_URL",
 }
 LABELS = {"openai": "OpenAI", "mcp": "MCP", "crm": "CRM", "outbox": "Outbox"}
+RECEIVER = "webhooks"  # the sandbox's webhook receiver: not a system of the user's
 # How long each stop signal is given before the next, harder one.
 WEB_URL_FILE = "web.url"
 GRACE_S = {signal.SIGTERM: 4.0, signal.SIGQUIT: 3.0, signal.SIGKILL: 2.0}
@@ -141,6 +142,7 @@ class Launcher:
     children: list[Child] = field(default_factory=list)
     stopping: threading.Event = field(default_factory=threading.Event)
     signal_name: str = ""
+    metrics_token: str = ""
 
     @property
     def data_dir(self) -> Path:
@@ -160,6 +162,7 @@ class Launcher:
             config.preflight(create=True)  # up migrates the database it needs
             admin_password, cast_password = self.prepare()
             self.start_sandbox()
+            self.register_receiver()
             self.start_children()
             if not self.wait_ready():
                 return 1
@@ -208,15 +211,30 @@ class Launcher:
         return own_systems()
 
     def start_sandbox(self) -> None:
-        stand_ins = [name for name in SANDBOX_NAMES if name not in self.own]
+        # The webhook receiver always runs: it is where the demo's notifications go.
+        stand_ins = [name for name in SANDBOX_NAMES if name not in self.own] + [RECEIVER]
         base = self.sandbox_base_port if self.sandbox_base_port is not None else self.port + 1
-        wanted = {name: base + offset for offset, name in enumerate(SANDBOX_NAMES) if name in stand_ins}
+        wanted = {name: base + offset for offset, name in enumerate((*SANDBOX_NAMES, RECEIVER)) if name in stand_ins}
         if base == 0 or not all(_port_free(LOOPBACK, p) for p in wanted.values()):
             wanted = {}
         self.sandbox = start_all(ports=wanted or None, only=stand_ins)
         if "openai" in stand_ins:
             # Drafts take long enough that a person can stop them mid-run, short enough to finish.
             self.sandbox.openai.configure(run_s=max(5.0, self.pace * 4.5))
+        self.metrics_token = os.environ.get("STOPDESK_METRICS_TOKEN") or secrets.token_urlsafe(16)
+
+    def register_receiver(self) -> None:
+        """The demo's notifications go to the sandbox receiver, which verifies their signatures."""
+        from django.db import connection
+
+        from reconcile.sandbox.webhooks import DEMO_SECRET
+        from stopdesk.notify.models import WebhookEndpoint
+
+        assert self.sandbox is not None
+        WebhookEndpoint.objects.update_or_create(
+            name="sandbox receiver", defaults={"url": self.sandbox.urls[RECEIVER], "secret": DEMO_SECRET}
+        )
+        connection.close()  # the children write from here on; hold no SQLite lock
 
     def child_env(self) -> dict[str, str]:
         assert self.sandbox is not None
@@ -226,7 +244,9 @@ class Launcher:
         )
         # Only the stand-ins' URLs are filled in; what the user set stays as they set it.
         for name, url in self.sandbox.urls.items():
-            env[USER_SETTINGS[name]] = url
+            if name in USER_SETTINGS:
+                env[USER_SETTINGS[name]] = url
+        env.update(STOPDESK_METRICS_TOKEN=self.metrics_token, STOPDESK_BASE_URL=self.url)
         if "openai" in self.sandbox.urls:
             env["OPENAI_API_KEY"] = env.get("STOPDESK_SANDBOX_OPENAI_KEY", "sk-sandbox")
         env.setdefault("LOG_LEVEL", "INFO")
@@ -315,6 +335,10 @@ class Launcher:
                 f"email at +{3 * p:.0f}s; done at about +{4.5 * p:.0f}s. Press Stop at any point.",
             ]
         lines += self.systems_lines(urls)
+        lines += [
+            f"  Webhooks   {urls[RECEIVER]}  (signed notifications, verified there; GET lists them)",
+            f"  Metrics    curl -H 'Authorization: Bearer {self.metrics_token}' {self.url}/metrics",
+        ]
         lines += [
             f"  Data       {self.data_dir}  (logs in {self.data_dir / 'logs'})",
             "  New demo   .venv/bin/python manage.py demo_task [--stage drafts|tools|record|email|done]"

@@ -41,6 +41,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_htmx",
     "stopdesk",
+    "stopdesk.notify",
     "reconcile",
 ]
 
@@ -209,6 +210,11 @@ CELERY_BEAT_SCHEDULE = {
     # Approved compensations whose job was lost are queued again; ones whose worker died mid-run
     # are escalated (reconcile/services/compensation.py).
     "compensation-sweep": {"task": "reconcile.sweep_compensations", "schedule": 60.0},
+    # Notifications: deadlines near or passed, stops not settled, lost jobs and due retries
+    # (stopdesk/notify); the worker heartbeat and the background half of /metrics.
+    "notify-sweep": {"task": "notify.sweep", "schedule": 10.0},
+    "worker-heartbeat": {"task": "notify.heartbeat", "schedule": 15.0},
+    "metrics-tally": {"task": "notify.metrics_tally", "schedule": 30.0},
 }
 # Per-mechanism timing (timeouts, deadline, backoff, re-check window after cancelled); the
 # defaults live in each adapter (reconcile/mechanisms/), these override them. Deadline, call
@@ -226,6 +232,52 @@ STOPDESK = {
     "HEARTBEAT_SECONDS": config.integer("STOPDESK_HEARTBEAT_SECONDS", 10),
     "INVESTIGATE_BY_HOURS": config.integer("STOPDESK_INVESTIGATE_BY_HOURS", 24),
 }
+
+# Notifications (stopdesk/notify): who hears what is chosen per person (defaults by role); the
+# webhook endpoints are rows edited in the admin.
+STOPDESK_NOTIFY = {
+    "BASE_URL": os.environ.get("STOPDESK_BASE_URL", "http://localhost:8000"),
+    # In production, email is on once a mail server is configured (EMAIL_HOST).
+    "EMAIL": os.environ.get("STOPDESK_NOTIFY_EMAIL", "1" if os.environ.get("EMAIL_HOST") or not PRODUCTION else "0")
+    == "1",
+    "INVESTIGATE_NEAR_MINUTES": float(os.environ.get("STOPDESK_INVESTIGATE_NEAR_MINUTES", "120")),
+    "STOP_UNSETTLED_MINUTES": float(os.environ.get("STOPDESK_STOP_UNSETTLED_MINUTES", "30")),
+    "TIMEOUT_SECONDS": float(os.environ.get("STOPDESK_WEBHOOK_TIMEOUT_SECONDS", "10")),
+    # A sender holds a delivery this long; past it, a sender presumed dead is replaced.
+    "CLAIM_SECONDS": float(os.environ.get("STOPDESK_NOTIFY_CLAIM_SECONDS", "60")),
+    "RETRY_BASE_SECONDS": float(os.environ.get("STOPDESK_NOTIFY_RETRY_BASE_SECONDS", "30")),
+    "RETRY_MAX_SECONDS": float(os.environ.get("STOPDESK_NOTIFY_RETRY_MAX_SECONDS", "3600")),
+    "MAX_ATTEMPTS": int(os.environ.get("STOPDESK_NOTIFY_MAX_ATTEMPTS", "8")),
+    # A notification without deliveries this long after it was written lost its job.
+    "LOST_JOB_SECONDS": float(os.environ.get("STOPDESK_NOTIFY_LOST_JOB_SECONDS", "30")),
+}
+# Mail (Django's MAILERS): the console backend prints notifications into the log unless an SMTP
+# host is set.
+if os.environ.get("EMAIL_HOST"):
+    MAILERS = {
+        "default": {
+            "BACKEND": "django.core.mail.backends.smtp.EmailBackend",
+            "OPTIONS": {
+                "host": os.environ["EMAIL_HOST"],
+                "port": int(os.environ.get("EMAIL_PORT", "587")),
+                "username": os.environ.get("EMAIL_HOST_USER", ""),
+                "password": os.environ.get("EMAIL_HOST_PASSWORD", ""),
+                "use_tls": os.environ.get("EMAIL_USE_TLS", "1") == "1",
+                "timeout": 20,
+            },
+        }
+    }
+elif PRODUCTION:
+    # No mail server configured: email notifications are off (STOPDESK_NOTIFY_EMAIL below).
+    MAILERS = {"default": {"BACKEND": "django.core.mail.backends.smtp.EmailBackend"}}
+else:
+    MAILERS = {"default": {"BACKEND": "django.core.mail.backends.console.EmailBackend"}}
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "stopdesk@localhost")
+
+# /metrics answers only this bearer token; unset, it is off (404).
+STOPDESK_METRICS_TOKEN = os.environ.get("STOPDESK_METRICS_TOKEN", "")
+# Readiness: a worker or beat heartbeat older than this counts as down.
+STOPDESK_READY_MAX_AGE_SECONDS = float(os.environ.get("STOPDESK_READY_MAX_AGE_SECONDS", "120"))
 
 # External systems a compensation talks to (reconcile/services/compensators.py), by ExternalRecord.system.
 STOPDESK_SYSTEMS = {

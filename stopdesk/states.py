@@ -100,3 +100,13 @@ class Effect(Choices):
     SENT = "sent", "sent"
     DELETED = "deleted", "deleted"
     ARCHIVED = "archived", "archived"
+
+
+class DeliveryState(Choices):
+    """A notification's delivery to one email address or webhook endpoint (stopdesk/notify)."""
+
+    PENDING = "pending", "Pending"
+    SENDING = "sending", "Sending"
+    RETRYING = "retrying", "Retrying"
+    DELIVERED = "delivered", "Delivered"
+    FAILED = "failed", "Failed"

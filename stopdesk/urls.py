@@ -1,10 +1,16 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from stopdesk.health import healthz
+from stopdesk.health import healthz, readyz
+from stopdesk.metrics import metrics
+from stopdesk.notify import views as notify_views
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    path("readyz", readyz, name="readyz"),
+    path("metrics", metrics, name="metrics"),
+    path("notifications/", notify_views.deliveries_page, name="notify-deliveries"),
+    path("notifications/email/", notify_views.email_choices, name="notify-email"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("stopdesk.api.urls")),
     path("", include("stopdesk.views.urls")),

@@ -25,6 +25,7 @@ from reconcile.sandbox.crm import CRM
 from reconcile.sandbox.mcp_server import MCP_PATH, MCPToolServer
 from reconcile.sandbox.openai_standin import OpenAIStandin
 from reconcile.sandbox.outbox import Outbox
+from reconcile.sandbox.webhooks import WebhookReceiver
 
 logger = logging.getLogger(__name__)
 
@@ -160,19 +161,20 @@ def _accepts(port: int) -> bool:
 
 @dataclass
 class Sandbox:
-    """The four external parties, each served on its own loopback port."""
+    """The external parties and the webhook receiver, each served on its own loopback port."""
 
     openai: OpenAIStandin
     mcp: MCPToolServer
     crm: CRM
     outbox: Outbox
     servers: dict[str, BackgroundServer]
+    webhooks: WebhookReceiver | None = None
 
     @property
     def urls(self) -> dict[str, str]:
         """Base URLs to configure clients with (OpenAI's includes `/v1`, MCP's `/mcp`), for the
         parties that are served."""
-        suffix = {"openai": "/v1", "mcp": MCP_PATH}
+        suffix = {"openai": "/v1", "mcp": MCP_PATH, "webhooks": "/hooks"}
         return {name: server.url + suffix.get(name, "") for name, server in self.servers.items()}
 
     def stop(self) -> None:
@@ -180,8 +182,9 @@ class Sandbox:
             server.stop()
 
     def reset(self) -> None:
-        for party in (self.openai, self.mcp, self.crm, self.outbox):
-            party.reset()
+        for party in (self.openai, self.mcp, self.crm, self.outbox, self.webhooks):
+            if party is not None:
+                party.reset()
 
     def __enter__(self) -> Self:
         return self
@@ -201,10 +204,12 @@ def start_all(
     mcp: MCPToolServer | None = None,
     crm: CRM | None = None,
     outbox: Outbox | None = None,
+    webhooks: WebhookReceiver | None = None,
     ports: dict[str, int] | None = None,
     only: Collection[str] | None = None,
 ) -> Sandbox:
-    """Start all four parties (fresh ones unless given) and return them with their servers.
+    """Start the four parties and the webhook receiver (fresh ones unless given) and return them
+    with their servers.
 
     `ports` pins ports by party name (`openai`, `mcp`, `crm`, `outbox`), e.g. for a
     management command whose URLs go into settings; unpinned parties get a free port.
@@ -216,6 +221,7 @@ def start_all(
         "mcp": mcp or MCPToolServer(),
         "crm": crm or CRM(),
         "outbox": outbox or Outbox(),
+        "webhooks": webhooks or WebhookReceiver(),
     }
     servers: dict[str, BackgroundServer] = {}
     try:
@@ -232,4 +238,5 @@ def start_all(
         crm=cast(CRM, parties["crm"]),
         outbox=cast(Outbox, parties["outbox"]),
         servers=servers,
+        webhooks=cast(WebhookReceiver, parties["webhooks"]),
     )

@@ -30,10 +30,12 @@ from stopdesk.client.errors import (
     StopdeskError,
     StopRequested,
 )
+from stopdesk.tracing import server_span, span_event, tracer
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024
+API_ROUTE = "/api/v1"
 _ID = re.compile(r"[1-9][0-9]{0,18}")
 
 
@@ -71,13 +73,20 @@ def endpoint(
         @csrf_exempt
         @wraps(fn)
         def view(request: HttpRequest, **path_ids: str) -> HttpResponse:
-            try:
-                return _serve(request, fn, method, body, replayable and method == "POST", path_ids, status, atomic)
-            except StopdeskError as exc:
-                return error_response(exc)
-            except Exception:
-                log.exception("runtime API %s %s failed", request.method, request.path)
-                return server_error()
+            route = API_ROUTE + path
+            attributes = {"http.request.method": request.method, "http.route": route, "url.path": request.path}
+            with server_span(request.headers, f"{method} {route}", attributes) as span:
+                try:
+                    response = _serve(
+                        request, fn, method, body, replayable and method == "POST", path_ids, status, atomic
+                    )
+                except StopdeskError as exc:
+                    response = error_response(exc)
+                except Exception:
+                    log.exception("runtime API %s %s failed", request.method, request.path)
+                    response = server_error()
+                span.set_attribute("http.response.status_code", response.status_code)
+                return response
 
         errors = [401]
         if method == "POST":
@@ -140,6 +149,8 @@ def _serve(
             if attempt == 2:
                 raise
     if refused is not None:
+        facts = {f"stopdesk.{k}.id": v for k, v in refused.extra.items() if k in ("task", "item")}
+        span_event("stopdesk.boundary_refused", facts)
         raise refused
     return JsonResponse(result.to_json(), status=status)
 
@@ -211,7 +222,8 @@ def register(sd: LocalRuntime, args: schemas.RegisterItem, key: str | None, task
 @endpoint("POST", "/tasks/{task_id}/stop", body=schemas.RequestStop, returns="StopInfo", replayable=False, atomic=False)
 def request_stop(sd: LocalRuntime, args: schemas.RequestStop, key: None, task_id: int) -> Any:
     """Request Stop. Idempotent: every call returns the task's one stop request (`created` only the first time)."""
-    return sd.request_stop(task_id, reason=args.reason)
+    with tracer.start_as_current_span("stopdesk.stop", attributes={"stopdesk.task.id": task_id}):
+        return sd.request_stop(task_id, reason=args.reason)
 
 
 @endpoint("GET", "/items/{item_id}", returns="ItemInfo")

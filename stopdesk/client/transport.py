@@ -10,6 +10,11 @@ import httpx
 from stopdesk.client.calls import Call
 from stopdesk.client.errors import ServerError, StopRequested, error_from_response
 
+try:  # optional: the client works without OpenTelemetry installed
+    from opentelemetry.propagate import inject
+except ImportError:  # pragma: no cover - exercised only where opentelemetry-api is absent
+    inject = None  # type: ignore[assignment]
+
 API_PREFIX = "/api/v1"
 RETRY_STATUSES = frozenset({502, 503, 504})
 
@@ -20,7 +25,11 @@ def api_base(base_url: str) -> str:
 
 
 def headers_for(call: Call[Any]) -> dict[str, str]:
-    return {"Idempotency-Key": call.key} if call.key else {}
+    headers = {"Idempotency-Key": call.key} if call.key else {}
+    if inject is not None:
+        # W3C traceparent of the agent's current span, so stopdesk's spans join the agent's trace.
+        inject(headers)
+    return headers
 
 
 def should_retry(

@@ -3,6 +3,7 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 
 from stopdesk.models import Event, Task, WorkItem
+from stopdesk.notify.outbox import notify_for_events
 
 
 def actor_for(user: AbstractBaseUser | AnonymousUser | None) -> str:
@@ -25,7 +26,7 @@ def event_record(
     task_id = task if isinstance(task, int) else (task.pk if task is not None else None)
     if task_id is None and item is not None:
         task_id = item.task_id
-    return Event.objects.create(
+    event = Event.objects.create(
         kind=kind,
         actor=actor,
         task_id=task_id,
@@ -35,3 +36,5 @@ def event_record(
         message=message,
         data=data or {},
     )
+    notify_for_events([event])
+    return event

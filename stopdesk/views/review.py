@@ -33,6 +33,7 @@ from reconcile.services.review import (
     item_resolve,
 )
 from stopdesk import permissions as perms
+from stopdesk.notify.selectors import review_queue_facts
 from stopdesk.services.errors import IllegalTransition
 from stopdesk.states import ItemState
 from stopdesk.views import HtmxHttpRequest
@@ -66,6 +67,7 @@ def _queue_context(request: HtmxHttpRequest, sections: dict, pages: dict) -> dic
         "s": sections,
         "pages": pages,
         "now": now(),
+        "facts": review_queue_facts(),
         "can_resolve": perms.can(user, perms.RESOLVE),
         "can_propose": perms.can(user, perms.PROPOSE),
         "can_approve": perms.can(user, perms.APPROVE),

@@ -56,3 +56,8 @@ def test_the_stop_watch_is_served_under_asgi_on_the_same_database(compose: dict[
     assert watch["environment"]["DATABASE_URL"] == compose["services"]["web"]["environment"]["DATABASE_URL"]
     main = (ROOT / "stopdesk" / "__main__.py").read_text()
     assert '"uvicorn", "stopdesk.asgi:application"' in main
+
+
+def test_worker_and_beat_health_checks_read_their_heartbeats(compose: dict[str, Any]) -> None:
+    for name in ("worker", "beat"):
+        assert compose["services"][name]["healthcheck"]["test"] == ["CMD", "python", "-m", "stopdesk", "ready", name]

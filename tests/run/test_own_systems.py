@@ -42,7 +42,8 @@ def test_up_keeps_the_users_own_systems_and_stands_in_only_for_the_rest(launcher
     env = launcher.child_env()
     assert env["OPENAI_BASE_URL"] == MINE["OPENAI_BASE_URL"] and env["OPENAI_API_KEY"] == "sk-my-own-key"
     assert env["STOPDESK_CRM_URL"] == MINE["STOPDESK_CRM_URL"]
-    assert set(launcher.sandbox.servers) == {"mcp", "outbox"}  # no stand-in for what the user has
+    # No stand-in for what the user has; the webhook receiver (not a user's system) always runs.
+    assert set(launcher.sandbox.servers) == {"mcp", "outbox", "webhooks"}
     assert httpx.get(env["STOPDESK_OUTBOX_URL"] + "/messages", timeout=5).status_code == 200
     assert env["STOPDESK_MCP_URL"].startswith("http://127.0.0.1:")
 

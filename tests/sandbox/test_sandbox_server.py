@@ -73,18 +73,18 @@ def test_a_restart_builds_a_fresh_app_on_the_same_port() -> None:
     server.stop()  # stopping twice is harmless
 
 
-def test_start_all_serves_the_four_parties_and_stops_them() -> None:
+def test_start_all_serves_the_four_parties_and_the_webhook_receiver_and_stops_them() -> None:
     with start_all() as sandbox:
         urls = sandbox.urls
         client = openai.OpenAI(base_url=urls["openai"], api_key="sk-sandbox", max_retries=0)
         created = client.responses.create(model="gpt-sandbox", input="hi", background=True)
         statuses = {
-            name: httpx.get(url.removesuffix("/v1").removesuffix("/mcp") + "/_control/stats")
+            name: httpx.get(url.removesuffix("/v1").removesuffix("/mcp").removesuffix("/hooks") + "/_control/stats")
             for name, url in urls.items()
         }
         crm = httpx.post(urls["crm"] + "/records", json={"name": "Acme"}, headers={"Idempotency-Key": "k"})
 
-    assert set(urls) == {"openai", "mcp", "crm", "outbox"}
+    assert set(urls) == {"openai", "mcp", "crm", "outbox", "webhooks"}
     assert urls["openai"].endswith("/v1") and urls["mcp"].endswith("/mcp")
     assert created.status == "queued"
     assert all(response.status_code == 200 for response in statuses.values())

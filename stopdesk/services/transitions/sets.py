@@ -9,6 +9,7 @@ into its evidence, and its event's data; they travel as arrays in the same state
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -19,6 +20,7 @@ from django.db.models import Field, Q
 from django.utils import timezone
 
 from stopdesk.models import Event, WorkItem
+from stopdesk.notify.outbox import MovedItem, notify_for_events
 from stopdesk.services.sql import is_postgres
 from stopdesk.services.transitions.settled import tasks_settle_after_move
 from stopdesk.services.transitions.single import check_fields
@@ -74,12 +76,16 @@ def items_move(
         ):
             raise ValueError("every row must set the same columns, none of them shared, and not `evidence`")
     selection = WorkItem.objects.filter(where, state__in=from_states).values("id")
-    if is_postgres():
-        moved = _move_postgres(selection, from_states, to_state, columns, actor, kind, message, return_ids, rows)
-    else:
-        moved = _move_portable(selection, to_state, columns, actor, kind, message, return_ids, rows)
+    move = _move_postgres if is_postgres() else _move_portable
+    # A move that notifies (items becoming uncertain, stopdesk/notify) writes its outbox rows in
+    # the same transaction, and needs the ids for them; any other move stays one statement.
+    notifies = MovedItem.notifies(kind=kind, from_state=from_states[0], to_state=to_state)
+    with transaction.atomic(savepoint=False) if notifies else contextlib.nullcontext():
+        moved = move(selection, from_states, to_state, columns, actor, kind, message, return_ids or notifies, rows)
+        if notifies:
+            notify_for_events(MovedItem.many(moved, kind=kind, from_state=from_states[0], to_state=to_state))
     tasks_settle_after_move(where=where, to_state=to_state, ids=list(rows) if rows is not None else None)
-    return moved
+    return len(moved) if notifies and not return_ids else moved
 
 
 def _move_postgres(selection, from_states, to_state, columns, actor, kind, message, return_ids, rows):  # type: ignore[no-untyped-def]
@@ -139,7 +145,7 @@ def _move_postgres(selection, from_states, to_state, columns, actor, kind, messa
     return [r[0] for r in result] if return_ids else result[0][0]
 
 
-def _move_portable(selection, to_state, columns, actor, kind, message, return_ids, rows):  # type: ignore[no-untyped-def]
+def _move_portable(selection, from_states, to_state, columns, actor, kind, message, return_ids, rows):  # type: ignore[no-untyped-def]
     now = timezone.now()
     values = {k: (now if v is NOW else v) for k, v in columns.items()}
     if rows is not None:

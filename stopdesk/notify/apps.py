@@ -1,0 +1,12 @@
+from django.apps import AppConfig
+
+
+class NotifyConfig(AppConfig):
+    name = "stopdesk.notify"
+    label = "notify"
+    verbose_name = "notifications"
+
+    def ready(self) -> None:
+        from stopdesk.notify import heartbeat
+
+        heartbeat.connect_beat_signal()

@@ -1,0 +1,62 @@
+"""Reads for the pages and /metrics: the review queue's size and age, and recent deliveries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from django.db import connection
+from django.db.models import QuerySet
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from stopdesk.notify.models import Delivery
+from stopdesk.states import ItemState
+
+# Uncertain items (partial index item_uncertain_deadline) and compensations waiting for a person
+# (index on state, proposed_at): counted and dated in one statement whatever the ledger's size.
+QUEUE_SQL = """
+SELECT
+  (SELECT count(*) FROM stopdesk_workitem WHERE state = %(uncertain)s),
+  (SELECT count(*) FROM stopdesk_workitem WHERE state = %(uncertain)s AND investigate_by < %(now)s),
+  (SELECT min(updated_at) FROM stopdesk_workitem WHERE state = %(uncertain)s),
+  (SELECT count(*) FROM reconcile_compensation WHERE state IN ('proposed', 'escalated')),
+  (SELECT min(proposed_at) FROM reconcile_compensation WHERE state IN ('proposed', 'escalated'))
+"""
+
+
+@dataclass(frozen=True)
+class QueueFacts:
+    uncertain: int
+    past_deadline: int
+    waiting_compensations: int
+    oldest_at: datetime | None
+    now: datetime
+
+    @property
+    def oldest_age_seconds(self) -> float:
+        return max(0.0, (self.now - self.oldest_at).total_seconds()) if self.oldest_at else 0.0
+
+
+def review_queue_facts(*, now: datetime | None = None) -> QueueFacts:
+    now = now or timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute(QUEUE_SQL, {"uncertain": ItemState.UNCERTAIN.value, "now": now})
+        uncertain, past, oldest_item, waiting, oldest_compensation = cursor.fetchone()
+    found = (_as_datetime(t) for t in (oldest_item, oldest_compensation) if t is not None)
+    oldest = min(found, default=None)
+    return QueueFacts(uncertain, past, waiting, oldest, now)
+
+
+def _as_datetime(value: datetime | str) -> datetime:
+    """PostgreSQL returns datetimes; SQLite returns raw SQL aggregates as text (UTC)."""
+    if isinstance(value, datetime):
+        return value
+    parsed = parse_datetime(value)
+    if parsed is None:
+        raise ValueError(f"not a timestamp: {value!r}")
+    return parsed if timezone.is_aware(parsed) else parsed.replace(tzinfo=UTC)
+
+
+def deliveries_recent() -> QuerySet[Delivery]:
+    return Delivery.objects.select_related("notification", "endpoint").order_by("-created_at", "-id")
