@@ -158,6 +158,10 @@ def run_drill(drill: Drill, driver: Driver, sandbox: DrillSandbox | None, target
 
 def drivers_for(mechanisms: list[str] | None) -> tuple[list[Driver], list[str]]:
     """Drivers for the named mechanisms (default: every registered one), and the names without one."""
+    # Framework drivers (openai-agents, pydantic-ai, langgraph) register on import; they are not
+    # mechanisms, so they run only when named.
+    from reconcile.drills import frameworks  # noqa: F401
+
     names = mechanisms or registry.names()
     found, missing = [], []
     for name in names:
@@ -237,7 +241,7 @@ def _store(run: DrillRun, report: Report) -> None:
                 passed=bool(o.passed),
                 items=o.items,
                 task_id=o.task_id,
-                related_item_id=o.item_id,
+                related_item_id=o.item_id or None,
             )
             for o in report.ran
         ]

@@ -127,7 +127,9 @@ def _identify(party: str, body: bytes) -> tuple[str, str, bool]:
     except ValueError:
         return "", "", party != "mcp"
     if party == "openai" and isinstance(data, dict):
-        return str((data.get("metadata") or {}).get("stopdesk_item", "")), "", True
+        # A background response runs on its own after the call returns: an action to account for.
+        # A foreground request (a framework agent's turn) only answers its caller: a draft.
+        return str((data.get("metadata") or {}).get("stopdesk_item", "")), "", bool(data.get("background"))
     if party == "mcp":
         # Only a tools/call is an action; initialize, list, tasks/* and notifications are not.
         if isinstance(data, dict) and data.get("method") == "tools/call":

@@ -6,6 +6,10 @@
 - cancel: POST /responses/{id}/cancel once, then always retrieve. 400/404/409 on cancel mean "look
   it up". A `cancelled` is watched for a while: it has been seen to turn `completed`.
 - timeouts, connection errors and 5xx are retried with backoff by the engine until the deadline.
+- the read-back also lists the tool calls the response launched itself (`launched_tool_calls`):
+  hosted `mcp_call`s, code interpreter, searches, function calls awaiting the application.
+  Cancelling the response does not undo them, so the services record each one under the
+  response's item.
 """
 
 from __future__ import annotations
@@ -68,7 +72,53 @@ def observe(response: dict[str, Any]) -> Observation:
         detail["incomplete_reason"] = response["incomplete_details"].get("reason")
     if response.get("error") is not None:
         detail["error"] = response["error"].get("message")
+    launched = launched_tool_calls(response)
+    if launched:
+        detail["tool_calls"] = launched
     return Observation(seen, remote_status=status, detail=detail)
+
+
+# Output item types that are tool calls, and whether one can change anything outside.
+READ_ONLY_TYPES = frozenset({"web_search_call", "file_search_call", "tool_search_call"})
+TOOL_CALL_TYPES = READ_ONLY_TYPES | frozenset(
+    {"mcp_call", "function_call", "custom_tool_call", "code_interpreter_call", "computer_call", "shell_call"}
+)
+
+
+def launched_tool_calls(response: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every tool call among a Response's output items, as plain facts: type, server label, tool,
+    call id, status, error, and whether it is read-only (searches; an MCP tool whose server listed
+    it with `readOnlyHint` in the same response's `mcp_list_tools`)."""
+    output = response.get("output") or []
+    read_only_tools = {
+        (listing.get("server_label"), tool.get("name"))
+        for listing in output
+        if listing.get("type") == "mcp_list_tools"
+        for tool in listing.get("tools") or []
+        if (tool.get("annotations") or {}).get("readOnlyHint") or (tool.get("annotations") or {}).get("read_only")
+    }
+    calls = []
+    for item in output:
+        kind = item.get("type")
+        if kind not in TOOL_CALL_TYPES:
+            continue
+        label = str(item.get("server_label") or "")
+        name = str(item.get("name") or kind)
+        error = item.get("error")
+        calls.append(
+            {
+                "type": kind,
+                "server_label": label,
+                "tool": name,
+                "call_id": str(item.get("call_id") or item.get("id") or ""),
+                "status": str(item.get("status") or ""),
+                "error": (error.get("message") or str(error.get("content") or ""))
+                if isinstance(error, dict)
+                else error,
+                "read_only": kind in READ_ONLY_TYPES or (label, name) in read_only_tools,
+            }
+        )
+    return calls
 
 
 class OpenAIResponses(Mechanism):

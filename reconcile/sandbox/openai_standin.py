@@ -8,7 +8,12 @@ official `openai` SDK parses every answer, including the awkward parts:
   final object; cancelling an already finished one is undocumented upstream, so it is a
   setting: 409 like ogx/Llama Stack (default) or the unchanged object like sglang;
 - there is no list endpoint, so a create whose answer was lost leaves an orphan that only
-  the `/_control/responses` side channel (for tests, not for the code under test) can see.
+  the `/_control/responses` side channel (for tests, not for the code under test) can see;
+- a request whose `model` is `script:<name>` is answered by a scripted model
+  (`scripted_model.py`): function calls, hosted `mcp_call` items, then a final answer, over
+  Responses and Chat Completions, streamed or not. A scripted background response carries its
+  turn's hosted tool calls as output items from the moment it runs, so a cancel leaves them there
+  for the application to inspect, as upstream does.
 
 Time is evaluated lazily on each read: a response's status is a function of the clock and
 of what happened to it, so no background task has to run and a stopped server loses nothing
@@ -17,17 +22,21 @@ a test cares about.
 
 from __future__ import annotations
 
+import itertools
+import json
 import time
 import uuid
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 import anyio
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
+from reconcile.sandbox import scripted_model as sm
 from reconcile.sandbox.common import SandboxParty
 
 RUNNING = frozenset({"queued", "in_progress"})
@@ -68,6 +77,7 @@ class StoredResponse:
     cancel_ignored: bool = False
     flip_at: float | None = None  # monotonic time at which a `cancelled` turns `completed`
     history: list[str] = field(default_factory=list)
+    tool_items: list[dict[str, Any]] = field(default_factory=list)  # hosted tool calls a script launched
 
     def to_json(self) -> dict[str, Any]:
         completed = self.status == "completed"
@@ -79,7 +89,7 @@ class StoredResponse:
             "background": self.background,
             "store": self.store,
             "model": self.model,
-            "output": [_message(self.id, self.output_text)] if completed else [],
+            "output": self._output(completed),
             "metadata": dict(self.metadata),
             "error": self.error,
             "incomplete_details": {"reason": self.incomplete_reason} if self.incomplete_reason else None,
@@ -92,6 +102,10 @@ class StoredResponse:
             "completed_at": self.completed_at,
             "usage": _usage() if completed else None,
         }
+
+    def _output(self, completed: bool) -> list[dict[str, Any]]:
+        launched = self.tool_items if self.status != "queued" else []
+        return [*launched, _message(self.id, self.output_text)] if completed else list(launched)
 
 
 class OpenAIStandin(SandboxParty):
@@ -132,6 +146,8 @@ class OpenAIStandin(SandboxParty):
         self.output_text = output_text
         self._responses: dict[str, StoredResponse] = {}
         self._armed: list[set[str]] = []
+        self._scripts: dict[str, sm.Script] = {}
+        self._model_log: list[dict[str, Any]] = []
 
     # --- Python control API -----------------------------------------------------------
 
@@ -144,6 +160,17 @@ class OpenAIStandin(SandboxParty):
                 self._armed.append(set())
             for slot in self._armed[:times]:
                 slot.add(fault)
+
+    def load_script(self, script: sm.Script) -> str:
+        """Serve `script`; returns the model name that selects it (`script:<name>`)."""
+        with self.lock:
+            self._scripts[script.name] = script
+        return sm.SCRIPT_PREFIX + script.name
+
+    def model_log(self) -> list[dict[str, Any]]:
+        """Every scripted model request answered: endpoint, script, turn, stream (tests read it)."""
+        with self.lock:
+            return list(self._model_log)
 
     def get(self, response_id: str) -> dict[str, Any] | None:
         with self.lock:
@@ -175,6 +202,7 @@ class OpenAIStandin(SandboxParty):
         with self.lock:
             self._responses.clear()
             self._armed.clear()
+            self._model_log.clear()
 
     # --- state machine ----------------------------------------------------------------
 
@@ -213,7 +241,7 @@ class OpenAIStandin(SandboxParty):
 
     # --- HTTP handlers ----------------------------------------------------------------
 
-    async def _create(self, request: Request) -> JSONResponse:
+    async def _create(self, request: Request) -> JSONResponse | StreamingResponse:
         await self.arrive("create")
         try:
             body = await request.json()
@@ -224,7 +252,12 @@ class OpenAIStandin(SandboxParty):
         metadata = body.get("metadata") or {}
         if not isinstance(metadata, dict) or len(metadata) > 16:
             return _error(400, "metadata must be an object with at most 16 keys.", param="metadata")
-        stored = self._store_new(body, metadata)
+        script = self._script_for(body)
+        if isinstance(script, JSONResponse):
+            return script
+        if script is not None and not body.get("background"):
+            return await self._scripted_responses(script, body)
+        stored = self._store_new(body, metadata, script)
         if self.has_fault(CREATE_HANG, stored.id):
             await self.hang()
         if not stored.background:
@@ -234,7 +267,7 @@ class OpenAIStandin(SandboxParty):
             self._advance(stored)
             return JSONResponse(stored.to_json())
 
-    def _store_new(self, body: dict[str, Any], metadata: dict[str, Any]) -> StoredResponse:
+    def _store_new(self, body: dict[str, Any], metadata: dict[str, Any], script: sm.Script | None) -> StoredResponse:
         with self.lock:
             stored = StoredResponse(
                 id=f"resp_{uuid.uuid4().hex}",
@@ -250,6 +283,12 @@ class OpenAIStandin(SandboxParty):
                 output_text=self.output_text or f"Stand-in answer to: {_summarise(body.get('input'))}",
                 history=["queued"],
             )
+            if script is not None:
+                index, turn = script.turn_for(body.get("input"))
+                launched = sm.responses_output(turn, response_id=stored.id)
+                stored.tool_items = [i for i in launched if i["type"] != "message"]
+                stored.output_text = turn.text or stored.output_text
+                self._log("responses", script, index, background=True)
             self._responses[stored.id] = stored
             if self._armed:
                 self._targeted_faults.setdefault(stored.id, set()).update(self._armed.pop(0))
@@ -309,7 +348,72 @@ class OpenAIStandin(SandboxParty):
         await self.arrive("list")
         return _error(405, "Method not allowed.")
 
+    # --- the scripted model ------------------------------------------------------------
+
+    def _script_for(self, body: dict[str, Any]) -> sm.Script | JSONResponse | None:
+        name = sm.script_name(str(body.get("model", "")))
+        if name is None:
+            return None
+        with self.lock:
+            script = self._scripts.get(name)
+        if script is None:
+            return _error(404, f"The model `{body['model']}` does not exist.", param="model")
+        return script
+
+    def _log(self, endpoint: str, script: sm.Script, turn: int, **extra: Any) -> None:
+        self._model_log.append({"endpoint": endpoint, "script": script.name, "turn": turn, **extra})
+
+    async def _scripted_responses(self, script: sm.Script, body: dict[str, Any]) -> JSONResponse | StreamingResponse:
+        index, turn = script.turn_for(body.get("input"))
+        stream = bool(body.get("stream"))
+        with self.lock:
+            self._log("responses", script, index, stream=stream)
+        await anyio.sleep(turn.delay_s)
+        response_id = f"resp_{uuid.uuid4().hex}"
+        final = sm.response_object(
+            response_id=response_id,
+            model=str(body["model"]),
+            output=sm.responses_output(turn, response_id=response_id),
+            status="completed",
+            created_at=time.time(),
+        )
+        if not stream:
+            return JSONResponse(final)
+        return _sse(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in sm.responses_events(final))
+
+    async def _chat_completions(self, request: Request) -> JSONResponse | StreamingResponse:
+        await self.arrive("chat")
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "Request body is not valid JSON.")
+        if not isinstance(body, dict) or not body.get("model") or not isinstance(body.get("messages"), list):
+            return _error(400, "Missing required parameter: 'model' or 'messages'.", param="messages")
+        script = self._script_for(body)
+        if isinstance(script, JSONResponse):
+            return script
+        if script is None:
+            return _error(404, f"The model `{body['model']}` does not exist; use a script:<name>.", param="model")
+        index, turn = script.turn_for(body["messages"])
+        stream = bool(body.get("stream"))
+        with self.lock:
+            self._log("chat", script, index, stream=stream)
+        await anyio.sleep(turn.delay_s)
+        model = str(body["model"])
+        if not stream:
+            return JSONResponse(sm.chat_completion(turn, model=model))
+        usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        chunks = sm.chat_chunks(turn, model=model, include_usage=usage)
+        return _sse(itertools.chain((f"data: {json.dumps(c)}\n\n" for c in chunks), ["data: [DONE]\n\n"]))
+
     # --- control endpoints beyond the common ones ------------------------------------
+
+    async def _control_scripts(self, request: Request) -> JSONResponse:
+        try:
+            model = self.load_script(sm.Script.from_json(await request.json()))
+        except (KeyError, TypeError, ValueError) as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        return JSONResponse({"model": model})
 
     async def _control_responses(self, request: Request) -> JSONResponse:
         return JSONResponse({"data": self.responses()})
@@ -338,6 +442,8 @@ class OpenAIStandin(SandboxParty):
                 Route("/v1/responses", self._unsupported, methods=["GET"]),
                 Route("/v1/responses/{response_id}", self._retrieve, methods=["GET"]),
                 Route("/v1/responses/{response_id}/cancel", self._cancel, methods=["POST"]),
+                Route("/v1/chat/completions", self._chat_completions, methods=["POST"]),
+                Route("/_control/scripts", self._control_scripts, methods=["POST"]),
                 *self.control_routes(),
                 Route("/_control/responses", self._control_responses, methods=["GET"]),
                 Route("/_control/arm", self._control_arm, methods=["POST"]),
@@ -354,6 +460,14 @@ def _message(response_id: str, text: str) -> dict[str, Any]:
         "status": "completed",
         "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
     }
+
+
+def _sse(frames: Iterator[str]) -> StreamingResponse:
+    async def body() -> AsyncIterator[str]:
+        for frame in frames:
+            yield frame
+
+    return StreamingResponse(body(), media_type="text/event-stream")
 
 
 def _usage() -> dict[str, Any]:

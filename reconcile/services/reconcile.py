@@ -21,6 +21,7 @@ from reconcile import engine
 from reconcile.mechanisms import registry
 from reconcile.mechanisms.base import Capability, ItemRef, Mechanism, Observation, Seen
 from reconcile.services.handles import item_attach_fact
+from reconcile.services.launched import response_launched_record
 from stopdesk.models import CancellationAttempt, WorkItem
 from stopdesk.services.errors import IllegalTransition
 from stopdesk.services.items import item_finish
@@ -204,6 +205,9 @@ def item_apply(
     plan, progress, evidence = decision.plan, decision.progress, decision.evidence
     if observation.record is not None:
         _attach(item_id, observation, actor)
+    if observation.final and observation.detail.get("tool_calls"):
+        # What the response launched itself is only known once it has stopped changing.
+        response_launched_record(item_id=item_id, calls=observation.detail["tool_calls"], actor=actor)
 
     if plan.late_result is not None:
         _late_result(item_id=item_id, reported=plan.late_result, actor=actor, outcome=plan.outcome, evidence=evidence)

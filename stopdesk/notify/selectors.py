@@ -41,6 +41,8 @@ class QueueFacts:
 def review_queue_facts(*, now: datetime | None = None) -> QueueFacts:
     now = now or timezone.now()
     with connection.cursor() as cursor:
+        # The state is a parameter (named in states.py only); Django binds it on the client, so the
+        # planner still sees the partial index's literal.
         cursor.execute(QUEUE_SQL, {"uncertain": ItemState.UNCERTAIN.value, "now": now})
         uncertain, past, oldest_item, waiting, oldest_compensation = cursor.fetchone()
     found = (_as_datetime(t) for t in (oldest_item, oldest_compensation) if t is not None)

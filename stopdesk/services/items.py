@@ -15,10 +15,10 @@ from django.utils.module_loading import import_string
 from reconcile.mechanisms import registry
 from stopdesk.models import ExternalRecord, Task, WorkItem
 from stopdesk.record_ids import record_id_problem
-from stopdesk.services.errors import HandleConflict, IllegalTransition, InvalidRecordId, UnknownMechanism
+from stopdesk.services.errors import HandleConflict, IllegalTransition, InvalidRecordId, TaskStopped, UnknownMechanism
 from stopdesk.services.events import event_record
 from stopdesk.services.sql import ClockNow
-from stopdesk.services.transitions import item_late_result, item_transition
+from stopdesk.services.transitions import item_late_result, item_start, item_submit, item_transition
 from stopdesk.services.transitions.settled import task_reopen
 from stopdesk.states import IN_FLIGHT, TERMINAL, UNSTARTED, ItemState, Kind
 
@@ -45,9 +45,14 @@ def item_register(
     parent: WorkItem | int | None = None,
     idempotency_key: str = "",
     detail: dict[str, Any] | None = None,
+    observed: bool = False,
 ) -> WorkItem:
     """Record a child before it is dispatched. Registering after Stop is allowed (the record must be
-    complete), but such an item can never pass the boundary."""
+    complete), but such an item can never pass the boundary.
+
+    `observed` records work that already ran outside our boundary (a tool a model response called
+    on the provider's side, found in its output): it is registered running, because it did start,
+    and is not cancelled by a Stop that came after it started."""
     if kind not in Kind.values:
         raise ValueError(f"Unknown kind {kind!r}; expected one of {', '.join(Kind.values)}.")
     if not registry.known(mechanism):
@@ -67,11 +72,16 @@ def item_register(
             label=label,
             idempotency_key=idempotency_key,
             detail=detail or {},
+            **({"state": S.RUNNING, "started_at": timezone.now()} if observed else {}),
         )
         event_record(
-            kind="item_registered", actor=actor, item=item, to_state=item.state, data={"noun": noun, "kind": kind}
+            kind="item_registered",
+            actor=actor,
+            item=item,
+            to_state=item.state,
+            data={"noun": noun, "kind": kind, **({"observed": True} if observed else {})},
         )
-        if Task.objects.filter(pk=task_id, stop_requested_at__isnull=False).exists():
+        if not observed and Task.objects.filter(pk=task_id, stop_requested_at__isnull=False).exists():
             # Recorded, so the ledger is complete, but it can never start: settle it now rather
             # than leave the stopped task looking unsettled. (A registration racing the stop's
             # own fan-out is caught by stops_resume_fanout.)
@@ -85,6 +95,46 @@ def item_register(
         else:
             task_reopen(task_id=task_id, actor=actor)
     return item
+
+
+def item_register_started(
+    *,
+    task_id: int,
+    actor: str,
+    worker: str = "",
+    lease_seconds: int | None = None,
+    submit_key: str = "",
+    **register: Any,
+) -> int:
+    """Register a child and pass the boundary (start, or submit with `submit_key`) in one
+    transaction, so one commit: for work that starts the moment it is known (a framework's tool call
+    or model request). Returns the item id; raises TaskStopped after Stop, with the item recorded
+    and cancelled, so the ledger still has every call."""
+    with transaction.atomic():
+        # The task row first, as the boundary does: registering may reopen a settled task (an
+        # UPDATE of that row) and the boundary then takes its share lock; two parallel tool calls
+        # taking them in the other order deadlocked. NO KEY UPDATE, as an UPDATE takes: it leaves
+        # the foreign-key checks of other writers' events (KEY SHARE) free.
+        list(Task.objects.select_for_update(no_key=True).filter(pk=task_id).values_list("pk", flat=True))
+        item = item_register(task=task_id, actor=actor, **register)
+        stopped = item.state == S.CANCELLED  # registered after Stop
+        if not stopped:
+            try:
+                if submit_key:
+                    item_submit(
+                        item_id=item.pk,
+                        idempotency_key=submit_key,
+                        actor=actor,
+                        worker=worker,
+                        lease_seconds=lease_seconds,
+                    )
+                else:
+                    item_start(item_id=item.pk, actor=actor, worker=worker, lease_seconds=lease_seconds)
+            except TaskStopped:
+                stopped = True  # the boundary cancelled it; that write commits with the registration
+    if stopped:
+        raise TaskStopped(task_id, item.pk)
+    return item.pk
 
 
 def _readiness_check(*, mechanism: str, kind: str, detail: dict[str, Any] | None) -> None:

@@ -1,0 +1,127 @@
+"""Framework integrations: what recording every call costs a real agent run.
+
+integration.overhead_ratio.<framework>   wall time of a 20-tool-call run (each tool sleeps 50 ms, one
+    call per model turn, against the scripted model on loopback) with the integration, divided by
+    the same run without it; both measured in this run, alternating, median of REPEATS each.
+    The integration records through the in-process runtime into PostgreSQL; Stop is watched by
+    polling the ledger every 200 ms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from bench.harness import Figure
+
+TOOL_CALLS = 20
+TOOL_S = 0.05
+REPEATS = 5
+TARGET = 1.10
+
+
+async def work(step: int) -> str:
+    """Do one step of the job."""
+    await asyncio.sleep(TOOL_S)
+    return f"step {step} done"
+
+
+def _script() -> Any:
+    from reconcile.sandbox.scripted_model import Script, ToolCall, Turn
+
+    turns = [Turn(tool_calls=(ToolCall("work", {"step": n}),)) for n in range(TOOL_CALLS)]
+    return Script.build("bench-20", [*turns, Turn(text="all steps done")])
+
+
+async def _openai_agents(base_url: str, model: str, runtime: Any, task_id: int | None) -> None:
+    from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    from stopdesk.agent.frameworks.openai_agents import guard_tool, run_agent
+
+    set_tracing_disabled(True)
+    client = AsyncOpenAI(base_url=base_url, api_key="no-key-needed", max_retries=0)
+    tool = function_tool(work)
+    if task_id is None:
+        agent = Agent(name="bench", tools=[tool], model=OpenAIResponsesModel(model, client))
+        await Runner.run(agent, "go", max_turns=TOOL_CALLS + 2)
+        return
+    agent = Agent(name="bench", tools=[guard_tool(tool)], model=OpenAIResponsesModel(model, client))
+    await run_agent(runtime, task_id, agent, "go", max_turns=TOOL_CALLS + 2)
+
+
+async def _pydantic_ai(base_url: str, model: str, runtime: Any, task_id: int | None) -> None:
+    from openai import AsyncOpenAI
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    from stopdesk.agent.frameworks.pydantic_ai import run_agent
+
+    client = AsyncOpenAI(base_url=base_url, api_key="no-key-needed", max_retries=0)
+    agent = Agent(OpenAIChatModel(model, provider=OpenAIProvider(openai_client=client)), tools=[work])
+    if task_id is None:
+        await agent.run("go")
+        return
+    await run_agent(runtime, task_id, agent, "go", tools=[work])
+
+
+async def _langgraph(base_url: str, model: str, runtime: Any, task_id: int | None) -> None:
+    from langchain.agents import create_agent
+    from langchain_core.tools import StructuredTool
+    from langchain_openai import ChatOpenAI
+    from openai import AsyncOpenAI
+
+    from stopdesk.agent.frameworks.langgraph import StopdeskMiddleware, run_agent
+
+    client = AsyncOpenAI(base_url=base_url, api_key="no-key-needed", max_retries=0)
+    chat = ChatOpenAI(model=model, root_async_client=client, async_client=client.chat.completions, api_key="unused")
+    tools = [StructuredTool.from_function(coroutine=work)]
+    state = {"messages": [{"role": "user", "content": "go"}]}
+    config = {"recursion_limit": 4 * TOOL_CALLS + 10}
+    if task_id is None:
+        await create_agent(chat, tools=tools).ainvoke(state, config=config)  # type: ignore[arg-type]
+        return
+    graph = create_agent(chat, tools=tools, middleware=[StopdeskMiddleware()])
+    await run_agent(runtime, task_id, graph, state, config=config)
+
+
+FRAMEWORKS: dict[str, Callable[[str, str, Any, int | None], Awaitable[None]]] = {
+    "openai_agents": _openai_agents,
+    "pydantic_ai": _pydantic_ai,
+    "langgraph": _langgraph,
+}
+
+
+def run() -> list[Figure]:
+    from reconcile.sandbox.openai_standin import OpenAIStandin
+    from reconcile.sandbox.server import BackgroundServer
+    from stopdesk.agent.frameworks.local import FrameworkRuntime
+    from stopdesk.models import WorkItem
+
+    party = OpenAIStandin()
+    model = party.load_script(_script())
+    runtime = FrameworkRuntime(actor="agent:bench", dispatch=lambda ids: None)
+    figures = []
+    with BackgroundServer(party.app, name="openai") as server:
+        base_url = server.url + "/v1"
+        for name, agent in FRAMEWORKS.items():
+            asyncio.run(agent(base_url, model, None, None))  # warm-up: imports, connections
+            plain, recorded = [], []
+            for _ in range(REPEATS):
+                began = time.perf_counter()
+                asyncio.run(agent(base_url, model, None, None))
+                plain.append(time.perf_counter() - began)
+                task = runtime.create_task(f"bench {name}")
+                began = time.perf_counter()
+                asyncio.run(agent(base_url, model, runtime, task.id))
+                recorded.append(time.perf_counter() - began)
+                tools = WorkItem.objects.filter(task_id=task.id, kind="local_worker", state="completed").count()
+                assert tools == TOOL_CALLS, f"{name}: {tools} tool calls recorded, expected {TOOL_CALLS}"
+            ratio = statistics.median(recorded) / statistics.median(plain)
+            figures.append(Figure(f"integration.overhead_ratio.{name}", ratio, "x", target=TARGET))
+            figures.append(Figure(f"integration.run_s.{name}", statistics.median(recorded), "s"))
+    return figures

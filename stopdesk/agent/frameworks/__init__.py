@@ -1,0 +1,13 @@
+"""Agent framework integrations, one module per framework, each behind its own extra:
+
+- `stopdesk.agent.frameworks.openai_agents` — `pip install "stopdesk[openai-agents]"`
+- `stopdesk.agent.frameworks.pydantic_ai` — `pip install "stopdesk[pydantic-ai]"`
+- `stopdesk.agent.frameworks.langgraph` — `pip install "stopdesk[langgraph]"`
+
+Only those modules import their framework; `core` and `declare` import none.
+"""
+
+from stopdesk.agent.frameworks.core import STOPPED_RESULT, RunStopped, StopdeskRun
+from stopdesk.agent.frameworks.declare import ToolDeclaration, declare
+
+__all__ = ["STOPPED_RESULT", "RunStopped", "StopdeskRun", "ToolDeclaration", "declare"]

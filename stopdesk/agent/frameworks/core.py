@@ -1,0 +1,473 @@
+"""What every framework integration shares: one run's bookkeeping in the ledger and its Stop.
+
+A `StopdeskRun` is entered around one agent run. The framework module calls `tool_call(...)` for
+each tool call (with the framework's call id) and `model_request()` around each model request; the
+run watches Stop and, when it comes, triggers the framework's own cancel (registered with
+`on_stop`) and records what was in flight.
+
+Per tool call, on the caller's path: register the child item, then the boundary (`start`, or
+`submit` with the idempotency key for a declared external action), then the body. The result is
+written afterwards off the caller's path (the writes are awaited before the run ends), so the
+model's next request does not wait for it. Model requests are drafts with no effect outside, so
+their items are written entirely off the path; a request made after Stop is refused in memory.
+
+`runtime` is anything with the runtime methods: `stopdesk.client.AsyncClient` (awaited), or the
+in-process `LocalRuntime` / the sync `Client` (run in a worker thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import inspect
+import json
+import logging
+import sys
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from stopdesk.agent.frameworks.declare import UNDECLARED, ToolDeclaration
+from stopdesk.client.errors import StopRequested
+
+log = logging.getLogger(__name__)
+
+STOPPED_RESULT = "The task was stopped, so this tool was not run. Stop now and answer with what you have."
+CURRENT: contextvars.ContextVar[StopdeskRun | None] = contextvars.ContextVar("stopdesk_run", default=None)
+StopWatch = Callable[[], Awaitable[Any]]
+
+
+class RunStopped(Exception):
+    """The run ended because Stop was requested (raised by `StopdeskRun.run`)."""
+
+
+@dataclass
+class _InFlight:
+    item_id: int
+    name: str
+    declaration: ToolDeclaration
+    submitted: bool
+
+
+class StopdeskRun:
+    def __init__(
+        self,
+        runtime: Any,
+        task_id: int,
+        *,
+        framework: str,
+        worker: str = "",
+        cleanup_s: float = 5.0,
+        watch: StopWatch | None = None,
+        poll_s: float = 0.2,
+    ) -> None:
+        self.runtime = runtime
+        self.task_id = task_id
+        self.framework = framework
+        self.worker = worker or f"{framework}-agent"
+        self.cleanup_s = cleanup_s
+        self.stopped = asyncio.Event()
+        self._watch = watch or self._watch_stop
+        self._poll_s = poll_s
+        self._on_stop: list[Callable[[], Any]] = []
+        self._in_flight: dict[str, _InFlight] = {}
+        self._failed: dict[str, str] = {}
+        self._writes: set[asyncio.Future[Any]] = set()
+        self._watcher: asyncio.Task[None] | None = None
+        self._token: contextvars.Token[StopdeskRun | None] | None = None
+        self.model_requests = 0
+        # A sync runtime (LocalRuntime, Client) runs on threads of this run's own (writes, and the
+        # Stop watch apart so a poll never queues behind them): their database connections are
+        # then ones this run can close when it ends.
+        self._threads: dict[str, ThreadPoolExecutor] = {}
+
+    # --- the run's life ---------------------------------------------------------------------
+
+    async def __aenter__(self) -> StopdeskRun:
+        self._token = CURRENT.set(self)
+        self._watcher = asyncio.create_task(self._watch_then_stop(), name="stopdesk-stop-watch")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+        await self.flush()
+        for lane, pool in self._threads.items():
+            await _close_pool_connections(pool, LANE_THREADS[lane])
+        if self._token is not None:
+            CURRENT.reset(self._token)
+
+    def on_stop(self, callback: Callable[[], Any]) -> None:
+        """Register the framework's cancel; called once, when Stop arrives."""
+        self._on_stop.append(callback)
+        if self.stopped.is_set():
+            self._fire(callback)
+
+    async def run[T](
+        self,
+        work: Awaitable[T],
+        *,
+        cancel: Callable[[], Any] | None = None,
+        stopped_errors: tuple[type[BaseException], ...] = (),
+    ) -> T:
+        """Run `work` (e.g. `Runner.run(...)`) as a task; on Stop call `cancel` (the framework's own
+        cancel; default: cancel the task) and raise RunStopped once the run has ended. The run gets
+        `cleanup_s` for its own `finally` blocks. `stopped_errors` are how the framework reports
+        its own cancel (pydantic-ai's RunCancelled)."""
+        task = asyncio.ensure_future(work)
+        self.on_stop(cancel or task.cancel)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not self.stopped.is_set():
+                task.cancel()
+                raise
+        except (StopRequested, *stopped_errors):  # type: ignore[misc]  # a tuple of exception classes
+            if not self.stopped.is_set():
+                raise
+        await self._bounded(task)
+        raise RunStopped(f"Task {self.task_id} was stopped.")
+
+    async def flush(self) -> None:
+        """Wait (bounded) for the ledger writes made off the caller's path, including any that
+        those writes queue in turn."""
+        deadline = asyncio.get_running_loop().time() + self.cleanup_s
+        while self._writes:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                log.warning("%d stopdesk writes still pending after %.1fs", len(self._writes), self.cleanup_s)
+                return
+            await asyncio.wait(set(self._writes), timeout=left)
+
+    async def _watch_then_stop(self) -> None:
+        try:
+            await self._watch()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("stop watch failed; the boundary still refuses work after Stop")
+            return
+        self.stop_seen()
+
+    def stop_seen(self) -> None:
+        """Stop is known here: refuse new work in memory and trigger the framework's cancel."""
+        if self.stopped.is_set():
+            return
+        self.stopped.set()
+        for callback in list(self._on_stop):
+            self._fire(callback)
+
+    def _fire(self, callback: Callable[[], Any]) -> None:
+        try:
+            outcome = callback()
+            if inspect.isawaitable(outcome):
+                self._later(outcome, "framework-cancel")
+        except Exception:
+            log.exception("framework cancel raised")
+
+    async def _watch_stop(self) -> None:
+        """Stop by push: the runtime's `watch_stop` (the HTTP client long-polls the watch endpoint,
+        answered by LISTEN/NOTIFY; in-process, the process's listener sets a handle). A runtime
+        without it, or a watch that fails, falls back to polling; the boundary holds either way."""
+        watch = getattr(self.runtime, "watch_stop", None)
+        if watch is None:
+            return await self._poll_stop()
+        try:
+            if inspect.iscoroutinefunction(watch):
+                await watch(self.task_id)
+                return
+            handle = await self._call("watch_stop", self.task_id, lane="watch")
+        except Exception:
+            log.exception("watch_stop failed; polling for Stop instead")
+            return await self._poll_stop()
+        try:
+            # The in-process handle is set from the listener's thread; looking at it costs nothing.
+            while not handle.is_set():
+                await asyncio.sleep(0.02)
+        finally:
+            handle.cancel()
+
+    async def _poll_stop(self) -> None:
+        # Until the pushed watch is wired in, ask the ledger; the boundary is the guarantee either way.
+        cheap = hasattr(self.runtime, "task_stopped")
+        while True:
+            if cheap:
+                stopped = await self._call("task_stopped", self.task_id, lane="watch")
+            else:
+                stopped = (await self._call("get_task", self.task_id, lane="watch")).stopped
+            if stopped:
+                return
+            await asyncio.sleep(self._poll_s)
+
+    async def _bounded(self, task: asyncio.Future[Any]) -> None:
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(asyncio.shield(task), timeout=self.cleanup_s)
+        if not task.done():
+            log.warning("the %s run did not end within %.1fs of Stop", self.framework, self.cleanup_s)
+        await self._settle_leftovers()
+
+    async def _settle_leftovers(self) -> None:
+        """Tool calls whose wrapper never got to record an outcome (the framework swallowed the
+        cancellation, or cleanup ran out): uncertain unless read-only, never silently running."""
+        for call_id, flight in list(self._in_flight.items()):
+            self._in_flight.pop(call_id, None)
+            await self._settle_interrupted(flight, "still in flight when the run ended after Stop")
+
+    # --- tool calls ---------------------------------------------------------------------------
+
+    async def tool_call(
+        self,
+        *,
+        call_id: str,
+        name: str,
+        arguments: dict[str, Any],
+        body: Callable[[], Awaitable[Any]],
+        declaration: ToolDeclaration = UNDECLARED,
+        kind: str = "",
+        mechanism: str = "",
+        extra: dict[str, Any] | None = None,
+        stopped_result: Any = STOPPED_RESULT,
+    ) -> Any:
+        """Register, pass the boundary, run `body`, record the outcome. After Stop the body never
+        runs and `stopped_result` is returned instead (the model reads it as the tool's answer)."""
+        key = declaration.idempotency_key(arguments) if declaration.idempotency_key and declaration.external else ""
+        detail = {
+            "tool": {
+                "framework": self.framework,
+                "name": name,
+                "call_id": call_id,
+                "arguments": _clip(arguments),
+                **declaration.as_detail(),
+                **(extra or {}),
+            }
+        }
+        if declaration.http:
+            detail["http"] = {"system": declaration.system, **declaration.http}
+        external = declaration.external
+        try:
+            item_id = await self._register_started(
+                submit_key=key if external else "",
+                kind=kind or ("external_operation" if external else "local_worker"),
+                noun=declaration.noun or f"{name} call",
+                mechanism=mechanism or ("http" if declaration.http else "manual"),
+                handle=call_id,
+                label=name,
+                idempotency_key=key,
+                detail=detail,
+            )
+        except StopRequested:
+            self.stop_seen()
+            return stopped_result
+        flight = _InFlight(item_id, name, declaration, external)
+        self._in_flight[call_id] = flight
+        try:
+            result = await body()
+        except asyncio.CancelledError:
+            if self._in_flight.pop(call_id, None) is not None:
+                # Shielded, and tracked: the cancellation that interrupted the body must not also lose
+                # its record, and a framework that does not wait for its cancelled tool tasks still
+                # has the run wait for the write (flush) before it ends.
+                settle = self._later(self._settle_interrupted(flight, "interrupted by Stop"), name)
+                await _shielded(settle, self.cleanup_s)
+            raise
+        except Exception as exc:
+            self._in_flight.pop(call_id, None)
+            reason = f"{type(exc).__name__}: {exc}"[:200]
+            if external:
+                # A call that raised may still have landed on the other side.
+                self._later(
+                    self._call("mark_uncertain", item_id, detail=_clip_text(f"outcome unknown after {reason}")), name
+                )
+            else:
+                self._later(self._call("finish", item_id, status="failed", detail=reason), name)
+            raise
+        self._in_flight.pop(call_id, None)
+        failure = self._failed.pop(call_id, None)
+        if failure is not None:
+            # The framework turned the tool's exception into text for the model; the ledger keeps it failed.
+            status = "uncertain" if external else "failed"
+            if status == "uncertain":
+                self._later(
+                    self._call("mark_uncertain", item_id, detail=_clip_text(f"outcome unknown after {failure}")), name
+                )
+            else:
+                self._later(self._call("finish", item_id, status="failed", detail=failure), name)
+            return result
+        self._later(self._call("finish", item_id, status="completed", detail=_clip_text(result)), name)
+        return result
+
+    def note_failure(self, call_id: str, error: BaseException, *, answer: Any = None) -> None:
+        """The framework caught the tool's exception and answered the model with `answer`."""
+        self._failed[call_id] = f"{type(error).__name__}: {error}"[:200]
+
+    async def _register_started(self, *, submit_key: str, **register: Any) -> int:
+        """Register and pass the boundary: one round trip where the runtime offers it."""
+        if hasattr(self.runtime, "register_started"):
+            item_id: int = await self._call(
+                "register_started", self.task_id, submit_key=submit_key, worker=self.worker, **register
+            )
+            return item_id
+        item = await self._call("register", self.task_id, **register)
+        if submit_key:
+            await self._call("submit", item.id, idempotency_key=submit_key, worker=self.worker)
+        else:
+            await self._call("start", item.id, worker=self.worker)
+        return int(item.id)
+
+    async def _settle_interrupted(self, flight: _InFlight, why: str) -> None:
+        try:
+            if flight.submitted and flight.declaration.http:
+                # The stop service asked the http mechanism to look the key up; it decides.
+                return
+            if flight.declaration.read_only:
+                await self._call("cancel", flight.item_id, detail=_clip_text(f"{flight.name}: {why}"))
+            else:
+                undeclared = "" if flight.declaration.effect != "unknown" else " (undeclared: possibly destructive)"
+                detail = _clip_text(f"{flight.name}: {why}{undeclared}")
+                await self._call("mark_uncertain", flight.item_id, detail=detail)
+        except Exception:
+            log.exception("could not record the interrupted %s call (item %s)", flight.name, flight.item_id)
+
+    # --- model requests ----------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def model_request(self, label: str = "") -> AsyncIterator[None]:
+        """Around one model request: a draft item. Refused (StopRequested) after Stop.
+
+        The item is recorded while the request is out (off the caller's path) and awaited before the
+        answer is handed to the framework: if the boundary refused it, Stop came first and the
+        answer is discarded, so the ledger's "discarded" and what the agent did agree."""
+        self.model_requests += 1
+        label = label or f"model request {self.model_requests}"
+        if self.stopped.is_set():
+            # Never sent; still recorded (cancelled by the boundary), so every request the framework
+            # made is in the ledger.
+            with contextlib.suppress(StopRequested):
+                await self._register_started(
+                    submit_key="", kind="model_request", noun="draft", label=label, mechanism="manual"
+                )
+            raise StopRequested(f"Task {self.task_id} was stopped.", task=self.task_id)
+        started = asyncio.get_running_loop().create_future()
+        self._later(self._model_begin(label, started), label)
+        outcome: tuple[str, str] = ("completed", "")
+        try:
+            yield
+            if await asyncio.shield(started) == REFUSED:
+                self.stop_seen()
+                raise StopRequested(f"Task {self.task_id} was stopped; the answer is discarded.", task=self.task_id)
+        except asyncio.CancelledError:
+            outcome = ("cancelled", "discarded by Stop")
+            raise
+        except StopRequested:
+            outcome = ("cancelled", "discarded by Stop")
+            raise
+        except Exception as exc:
+            outcome = ("failed", f"{type(exc).__name__}: {exc}"[:200])
+            raise
+        finally:
+            self._later(self._model_end(started, *outcome), label)
+
+    async def _model_begin(self, label: str, started: asyncio.Future[int | None]) -> None:
+        try:
+            item_id = await self._register_started(
+                submit_key="", kind="model_request", noun="draft", label=label, mechanism="manual"
+            )
+            started.set_result(item_id)
+        except StopRequested:
+            started.set_result(REFUSED)  # the boundary cancelled it: a draft never started
+        except BaseException as exc:
+            started.set_result(None)
+            if not isinstance(exc, Exception):
+                raise
+            log.exception("could not record %s", label)
+
+    async def _model_end(self, started: asyncio.Future[int | None], status: str, detail: str) -> None:
+        item_id = await started
+        if item_id is None or item_id == REFUSED:
+            return
+        if status == "cancelled":
+            await self._call("cancel", item_id, detail=detail)
+        else:
+            await self._call("finish", item_id, status=status, detail=detail)
+
+    # --- plumbing -----------------------------------------------------------------------------
+
+    async def _call(self, method: str, *args: Any, lane: str = "writes", **kwargs: Any) -> Any:
+        fn = getattr(self.runtime, method)
+        if inspect.iscoroutinefunction(fn):
+            return await fn(*args, **kwargs)
+        pool = self._threads.get(lane)
+        if pool is None:
+            pool = self._threads[lane] = ThreadPoolExecutor(LANE_THREADS[lane], thread_name_prefix=f"stopdesk-{lane}")
+        for attempt in range(DEADLOCK_RETRIES + 1):
+            try:
+                return await asyncio.get_running_loop().run_in_executor(pool, lambda: fn(*args, **kwargs))
+            except Exception as exc:
+                # PostgreSQL chose this write as a deadlock victim and rolled it back whole; the
+                # ledger's writes are safe to repeat (a repeated result changes nothing).
+                if attempt == DEADLOCK_RETRIES or "deadlock detected" not in str(exc):
+                    raise
+                await asyncio.sleep(0.01 * (attempt + 1))
+        raise AssertionError("unreachable")
+
+    def _later(self, work: Awaitable[Any], name: str) -> asyncio.Future[Any]:
+        task = asyncio.ensure_future(work)
+        if isinstance(task, asyncio.Task):
+            task.set_name(f"stopdesk:{name}")
+        self._writes.add(task)  # type: ignore[arg-type]
+        task.add_done_callback(self._written)
+        return task
+
+    def _written(self, task: asyncio.Future[Any]) -> None:
+        self._writes.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("stopdesk write failed: %r", task.exception())
+
+
+REFUSED = -1  # a model request's item that the boundary refused
+DEADLOCK_RETRIES = 3
+LANE_THREADS = {"writes": 4, "watch": 1}
+
+
+def _close_db_connections(barrier: threading.Barrier) -> None:
+    if "django.db" in sys.modules:
+        from django.db import connections
+
+        connections.close_all()
+    # Every thread of the pool waits here, so each one takes exactly one of these jobs.
+    barrier.wait(timeout=5)
+
+
+async def _close_pool_connections(pool: ThreadPoolExecutor, threads: int) -> None:
+    barrier = threading.Barrier(threads)
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(threading.BrokenBarrierError):
+        await asyncio.gather(*(loop.run_in_executor(pool, _close_db_connections, barrier) for _ in range(threads)))
+    pool.shutdown(wait=False)
+
+
+def current_run() -> StopdeskRun:
+    run = CURRENT.get()
+    if run is None:
+        raise RuntimeError("no stopdesk run is active here: wrap the agent run in `async with StopdeskRun(...)`")
+    return run
+
+
+async def _shielded(work: Awaitable[Any], timeout: float) -> None:
+    task = asyncio.ensure_future(work)
+    with contextlib.suppress(BaseException):
+        await asyncio.wait_for(asyncio.shield(task), timeout=timeout)
+
+
+def _clip(value: Any, limit: int = 2000) -> Any:
+    text = json.dumps(value, default=str)
+    return value if len(text) <= limit else {"truncated": text[:limit]}
+
+
+def _clip_text(value: Any, limit: int = 200) -> str:
+    return str(value)[:limit]

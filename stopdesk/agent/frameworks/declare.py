@@ -1,0 +1,88 @@
+"""What a tool does, declared once where the tool is defined.
+
+    @declare(read_only=True)
+    async def lookup(q: str) -> str: ...
+
+    @declare(system="crm", idempotency_key=lambda args: f"lead-{args['name']}", reversible="archive")
+    async def create_lead(name: str) -> str: ...
+
+A declared external action passes the boundary by *submitting* its idempotency key before the body
+runs, so a Stop that lands while it is in flight is reconciled by looking the key up. An undeclared
+tool is treated as possibly destructive: if Stop interrupts it, it is recorded uncertain (with an
+investigate-by deadline), never "cancelled", because nobody said it had no effect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Effect = Literal["read_only", "reversible", "irreversible", "unknown"]
+ATTRIBUTE = "__stopdesk_tool__"
+
+
+@dataclass(frozen=True)
+class ToolDeclaration:
+    effect: Effect = "unknown"
+    reversal: str = ""  # how to undo it, for a reversible tool
+    system: str = ""  # the external system it acts on; set means an external action
+    idempotency_key: Callable[[dict[str, Any]], str] | None = None
+    http: dict[str, Any] = field(default_factory=dict)  # status-lookup declaration for reconciliation
+    noun: str = ""  # what the summary calls one call ("lead", "email"); default "<tool> call"
+
+    @property
+    def external(self) -> bool:
+        return bool(self.system)
+
+    @property
+    def read_only(self) -> bool:
+        return self.effect == "read_only"
+
+    def as_detail(self) -> dict[str, Any]:
+        """What the ledger keeps, so the summary, the review queue and readiness can read it."""
+        out: dict[str, Any] = {"effect": self.effect, "declared": self.effect != "unknown" or self.external}
+        if self.reversal:
+            out["reversal"] = self.reversal
+        if self.system:
+            out["system"] = self.system
+        return out
+
+
+UNDECLARED = ToolDeclaration()
+
+
+def declare[F: Callable[..., Any]](
+    fn: F | None = None,
+    *,
+    read_only: bool = False,
+    reversible: str = "",
+    irreversible: bool = False,
+    system: str = "",
+    idempotency_key: Callable[[dict[str, Any]], str] | None = None,
+    http: dict[str, Any] | None = None,
+    noun: str = "",
+) -> Any:
+    """Decorator (bare or with arguments) recording what a tool does on the function itself."""
+    chosen = [read_only, bool(reversible), irreversible]
+    if sum(chosen) > 1:
+        raise ValueError("declare one of read_only, reversible=<how> or irreversible")
+    if read_only and system:
+        raise ValueError("a read-only tool has no external action; drop system= or read_only")
+    if system and idempotency_key is None:
+        raise ValueError(f"an external action on {system!r} needs idempotency_key= (a function of the arguments)")
+    effect: Effect = (
+        "read_only" if read_only else "reversible" if reversible else "irreversible" if irreversible else "unknown"
+    )
+    declaration = ToolDeclaration(effect, reversible, system, idempotency_key, dict(http or {}), noun)
+
+    def apply(target: F) -> F:
+        setattr(target, ATTRIBUTE, declaration)
+        return target
+
+    return apply(fn) if fn is not None else apply
+
+
+def declaration_of(obj: Any) -> ToolDeclaration:
+    found = getattr(obj, ATTRIBUTE, None)
+    return found if isinstance(found, ToolDeclaration) else UNDECLARED

@@ -1,0 +1,109 @@
+"""LangGraph / LangChain (langgraph 1.2, langchain 1.5): every tool call and model request in the
+ledger, and Stop.
+
+    from langchain.agents import create_agent
+    from stopdesk.agent.frameworks.langgraph import StopdeskMiddleware, run_agent
+
+    graph = create_agent(ChatOpenAI(...), tools=[lookup], middleware=[StopdeskMiddleware()])
+    state = await run_agent(runtime, task.id, graph, {"messages": [("user", "Add Acme as a lead")]})
+
+A hand-built graph uses `ToolNode(tools, awrap_tool_call=awrap_tool_call)` instead of the middleware.
+
+Hook points (read in the installed packages): `AgentMiddleware.awrap_tool_call(request, handler)`
+and `ToolNode(awrap_tool_call=)` receive a `ToolCallRequest` whose `tool_call["id"]` is the model's
+call id; after Stop they answer with a `ToolMessage` for that id without calling the handler, so no
+tool call is left without a result. `awrap_model_call` encloses each model request. The tool
+node's error handling turns a tool's exception into a `ToolMessage(status="error")`, which is
+recorded failed. Stop cancels the asyncio task running `graph.ainvoke`, which cancels the tool
+tasks LangGraph is running.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from langchain.agents.middleware import AgentMiddleware
+from langchain_core.messages import ToolMessage
+
+from stopdesk.agent.frameworks.core import CURRENT, STOPPED_RESULT, StopdeskRun
+from stopdesk.agent.frameworks.declare import ToolDeclaration, declaration_of
+
+FRAMEWORK = "langgraph"
+
+
+def _declaration(request: Any, declarations: dict[str, ToolDeclaration]) -> ToolDeclaration:
+    name = request.tool_call["name"]
+    if name in declarations:
+        return declarations[name]
+    tool = request.tool
+    # A StructuredTool keeps the function it was made from; the declaration sits on it.
+    for attribute in ("coroutine", "func"):
+        found = declaration_of(getattr(tool, attribute, None))
+        if found.effect != "unknown" or found.external:
+            return found
+    return declaration_of(tool)
+
+
+async def awrap_tool_call(
+    request: Any,
+    execute: Callable[[Any], Awaitable[Any]],
+    declarations: dict[str, ToolDeclaration] | None = None,
+) -> Any:
+    """The ToolNode wrapper: ledger and boundary around one tool call."""
+    run = CURRENT.get()
+    if run is None:
+        return await execute(request)
+    call = request.tool_call
+    call_id = str(call.get("id") or "")
+
+    async def body() -> Any:
+        message = await execute(request)
+        if isinstance(message, ToolMessage) and message.status == "error":
+            run.note_failure(call_id, RuntimeError(str(message.content)[:200]), answer=message)
+        return message
+
+    return await run.tool_call(
+        call_id=call_id,
+        name=call["name"],
+        arguments=dict(call.get("args") or {}),
+        body=body,
+        declaration=_declaration(request, declarations or {}),
+        stopped_result=ToolMessage(content=STOPPED_RESULT, tool_call_id=call_id, name=call["name"], status="error"),
+    )
+
+
+class StopdeskMiddleware(AgentMiddleware):  # type: ignore[type-arg]
+    """For `create_agent(..., middleware=[StopdeskMiddleware()])`."""
+
+    def __init__(self, declarations: dict[str, ToolDeclaration] | None = None) -> None:
+        super().__init__()
+        self.declarations = dict(declarations or {})
+
+    async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
+        return await awrap_tool_call(request, handler, self.declarations)
+
+    async def awrap_model_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
+        run = CURRENT.get()
+        if run is None:
+            return await handler(request)
+        async with run.model_request():
+            return await handler(request)
+
+
+async def run_agent(
+    runtime: Any,
+    task_id: int,
+    graph: Any,
+    input: Any,
+    *,
+    cleanup_s: float = 5.0,
+    watch: Any = None,
+    poll_s: float = 0.2,
+    **invoke_kwargs: Any,
+) -> Any:
+    """`graph.ainvoke(input)` under `task_id`; Stop cancels the graph's task (RunStopped)."""
+    async with StopdeskRun(
+        runtime, task_id, framework=FRAMEWORK, cleanup_s=cleanup_s, watch=watch, poll_s=poll_s
+    ) as run:
+        return await run.run(graph.ainvoke(input, **invoke_kwargs))

@@ -1,0 +1,215 @@
+"""OpenAI Agents SDK (openai-agents 0.24): every tool call and model request in the ledger, and Stop.
+
+    from agents import Agent, OpenAIResponsesModel, Runner
+    from stopdesk.agent.frameworks.openai_agents import instrument, stopdesk_tool, run_agent
+
+    @stopdesk_tool(read_only=True)
+    async def lookup(q: str) -> str: ...
+
+    agent = Agent(name="sales", tools=[lookup], model=OpenAIResponsesModel("gpt-5", client))
+    result = await run_agent(runtime, task.id, agent, "Add Acme as a lead")   # RunStopped on Stop
+
+Hook points (read in the installed SDK): a `FunctionTool`'s `on_invoke_tool(ToolContext, json)`
+runs the body after the SDK's own guardrails and approvals, and `ToolContext.tool_call_id` is the
+model's call id, so the wrapper puts the boundary right before the body. A tool's exception reaches
+the wrapper (the body runs from a copy whose failure policy is "raise"), so a failed call is
+recorded failed, and the tool's own formatter then answers the model. Model requests go through a
+`Model` wrapper (`get_response` / `stream_response`), which also sees hosted `mcp_call` items the
+provider ran and records them as remote tools. Stop cancels the asyncio task of `Runner.run`, or
+calls `RunResultStreaming.cancel(mode="immediate")` for a streamed run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from agents import Agent, FunctionTool, Runner, function_tool
+from agents.models.interface import Model
+from agents.result import RunResult, RunResultStreaming
+from agents.tool import resolve_function_tool_failure_error_function, set_function_tool_failure_error_function
+
+from stopdesk.agent.frameworks.core import CURRENT, StopdeskRun
+from stopdesk.agent.frameworks.declare import UNDECLARED, ToolDeclaration, declaration_of, declare
+from stopdesk.agent.frameworks.hosted import record_hosted_calls
+
+FRAMEWORK = "openai-agents"
+
+
+def guard_tool(
+    tool: FunctionTool,
+    declaration: ToolDeclaration | None = None,
+    *,
+    kind: str = "",
+    extra: dict[str, Any] | None = None,
+) -> FunctionTool:
+    """The same tool, with the ledger and the boundary around its body (a copy; `tool` is unchanged)."""
+    declared = declaration or declaration_of(tool)
+    formatter = resolve_function_tool_failure_error_function(tool)
+    # The body runs from a copy whose failure policy is "raise", so the ledger sees the exception
+    # (the SDK's invoker binds the policy to the tool it was made for); the tool's own formatter
+    # then answers the model, as it would have without stopdesk.
+    inner = dataclasses.replace(tool)
+    set_function_tool_failure_error_function(inner, None)
+    original = inner.on_invoke_tool
+
+    async def invoke(ctx: Any, payload: str) -> Any:
+        run = CURRENT.get()
+        if run is None:
+            return await tool.on_invoke_tool(ctx, payload)
+        try:
+            return await run.tool_call(
+                call_id=ctx.tool_call_id,
+                name=tool.name,
+                arguments=_arguments(payload),
+                body=lambda: original(ctx, payload),
+                declaration=declared,
+                kind=kind,
+                extra=extra,
+            )
+        except Exception as exc:
+            if formatter is None:
+                raise
+            answer = formatter(ctx, exc)
+            return await answer if inspect.isawaitable(answer) else answer
+
+    guarded = dataclasses.replace(tool, on_invoke_tool=invoke)
+    setattr(guarded, "__stopdesk_tool__", declared)  # noqa: B010 - the attribute name is shared with declare()
+    return guarded
+
+
+def stopdesk_tool(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
+    """`@function_tool` plus a declaration (the `declare()` keywords) and the guard, in one decorator.
+    Other keywords go to `function_tool`."""
+    declare_keys = {"read_only", "reversible", "irreversible", "system", "idempotency_key", "http", "noun"}
+    declared = {k: options.pop(k) for k in list(options) if k in declare_keys}
+
+    def build(target: Callable[..., Any]) -> FunctionTool:
+        if declared or declaration_of(target) is UNDECLARED:
+            declare(target, **declared)
+        return guard_tool(function_tool(target, **options), declaration_of(target))
+
+    return build(fn) if fn is not None else build
+
+
+def guard_mcp_tool(tool: FunctionTool) -> FunctionTool:
+    """A tool the SDK made from an MCP server's tool list: recorded as a remote tool with the
+    server's annotations; read-only only when the server says `readOnlyHint`, otherwise possibly
+    destructive (the spec's default)."""
+    server, name, _ = tool._mcp_tool_binding or ("", tool.name, None)
+    hints = getattr(tool, "_mcp_annotations", None)
+    read_only = bool(getattr(hints, "read_only_hint", None) or getattr(hints, "readOnlyHint", None))
+    annotations = hints.model_dump(by_alias=True, exclude_none=True) if hints is not None else {}
+    declaration = ToolDeclaration(effect="read_only" if read_only else "unknown", noun=f"{name} call")
+    extra = {"mcp": {"server": server, "tool": name, "annotations": annotations}}
+    return guard_tool(tool, declaration, kind="remote_tool", extra=extra)
+
+
+class StopdeskAgent(Agent[Any]):
+    """An Agent whose MCP servers' tools are guarded too: the SDK lists them on every turn."""
+
+    async def get_mcp_tools(self, run_context: Any) -> list[Any]:
+        tools = await super().get_mcp_tools(run_context)
+        return [guard_mcp_tool(t) if isinstance(t, FunctionTool) and not _guarded(t) else t for t in tools]
+
+
+def _guarded(tool: FunctionTool) -> bool:
+    return getattr(tool.on_invoke_tool, "__name__", "") == "invoke"
+
+
+class StopdeskModel(Model):
+    """A model whose every request is a draft item, refused after Stop."""
+
+    def __init__(self, inner: Model) -> None:
+        self.inner = inner
+
+    async def get_response(self, *args: Any, **kwargs: Any) -> Any:
+        run = CURRENT.get()
+        if run is None:
+            return await self.inner.get_response(*args, **kwargs)
+        async with run.model_request():
+            response = await self.inner.get_response(*args, **kwargs)
+        _record_hosted(run, response.output)
+        return response
+
+    async def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:  # type: ignore[override]
+        run = CURRENT.get()
+        if run is None:
+            async for event in self.inner.stream_response(*args, **kwargs):
+                yield event
+            return
+        async with run.model_request():
+            async for event in self.inner.stream_response(*args, **kwargs):
+                if getattr(event, "type", "") == "response.completed":
+                    _record_hosted(run, getattr(event, "response").output)  # noqa: B009 - narrows the union
+                yield event
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def get_retry_advice(self, request: Any) -> Any:
+        return self.inner.get_retry_advice(request)
+
+
+def instrument(agent: Agent[Any], declarations: dict[str, ToolDeclaration] | None = None) -> Agent[Any]:
+    """A clone of `agent` whose function tools are guarded and whose model requests are recorded.
+    `declarations` names what undecorated tools do (by tool name)."""
+    declarations = declarations or {}
+    tools = []
+    for tool in agent.tools:
+        if isinstance(tool, FunctionTool) and not _guarded(tool):
+            tool = guard_tool(tool, declarations.get(tool.name))
+        tools.append(tool)
+    if not isinstance(agent.model, Model):
+        raise TypeError("give the agent a Model instance (e.g. OpenAIResponsesModel(...)) so its requests are recorded")
+    model = agent.model if isinstance(agent.model, StopdeskModel) else StopdeskModel(agent.model)
+    fields = {f.name: getattr(agent, f.name) for f in dataclasses.fields(agent) if f.init}
+    return StopdeskAgent(**{**fields, "tools": tools, "model": model})
+
+
+async def run_agent(
+    runtime: Any,
+    task_id: int,
+    agent: Agent[Any],
+    input: Any,
+    *,
+    streamed: bool = False,
+    on_event: Callable[[Any], Any] | None = None,
+    cleanup_s: float = 5.0,
+    watch: Any = None,
+    poll_s: float = 0.2,
+    **runner_kwargs: Any,
+) -> RunResult | RunResultStreaming:
+    """Run `agent` under `task_id`: the ledger sees every call, and Stop ends the run (RunStopped)."""
+    agent = instrument(agent)
+    async with StopdeskRun(
+        runtime, task_id, framework=FRAMEWORK, cleanup_s=cleanup_s, watch=watch, poll_s=poll_s
+    ) as run:
+        if not streamed:
+            return await run.run(Runner.run(agent, input, **runner_kwargs))
+        result = Runner.run_streamed(agent, input, **runner_kwargs)
+        run.on_stop(lambda: result.cancel(mode="immediate"))
+
+        async def consume() -> RunResultStreaming:
+            async for event in result.stream_events():
+                if on_event is not None:
+                    on_event(event)
+            return result
+
+        return await run.run(consume())
+
+
+def _record_hosted(run: StopdeskRun, output: list[Any]) -> None:
+    calls = [item.model_dump() if hasattr(item, "model_dump") else dict(item) for item in output]
+    record_hosted_calls(run, [c for c in calls if c.get("type") == "mcp_call"])
+
+
+def _arguments(payload: str) -> dict[str, Any]:
+    try:
+        parsed = json.loads(payload or "{}")
+    except ValueError:
+        return {"unparsed": payload[:500]}
+    return parsed if isinstance(parsed, dict) else {"value": parsed}

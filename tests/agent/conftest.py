@@ -1,0 +1,42 @@
+"""Real frameworks against the scripted model on loopback, recording through the in-process runtime
+into PostgreSQL (threads, so the test database is transactional)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from reconcile.mechanisms import registry
+from reconcile.sandbox.crm import CRM
+from reconcile.sandbox.openai_standin import OpenAIStandin
+from reconcile.sandbox.server import BackgroundServer
+from stopdesk.agent.frameworks.local import FrameworkRuntime
+
+
+@pytest.fixture(scope="module")
+def _model_served() -> Iterator[tuple[OpenAIStandin, BackgroundServer]]:
+    party = OpenAIStandin()
+    with BackgroundServer(party.app, name="openai") as server:
+        yield party, server
+
+
+@pytest.fixture
+def model(_model_served: tuple[OpenAIStandin, BackgroundServer]) -> Iterator[tuple[OpenAIStandin, str]]:
+    party, server = _model_served
+    yield party, server.url + "/v1"
+    party.reset()
+
+
+@pytest.fixture
+def crm() -> Iterator[tuple[CRM, str]]:
+    party = CRM()
+    with BackgroundServer(party.app, name="crm") as server:
+        yield party, server.url
+
+
+@pytest.fixture
+def runtime(transactional_db) -> FrameworkRuntime:  # type: ignore[no-untyped-def]
+    registry.reset()
+    # Stop's cancellation jobs are run by the test itself (the reconcile service), not by Celery.
+    return FrameworkRuntime(actor="agent:test", dispatch=lambda ids: None)

@@ -1,0 +1,279 @@
+"""Each framework, for real, against the scripted model: the ledger sees every call and Stop holds."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from reconcile.sandbox.crm import HANG_AFTER_COMMIT
+from reconcile.sandbox.scripted_model import HostedMcpCall, Script, ToolCall, Turn
+from reconcile.services.cancel import item_cancel
+from stopdesk.agent.frameworks.core import RunStopped
+from stopdesk.models import ExternalRecord, Task, WorkItem
+from stopdesk.states import ItemState as S
+from stopdesk.summary import task_summary
+from tests.agent.kit import FRAMEWORKS, Tools
+
+pytestmark = [pytest.mark.postgres, pytest.mark.parametrize("framework", sorted(FRAMEWORKS))]
+
+
+def items(task_id: int) -> list[WorkItem]:
+    return list(WorkItem.objects.filter(task_id=task_id).order_by("id"))
+
+
+def tools_of(task_id: int) -> list[WorkItem]:
+    return [i for i in items(task_id) if i.kind != "model_request"]
+
+
+async def never() -> None:
+    await asyncio.Event().wait()
+
+
+def run(framework: str, runtime: Any, task_id: int, url: str, model: str, tools: Tools, **kw: Any) -> Any:
+    return asyncio.run(FRAMEWORKS[framework](runtime, task_id, url, model, tools, **kw))
+
+
+def stop_when(event: threading.Event, runtime: Any, task_id: int) -> threading.Thread:
+    def operator() -> None:
+        from django.db import connections
+
+        try:
+            if event.wait(10):
+                runtime.request_stop(task_id, reason="operator pressed Stop")
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=operator)
+    thread.start()
+    return thread
+
+
+def test_a_full_run_records_every_tool_call_and_model_request(framework, model, runtime):
+    party, url = model
+    name = party.load_script(
+        Script.build(
+            "lookup",
+            [
+                Turn(
+                    tool_calls=(ToolCall("lookup", {"q": "Acme"}),),
+                    mcp_calls=(HostedMcpCall("docs", "search", {"q": "acme"}, output="3 pages"),),
+                ),
+                Turn(text="Acme has 12 employees."),
+            ],
+        )
+    )
+    task = runtime.create_task("Look Acme up")
+    tools = Tools()
+
+    answer = run(framework, runtime, task.id, url, name, tools)
+
+    assert answer == "Acme has 12 employees."
+    assert tools.calls == {"lookup": 1}
+    rows = items(task.id)
+    by_kind = {(i.kind, i.label, i.state) for i in rows}
+    assert ("local_worker", "lookup", S.COMPLETED) in by_kind
+    assert [i.state for i in rows if i.kind == "model_request"] == [S.COMPLETED, S.COMPLETED]
+    tool = next(i for i in rows if i.label == "lookup")
+    assert tool.handle == "call_0_0"
+    assert tool.detail["tool"]["effect"] == "read_only"
+    assert tool.detail["tool"]["arguments"] == {"q": "Acme"}
+    hosted = [i for i in rows if i.kind == "remote_tool"]
+    if framework == "openai-agents":
+        # The Responses answer carried an mcp_call the provider ran: recorded with its status.
+        (call,) = hosted
+        assert (call.label, call.state, call.handle) == ("docs.search", S.COMPLETED, "mcp_0_0")
+    else:
+        assert hosted == []  # Chat Completions has no hosted tools
+
+
+def test_a_tool_that_raises_is_recorded_failed(framework, model, runtime):
+    party, url = model
+    name = party.load_script(
+        Script.build("broken", [Turn(tool_calls=(ToolCall("broken_check", {"q": "Acme"}),)), Turn(text="gave up")])
+    )
+    task = runtime.create_task("Check Acme")
+    tools = Tools()
+
+    if framework in ("langgraph", "pydantic-ai"):
+        # LangGraph's tool node (handle_tool_errors covers invalid arguments only) and pydantic-ai
+        # (only ModelRetry goes back to the model) re-raise a tool's own exception: the run fails,
+        # with or without stopdesk. The Agents SDK answers the model with the error instead.
+        with pytest.raises(ValueError, match="no data for Acme"):
+            run(framework, runtime, task.id, url, name, tools)
+    else:
+        assert run(framework, runtime, task.id, url, name, tools) == "gave up"
+        assert [e["turn"] for e in party.model_log()] == [0, 1]  # the model was asked again, with the error
+
+    (tool,) = tools_of(task.id)
+    assert (tool.state, tool.outcome) == (S.FAILED, "ValueError: no data for Acme")
+
+
+def test_stop_before_a_tool_call_means_its_body_never_runs(framework, model, runtime):
+    party, url = model
+    name = party.load_script(
+        Script.build(
+            "stop-first",
+            [Turn(tool_calls=(ToolCall("lookup", {"q": "Acme"}),), delay_s=0.5), Turn(text="done")],
+        )
+    )
+    task = runtime.create_task("Look Acme up")
+    tools = Tools()
+    asked = threading.Event()
+
+    def model_is_thinking() -> bool:
+        drafts = WorkItem.objects.filter(task_id=task.id, kind="model_request", state=S.RUNNING)
+        return bool(party.model_log()) and drafts.exists()
+
+    watcher = threading.Thread(target=lambda: _set_when(asked, model_is_thinking))
+    watcher.start()
+    operator = stop_when(asked, runtime, task.id)  # Stop while the model is thinking about the tool call
+
+    # The push never arrives here (watch=never): only the boundary stands between Stop and the tool.
+    with pytest.raises(RunStopped):
+        run(framework, runtime, task.id, url, name, tools, watch=never)
+    operator.join(5)
+    watcher.join(5)
+
+    assert tools.calls["lookup"] == 0
+    (tool,) = tools_of(task.id)
+    assert (tool.label, tool.state, tool.handle) == ("lookup", S.CANCELLED, "call_0_0")
+    assert len(party.model_log()) == 1  # the model never got a second turn
+
+
+def test_a_model_answer_that_arrives_after_stop_is_discarded_and_no_tool_is_called(framework, model, runtime):
+    party, url = model
+    name = party.load_script(
+        Script.build("stopped-before", [Turn(tool_calls=(ToolCall("lookup", {"q": "Acme"}),)), Turn(text="done")])
+    )
+    task = runtime.create_task("Look Acme up")
+    runtime.request_stop(task.id, reason="changed my mind")
+    tools = Tools()
+
+    with pytest.raises(RunStopped):
+        run(framework, runtime, task.id, url, name, tools, watch=never)
+
+    assert tools.calls["lookup"] == 0 and tools_of(task.id) == []
+    (draft,) = items(task.id)
+    assert (draft.kind, draft.state) == ("model_request", S.CANCELLED)
+    assert task_summary(Task.objects.get(pk=task.id)) == "Stopped new work. One draft discarded."
+
+
+def _set_when(event: threading.Event, condition: Any, within_s: float = 10.0) -> None:
+    from django.db import connections
+
+    try:
+        deadline = time.monotonic() + within_s
+        while not condition() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        event.set()
+    finally:
+        connections.close_all()
+
+
+def test_stop_during_a_slow_tool_cancels_it_and_its_cleanup_runs(framework, model, runtime):
+    party, url = model
+    name = party.load_script(
+        Script.build("slow", [Turn(tool_calls=(ToolCall("slow_report", {"name": "Acme"}),)), Turn(text="done")])
+    )
+    task = runtime.create_task("Report on Acme")
+    tools = Tools(slow_s=30)
+    operator = stop_when(tools.started, runtime, task.id)
+    began = time.monotonic()
+
+    with pytest.raises(RunStopped):
+        run(framework, runtime, task.id, url, name, tools)
+    operator.join(5)
+
+    assert time.monotonic() - began < 10
+    assert tools.cleaned_up == ["slow_report"]
+    (tool,) = tools_of(task.id)
+    assert tool.state == S.CANCELLED
+    assert "interrupted by Stop" in tool.outcome
+
+
+def test_stop_after_the_external_action_was_submitted_reconciles_the_record(framework, model, runtime, crm):
+    party, url = model
+    crm_party, crm_url = crm
+    crm_party.set_fault(HANG_AFTER_COMMIT)  # the CRM creates the lead and never answers
+    name = party.load_script(
+        Script.build("lead", [Turn(tool_calls=(ToolCall("create_lead", {"name": "Acme"}),)), Turn(text="done")])
+    )
+    task = runtime.create_task("Add Acme as a lead")
+    tools = Tools(crm_url=crm_url)
+
+    def stop_once_created() -> None:
+        from django.db import connections
+
+        try:
+            deadline = time.monotonic() + 10
+            while not crm_party.records() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            runtime.request_stop(task.id)
+        finally:
+            connections.close_all()
+
+    operator = threading.Thread(target=stop_once_created)
+    operator.start()
+    with pytest.raises(RunStopped):
+        run(framework, runtime, task.id, url, name, tools)
+    operator.join(10)
+    (lead,) = tools_of(task.id)
+    assert (lead.kind, lead.mechanism, lead.idempotency_key) == ("external_operation", "http", "lead-Acme")
+    assert lead.state == S.RUNNING and lead.cancel_requested_at is not None  # left to reconciliation
+
+    item_cancel(item_id=lead.pk)  # the job Stop dispatches for it
+
+    lead.refresh_from_db()
+    record = ExternalRecord.objects.get(item=lead)
+    assert lead.state == S.COMPLETED
+    assert (record.system, record.record_id) == ("crm", crm_party.records()[0]["id"])
+    # The lead landed and reconciliation found it: the summary says so rather than "cancelled".
+    assert task_summary(lead.task) == "Stopped new work. One lead created; review required. One draft completed."
+
+
+def test_concurrent_tool_calls_in_one_turn_are_each_recorded_and_run_in_parallel(framework, model, runtime):
+    party, url = model
+    calls = tuple(ToolCall("wait_a_bit", {"n": n}) for n in range(3))
+    name = party.load_script(Script.build("parallel", [Turn(tool_calls=calls), Turn(text="all done")]))
+    task = runtime.create_task("Wait three times")
+    tools = Tools()
+
+    answer = run(framework, runtime, task.id, url, name, tools)
+
+    assert answer == "all done"
+    rows = tools_of(task.id)
+    # They ran at once: each one started before any of them finished.
+    assert max(i.started_at for i in rows) < min(i.finished_at for i in rows)
+    assert sorted(i.handle for i in rows) == ["call_0_0", "call_0_1", "call_0_2"]
+    assert {i.state for i in rows} == {S.COMPLETED}
+    assert {i.detail["tool"]["effect"] for i in rows} == {"unknown"}  # undeclared
+
+
+def test_the_stop_summary_of_a_framework_run(framework, model, runtime):
+    party, url = model
+    name = party.load_script(
+        Script.build(
+            "summary",
+            [
+                Turn(tool_calls=(ToolCall("lookup", {"q": "Acme"}),)),
+                Turn(tool_calls=(ToolCall("slow_report", {"name": "Acme"}),)),
+                Turn(text="done"),
+            ],
+        )
+    )
+    task = runtime.create_task("Research Acme")
+    tools = Tools(slow_s=30)
+    operator = stop_when(tools.started, runtime, task.id)
+
+    with pytest.raises(RunStopped):
+        run(framework, runtime, task.id, url, name, tools)
+    operator.join(5)
+
+    summary = task_summary(Task.objects.get(pk=task.id))
+    assert summary == (
+        "Stopped new work. One report stopped before it finished. Two drafts completed. One lookup completed."
+    )
