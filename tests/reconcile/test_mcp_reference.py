@@ -54,6 +54,12 @@ def tool_item(task, noun):  # type: ignore[no-untyped-def]
     return item_register(task=task, kind=Kind.REMOTE_TOOL, noun=noun, actor="test", mechanism="mcp")
 
 
+def fresh(task):  # type: ignore[no-untyped-def]
+    """The task as the ledger has it now: the summary reads whether Stop was requested from it."""
+    task.refresh_from_db()
+    return task
+
+
 def stop(task) -> None:  # type: ignore[no-untyped-def]
     try:
         task_request_stop(task_id=task.pk, actor="user:operator", dispatch=lambda ids: None)
@@ -115,7 +121,8 @@ def test_task_is_cancelled_mid_run_through_its_own_session(mcp_settings, everyth
     assert item.state == S.UNCERTAIN
     assert "whether it took effect is unknown" in item.evidence["uncertain_because"]
     assert item.handle == task_id
-    summary = task_summary(task)
+    summary = task_summary(fresh(task))
+    assert summary.startswith("Stopped new work.")
     assert "review required" in summary
     evidence_report(
         "task cancelled mid-run through its own session",
@@ -139,7 +146,7 @@ def test_task_that_finished_before_stop_ends_completed(mcp_settings, everything_
     assert wire.received("tasks/cancel") == []
     last_get = wire.received("tasks/get")[-1]
     assert wire.answers_to(last_get)[0]["msg"]["result"]["status"] == "completed"
-    summary = task_summary(task)
+    summary = task_summary(fresh(task))
     assert "review required" not in summary
     evidence_report(
         "task finished before Stop",
@@ -194,7 +201,7 @@ def test_progress_after_the_cancel_is_recorded_as_evidence(mcp_settings, everyth
         "progress after the cancel",
         item,
         {"notifications/cancelled": cancelled["msg"], "progress after": [p["msg"] for p in later]},
-        task_summary(task),
+        task_summary(fresh(task)),
     )
 
 
@@ -294,7 +301,7 @@ def test_stdio_commit_cancelled_mid_flight_is_settled_by_its_status_check(mcp_se
     assert cancelled["msg"]["params"]["requestId"] == call["msg"]["id"]
     answers = [m for m in messages if m["dir"] == "out" and m["msg"].get("id") == call["msg"]["id"]]
     assert answers == []  # the server never answers a cancelled call, though its commit landed
-    summary = task_summary(task)
+    summary = task_summary(fresh(task))
     assert "review required" not in summary
     evidence_report(
         "stdio git_commit cancelled mid-flight, settled by git_log",
@@ -350,7 +357,7 @@ def test_server_that_crashes_mid_call_leaves_the_item_uncertain_with_the_error(
         "server crashed mid-call",
         item,
         {"server exit": exits[0]["msg"], "error": item.evidence["error"], "last look": item.evidence["last_look"]},
-        task_summary(task),
+        task_summary(fresh(task)),
     )
 
 
