@@ -14,7 +14,7 @@ from stopdesk.models import CancellationAttempt, ExternalRecord
 from stopdesk.services.errors import TaskStopped
 from stopdesk.services.items import item_register
 from stopdesk.states import ItemState, Kind
-from tests.factories import make_task
+from tests.factories import make_external_effect, make_task
 from tests.reconcile.helpers import events, stop, sweep_until_settled
 
 S = ItemState
@@ -280,3 +280,29 @@ def test_a_stop_that_settles_the_action_while_the_agent_still_waits_does_not_bre
     assert outcome["submitted"].accepted is False
     item.refresh_from_db()
     assert item.state == S.COMPLETED and ExternalRecord.objects.filter(item=item).count() == 1
+
+
+def _system(base: str, if_match: str) -> dict:
+    """A system declared once in settings, the way STOPDESK_CRM_URL configures the CRM."""
+    return {
+        "base_url": base,
+        "record_url": "/records/{record_id}",
+        "reverse": {"action": "archive", "url": "/records/{record_id}/archive", "if_match": if_match},
+    }
+
+
+@pytest.mark.parametrize(("if_match", "outcome"), [('"v{version}"', "done"), ('"rev-{version}"', "version_mismatch")])
+def test_a_system_declared_in_settings_reverses_with_its_own_if_match_spelling(settings, crm_party, if_match, outcome):
+    """No declaration on the item: relative URLs join the system's base_url, and the version goes
+    back in If-Match as the system spells it (the sandbox CRM reads `"v1"`, not `"rev-1"`)."""
+    party, base = crm_party
+    settings.STOPDESK_MECHANISMS = {"http": {"options": {"systems": {"crm": _system(base, if_match)}}}}
+    party.seed("crm-9", name="ACME Ltd")
+    item = make_external_effect(make_task(), system="crm")
+    record = ExternalRecord.objects.get(item=item)
+    ExternalRecord.objects.filter(pk=record.pk).update(record_id="crm-9")
+    record.refresh_from_db()
+    http = registry.get("http")
+    assert http.read_version(record).version == "1"
+    assert http.reverse(record, "1").outcome == outcome
+    assert party.get("crm-9")["status"] == ("archived" if outcome == "done" else "active")
