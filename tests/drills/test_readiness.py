@@ -85,12 +85,13 @@ def test_enforce_judges_an_http_operation_by_its_declaration(settings):
     settings.STOPDESK_READINESS_POLICY = "enforce"
     task = make_task()
 
+    # A system configured nowhere (settings declare "crm" with a lookup; this one has none).
     with pytest.raises(ToolNotReady) as refused:
         item_register(
             task=task, kind=Kind.EXTERNAL_OPERATION, noun="record", actor="t", mechanism="http",
-            detail={"http": {"system": "crm"}},
+            detail={"http": {"system": "billing"}},
         )  # fmt: skip
-    assert refused.value.tool == "http:crm" and refused.value.missing == ["inspect"]
+    assert refused.value.tool == "http:billing" and refused.value.missing == ["inspect"]
 
     item = item_register(
         task=task, kind=Kind.EXTERNAL_OPERATION, noun="record", actor="t", mechanism="http", detail={"http": CRM}
