@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-sqlite bench lint format lock clean
+.PHONY: run test test-sqlite bench lint format lock clean reference-servers
 
 $(STAMP): requirements.lock
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,20 @@ lock:
 	rm -rf /tmp/stopdesk-lock && $(PYTHON) -m venv /tmp/stopdesk-lock
 	/tmp/stopdesk-lock/bin/pip install --quiet -r requirements.in
 	/tmp/stopdesk-lock/bin/pip freeze | grep -v '^-e' > requirements.lock
+
+## The official MCP reference servers the tests talk to: server-everything (npm, pinned in
+## package-lock.json) and mcp-server-git (PyPI, in its own venv: it pins its own mcp).
+REF := tests/reference_servers
+reference-servers: $(REF)/node_modules/.installed $(REF)/git-venv/.installed
+
+$(REF)/node_modules/.installed: $(REF)/package.json $(REF)/package-lock.json
+	cd $(REF) && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+$(REF)/git-venv/.installed: $(REF)/git-server.lock $(STAMP)
+	@test -x $(REF)/git-venv/bin/python || $(PY) -m venv $(REF)/git-venv
+	$(REF)/git-venv/bin/python -m pip install --quiet --disable-pip-version-check -r $(REF)/git-server.lock
+	@touch $@
 
 clean:
 	rm -rf var test-artifacts .pytest_cache

@@ -74,9 +74,10 @@ def _stop_figures(queued: int, running: int, suffix: str) -> list[Figure]:
     assert len(ids) == running
     return [
         Figure(f"stop.boundary_ms{suffix}", boundary_ms, "ms", target=20),
-        # Judged against the raw statement measured in the same run (stop.queued_cancel_ratio): both
-        # pay the audit chain's trigger, about 20 us an event, which no fan-out can avoid.
-        Figure(f"stop.queued_cancel_ms{suffix}", cancel_ms, "ms"),
+        # Also judged against the raw statement measured in the same run (stop.queued_cancel_ratio):
+        # both pay the audit chain's trigger, about 20 us an event. The absolute target stays, so
+        # what the chain costs is shown, not hidden.
+        Figure(f"stop.queued_cancel_ms{suffix}", cancel_ms, "ms", target=250 if not suffix else None),
         Figure(f"stop.statements{suffix}", len(queries), "statements"),
     ]
 
@@ -227,8 +228,9 @@ def _starts_per_second() -> list[Figure]:
     raw = _raw_starts_per_second()
     return [
         # All starts are in one task here, so they queue on its audit chain's head until each
-        # commits; judged against the raw statement doing the same (boundary.starts_ratio).
-        Figure("boundary.starts_per_s", rate, "starts/s"),
+        # commits; also judged against the raw statement doing the same (boundary.starts_ratio).
+        # The absolute target stays, so what the chain costs is shown, not hidden.
+        Figure("boundary.starts_per_s", rate, "starts/s", target=2000, higher_is_better=True),
         Figure("boundary.raw_starts_per_s", raw, "starts/s"),
         Figure("boundary.starts_ratio", rate / raw, "x raw", target=0.75, higher_is_better=True),
         Figure("boundary.round_trips_per_start", len(queries), "statements", target=1),

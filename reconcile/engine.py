@@ -91,7 +91,8 @@ def decide(facts: ItemFacts, observation: Observation, now: datetime, cfg: Mecha
         )
 
     if seen == Seen.UNKNOWABLE:
-        return _uncertain(facts, now, cfg, observation.message or "No status lookup exists for this work.", evidence)
+        why = observation.message or "No status lookup exists for this work."
+        return _uncertain(facts, now, cfg, why, evidence, outcome=observation.outcome)
 
     if now >= deadline:
         why = {
@@ -99,7 +100,7 @@ def decide(facts: ItemFacts, observation: Observation, now: datetime, cfg: Mecha
             Seen.RUNNING: "Still running at the mechanism's deadline; the cancel did not take effect in time.",
             Seen.AWAITING_REPORT: "No result was reported before the mechanism's deadline.",
         }[seen]
-        return _uncertain(facts, now, cfg, why, evidence, failures=failures)
+        return _uncertain(facts, now, cfg, observation.if_deadline or why, evidence, failures=failures)
 
     if seen == Seen.UNREACHABLE:
         delay = min(cfg.backoff_max_s, cfg.backoff_initial_s * (2 ** (failures - 1)))
@@ -153,16 +154,23 @@ def _settled(
 
 
 def _uncertain(
-    facts: ItemFacts, now: datetime, cfg: MechanismSettings, why: str, evidence: dict[str, Any], failures: int = 0
+    facts: ItemFacts,
+    now: datetime,
+    cfg: MechanismSettings,
+    why: str,
+    evidence: dict[str, Any],
+    failures: int = 0,
+    outcome: str = "",
 ) -> Plan:
     if facts.state == S.UNCERTAIN:
-        # Already in the review queue; its investigate-by deadline stays where it was set.
-        return Plan(reason=why, failures=failures, evidence=evidence)
+        # Already in the review queue; its investigate-by deadline stays where it was set. What
+        # this look found is kept with the reason, so the item shows the latest answer.
+        return Plan(reason=why, failures=failures, evidence={**evidence, "uncertain_because": why})
     hours = cfg.investigate_by_hours if cfg.investigate_by_hours is not None else facts.investigate_by_default_hours
     return Plan(
         to_state=S.UNCERTAIN,
         investigate_by=now + timedelta(hours=hours),
-        outcome="outcome unknown; investigate",
+        outcome=outcome or "outcome unknown; investigate",
         reason=why,
         failures=failures,
         evidence={**evidence, "uncertain_because": why},
@@ -193,6 +201,8 @@ def watch_next_at(cancelled_at: datetime, now: datetime, cfg: MechanismSettings)
 
 
 def _outcome(seen: Seen, observation: Observation, facts: ItemFacts) -> str:
+    if observation.outcome:
+        return observation.outcome
     if seen == Seen.CANCELLED:
         return "cancelled; confirmed by read-back"
     if seen == Seen.NO_EFFECT:

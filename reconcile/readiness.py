@@ -138,6 +138,22 @@ def verdicts() -> list[Verdict]:
     systems = registry.mechanism_settings("http").options.get("systems", {})
     for system in sorted(systems):
         found.append(verdict_for("http", detail={"http": {"system": system}}, tool=f"http:{system}"))
+    found.extend(_mcp_tools())
+    return found
+
+
+def _mcp_tools() -> list[Verdict]:
+    """Each MCP tool declared per server in settings: with a status check it can account for a
+    cancelled or unanswered call; without one, such a call stays unknown."""
+    servers = registry.mechanism_settings("mcp").options.get("servers") or {}
+    found = []
+    for server in sorted(servers):
+        for tool in sorted((servers[server] or {}).get("tools") or {}):
+            detail = {"mcp": {"server": server, "tool": tool}}
+            verdict = verdict_for("mcp", detail=detail, tool=f"mcp:{server}/{tool}")
+            if not verdict.inspect:
+                verdict.reasons.append("no status check declared: a cancelled or unanswered call stays unknown")
+            found.append(verdict)
     return found
 
 

@@ -19,15 +19,28 @@ def _on_redis() -> bool:
     return settings.CELERY_BROKER_URL.startswith("redis://")
 
 
+_AVAILABLE = {
+    "postgres": "reachable on 127.0.0.1",
+    "redis": "reachable on 127.0.0.1",
+    "reference_servers": "installed (run `make reference-servers`)",
+}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    missing = {"postgres": not _on_postgres(), "redis": not _on_redis()}
+    from tests.reference_servers import missing as reference_servers_missing
+
+    missing = {
+        "postgres": not _on_postgres(),
+        "redis": not _on_redis(),
+        "reference_servers": bool(reference_servers_missing()),
+    }
     for item in items:
         for marker, absent in missing.items():
             if absent and item.get_closest_marker(marker):
                 if REQUIRE_SERVICES:
                     # In CI nothing that matters may be skipped.
-                    raise pytest.UsageError(f"{item.nodeid} needs {marker}, which is not reachable on 127.0.0.1")
-                item.add_marker(pytest.mark.skip(reason=f"{marker} is not reachable on 127.0.0.1"))
+                    raise pytest.UsageError(f"{item.nodeid} needs {marker}, which is not {_AVAILABLE[marker]}")
+                item.add_marker(pytest.mark.skip(reason=f"{marker} is not {_AVAILABLE[marker]}"))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -294,11 +294,14 @@ class IntegrationMcpDriver(_IntegrationDriver):
 def mcp_refusal(integration: Integration) -> str:
     """Why the MCP tool may not be drilled on the user's server ("" when it may): only a tool the
     server annotates read-only is called."""
-    from reconcile.mechanisms.mcp import connect, describe
+    from reconcile.mechanisms import mcp_servers
+    from reconcile.mechanisms.registry import mechanism_settings
+    from stopdesk.agent.mcp import describe
 
     async def facts_of_tool() -> dict[str, Any]:
-        async with connect(integration.mcp_url, timeout_s=integration.timeout_s) as client:
-            return await describe(client, integration.mcp_url, integration.mcp_tool)
+        spec = mcp_servers.resolve(integration.mcp_url, mechanism_settings("mcp").options)
+        async with mcp_servers.open_client(spec, timeout_s=integration.timeout_s) as conn:
+            return await describe(conn, integration.mcp_tool, {})
 
     try:
         facts = anyio.run(facts_of_tool)

@@ -65,6 +65,8 @@ class Observation:
     detail: dict[str, Any] = field(default_factory=dict)
     record: RecordFact | None = None
     cancel_sent: bool = False  # a cancel reached the remote side and was answered
+    outcome: str = ""  # the item's outcome wording when this observation settles it (default: the engine's)
+    if_deadline: str = ""  # why the item is uncertain if this is still the answer at the deadline
 
     @property
     def final(self) -> bool:

@@ -1,36 +1,43 @@
-"""MCP tool calls through the official `mcp` SDK: the adapter that cancels and reads them back.
+"""MCP tool calls through the official `mcp` SDK: the reconciler's side.
 
-Plain calls (`stopdesk.agent.mcp.mcp_call_tool`) are cancelled by their caller: the call runs in a
-cancel scope watched against the ledger, and Stop cancels the scope (the SDK sends
-`notifications/cancelled`). No response follows a cancelled call, so a read-only tool ends
-`cancelled` and any other tool ends `uncertain`: the server may well have finished the work
-(reference servers do). Annotations are hints from the server and are recorded as evidence of why
-the item ended as it did. This adapter reads a plain call's end back from the ledger.
+The agent side (`mcp_agent`) makes the calls and owns their sessions; this adapter reads back what
+it can from the reconciler's process:
 
-Task-augmented calls (protocol 2025-11-25, `stopdesk.agent.mcp.mcp_start_task`): the task id is the
-item's handle; Stop sends `tasks/cancel` and reads the final status back with `tasks/get` (-32602
-on cancel means "already terminal or unknown": look it up). The SDK types these messages but does
-not dispatch them, so they go over the SDK's own session (`ClientSession.send_request`).
+- A plain call is cancelled by its caller's scope (the SDK sends `notifications/cancelled`), and
+  no answer follows a cancelled call. While the caller lives, it reports; once it is gone, a
+  read-only tool had nothing to reconcile and any other tool is unknown, unless the tool declares
+  a *status check* (another, read-only tool on the same server, e.g. `git_log` for `git_commit`):
+  then the reconciler calls that tool until the mechanism's deadline and settles the item
+  completed when it shows the effect, or leaves it uncertain with the answer attached.
+- A task-augmented call (protocol 2025-11-25) lives in the session that created it: servers keep
+  tasks per session (server-everything cleans them up when the session closes, and answers
+  `-32602 Task not found` on any other session). The agent process that created the task keeps
+  that session open, cancels and reads back through it, and records what it saw. While it holds
+  its lease this adapter only waits. When it is gone, the adapter resumes the session by its id
+  (Streamable HTTP keeps a session until it is deleted or times out); when that fails, or the
+  server was a stdio process that died with its owner, the task is uncertain, and the evidence
+  says the session's owner stopped, not that the task "expired".
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
+import httpx
 import mcp_types as types
 from django.utils import timezone
-from mcp import Client
 from mcp.shared.exceptions import MCPError
 
+from reconcile.mechanisms import mcp_servers
 from reconcile.mechanisms.base import LEDGER_FINAL, Capability, ItemRef, Mechanism, MechanismSettings, Observation, Seen
 from stopdesk.states import ItemState
 
 log = logging.getLogger(__name__)
 INVALID_PARAMS = -32602
+PROTOCOL_VERSION = "2025-11-25"
 TASK_STATUS = {
     "working": Seen.RUNNING,
     "input_required": Seen.RUNNING,
@@ -38,14 +45,15 @@ TASK_STATUS = {
     "failed": Seen.FAILED,
     "cancelled": Seen.CANCELLED,
 }
-
-
-@asynccontextmanager
-async def connect(url: str, *, timeout_s: float) -> AsyncIterator[Client]:
-    # The 2025-11-25 handshake: tasks are part of that revision (they left the core spec in
-    # 2026-07-28), and it is what servers that implement them speak.
-    async with Client(url, mode="legacy", read_timeout_seconds=timeout_s) as client:
-        yield client
+OWNER_GONE = (
+    "The agent process that owned the MCP session holding this task stopped (its lease ran out) "
+    "before the task was reconciled, and the server keeps tasks per session: {what}. Whether the "
+    "task ran, and what it did, is unknown."
+)
+NOT_FOUND_AT_ONCE = (
+    "The server answered 'task not found' on the session that had just created the task "
+    "({after_ms} ms after creating it): it may never have run, or the server dropped it at once."
+)
 
 
 def annotations_of(tool: types.Tool) -> dict[str, Any]:
@@ -59,21 +67,70 @@ def annotations_of(tool: types.Tool) -> dict[str, Any]:
     }
 
 
-async def describe(client: Client, url: str, tool: str) -> dict[str, Any]:
-    listing = await client.list_tools()
-    found = next((t for t in listing.tools if t.name == tool), None)
-    if found is None:
-        raise LookupError(f"{url} has no tool {tool!r}")
-    caps = client.server_capabilities
-    return {
-        "server": url,
-        "server_name": client.server_info.name if client.server_info else "",
-        "tool": tool,
-        "protocol_version": client.protocol_version,
-        "annotations": annotations_of(found),
-        "task_support": (found.execution.task_support if found.execution else None) or "forbidden",
-        "server_tasks": bool(getattr(caps, "tasks", None)),
+def task_observation(task: dict[str, Any], annotations: dict[str, Any], *, cancel: str = "") -> Observation:
+    """What a `tasks/get` answer (a Task as JSON) means for the item."""
+    status = str(task.get("status"))
+    detail: dict[str, Any] = {"task_id": task.get("taskId"), "status": status}
+    if task.get("statusMessage"):
+        detail["status_message"] = task["statusMessage"]
+    if cancel:
+        detail["cancel"] = cancel
+    if status == "cancelled" and not annotations.get("readOnlyHint"):
+        # The spec has the receiver set `cancelled` before it even tries to stop the work, and
+        # keep it even if the work then finishes: for a tool that may change the world, the
+        # status proves nothing about its effect (the drills caught an export landing anyway).
+        return Observation(
+            Seen.UNKNOWABLE,
+            remote_status=status,
+            message=(
+                "The server marked the task cancelled, which MCP keeps even if the work goes on; "
+                "the tool is not read-only, so whether it took effect is unknown."
+            ),
+            detail=detail,
+            cancel_sent=bool(cancel),
+        )
+    seen = TASK_STATUS.get(status, Seen.UNREACHABLE)
+    return Observation(seen, remote_status=status, detail=detail, cancel_sent=bool(cancel))
+
+
+def status_check_observation(answer: types.CallToolResult, check: dict[str, Any]) -> Observation:
+    """Judge a status check's answer: the effect is there, or not (yet)."""
+    text = " ".join(getattr(c, "text", "") for c in answer.content)
+    found = check.get("completed_if_contains") or ""
+    detail = {
+        "status_check": {
+            "tool": check["tool"],
+            "arguments": check.get("arguments") or {},
+            "looked_for": found,
+            "answer": text[:1000],
+            "is_error": bool(answer.is_error),
+        }
     }
+    if not answer.is_error and found and found in text:
+        return Observation(
+            Seen.COMPLETED,
+            remote_status=f"{check['tool']}: found",
+            message=f"The status check ({check['tool']}) shows the effect: it found {found!r}.",
+            detail=detail,
+            outcome=f"completed; {check['tool']} shows it took effect",
+        )
+    why = "answered with an error" if answer.is_error else f"did not show {found!r}"
+    return Observation(
+        Seen.RUNNING,
+        remote_status=f"{check['tool']}: not found",
+        message=f"The status check ({check['tool']}) {why}; looking again until the deadline.",
+        detail=detail,
+        if_deadline=(
+            f"The status check ({check['tool']}) still did not show the effect at the mechanism's deadline; "
+            "its last answer is attached. The call may not have taken effect, or may yet."
+        ),
+    )
+
+
+async def run_status_check(spec: mcp_servers.ServerSpec, check: dict[str, Any], timeout_s: float) -> Observation:
+    async with mcp_servers.open_client(spec, timeout_s=timeout_s) as conn:
+        answer = await conn.client.call_tool(check["tool"], check.get("arguments") or {})
+    return status_check_observation(answer, check)
 
 
 class McpToolCall(Mechanism):
@@ -84,95 +141,167 @@ class McpToolCall(Mechanism):
     )
 
     def can(self, capability: Capability, item: ItemRef | None = None) -> bool:
-        if item is not None and capability == Capability.CANCEL:
+        if item is None:
+            return capability in self.capabilities
+        facts = item.detail.get("mcp") or {}
+        if capability == Capability.CANCEL:
             return _is_task(item)  # a plain call is cancelled by its caller's scope, not from here
+        if capability == Capability.INSPECT and facts.get("tool"):
+            # A read-only tool has nothing to reconcile; a task has tasks/get; any other call can
+            # only be looked at through a status check (recorded with the call, or configured).
+            annotations = facts.get("annotations") or {}
+            return bool(
+                _is_task(item)
+                or annotations.get("readOnlyHint")
+                or _status_check(item)
+                or self._configured_check(facts)
+            )
         return capability in self.capabilities
+
+    def _configured_check(self, facts: dict[str, Any]) -> bool:
+        try:
+            server = mcp_servers.configured_servers(self.settings.options).get(str(facts.get("server") or ""))
+        except mcp_servers.ServerConfigError:
+            return False
+        return server is not None and str(facts["tool"]) in server.status_checks
 
     def cancel(self, item: ItemRef) -> Observation:
         if not _is_task(item):
             return self.inspect(item)
-        return self._run(self._task_cancel, item)
+        return self._task(item, cancel=True)
 
     def inspect(self, item: ItemRef) -> Observation:
         if _is_task(item):
-            return self._run(self._task_get, item)
-        return _plain_call(item)
+            return self._task(item, cancel=False)
+        return self._plain_call(item)
 
-    def _run(self, fn: Any, item: ItemRef) -> Observation:
-        try:
-            return anyio.run(fn, item)
-        except (OSError, TimeoutError, MCPError) as exc:
-            return Observation(Seen.UNREACHABLE, remote_status=type(exc).__name__, message=str(exc)[:200])
-        except Exception as exc:  # the transport wraps connection failures in exception groups
-            return Observation(Seen.UNREACHABLE, remote_status=type(exc).__name__, message=str(exc)[:200])
+    # --- tasks ---------------------------------------------------------------------------
 
-    async def _task_cancel(self, item: ItemRef) -> Observation:
-        url = item.detail["mcp"]["server"]
-        async with connect(url, timeout_s=self.settings.call_timeout_s) as client:
-            cancel = "accepted"
-            try:
-                await client.session.send_request(
-                    types.CancelTaskRequest(params=types.CancelTaskRequestParams(task_id=item.handle)),
-                    types.CancelTaskResult,
-                )
-            except MCPError as exc:
-                if exc.error.code != INVALID_PARAMS:
-                    raise
-                cancel = "-32602; looked it up"  # already terminal, or unknown: the read-back says which
-            read_back = await self._get(client, item)
-        detail = {**read_back.detail, "cancel": cancel}
-        return Observation(read_back.seen, read_back.remote_status, read_back.message, detail, cancel_sent=True)
-
-    async def _task_get(self, item: ItemRef) -> Observation:
-        async with connect(item.detail["mcp"]["server"], timeout_s=self.settings.call_timeout_s) as client:
-            return await self._get(client, item)
-
-    async def _get(self, client: Client, item: ItemRef) -> Observation:
-        try:
-            task = await client.session.send_request(
-                types.GetTaskRequest(params=types.GetTaskRequestParams(task_id=item.handle)), types.GetTaskResult
-            )
-        except MCPError as exc:
-            if exc.error.code == INVALID_PARAMS:
-                return Observation(
-                    Seen.UNKNOWABLE,
-                    remote_status="-32602",
-                    message="The server no longer knows this task (expired or deleted).",
-                )
-            raise
-        detail = {"task_id": task.task_id, "status": task.status, "status_message": task.status_message}
-        annotations = (item.detail.get("mcp") or {}).get("annotations") or {}
-        if task.status == "cancelled" and not annotations.get("readOnlyHint"):
-            # The spec has the receiver set `cancelled` before it even tries to stop the work, and
-            # keep it even if the work then finishes: for a tool that may change the world, the
-            # status proves nothing about its effect (the drills caught an export landing anyway).
+    def _task(self, item: ItemRef, *, cancel: bool) -> Observation:
+        facts = item.detail.get("mcp") or {}
+        session = facts.get("session") or {}
+        if session.get("ended"):
+            # The owner reconciled the task through its session and closed it; nothing more can be asked.
+            return Observation(Seen.UNKNOWABLE, remote_status="session closed by its owner", message=session["ended"])
+        if item.state == ItemState.RUNNING and _owner_alive(item):
             return Observation(
-                Seen.UNKNOWABLE,
-                remote_status=task.status,
-                message=(
-                    "The server marked the task cancelled, which MCP keeps even if the work goes on; "
-                    "the tool is not read-only, so whether it took effect is unknown."
-                ),
-                detail=detail,
+                Seen.RUNNING,
+                remote_status="session owner alive",
+                message=f"The agent process {session.get('owner', '?')} holds the task's session and cancels through it.",
             )
-        return Observation(TASK_STATUS[task.status], remote_status=task.status, detail=detail)
+        if facts.get("transport") == mcp_servers.STDIO or not session.get("id"):
+            return _owner_gone("the server was a stdio process of that agent and ended with it")
+        try:
+            spec = mcp_servers.from_detail(facts, self.settings.options)
+            return _resume(spec, session["id"], item, cancel=cancel, timeout_s=self.settings.call_timeout_s)
+        except (httpx.HTTPError, OSError, mcp_servers.ServerConfigError) as exc:
+            return Observation(Seen.UNREACHABLE, remote_status=type(exc).__name__, message=str(exc)[:200])
+
+    # --- plain calls ---------------------------------------------------------------------
+
+    def _plain_call(self, item: ItemRef) -> Observation:
+        """A plain call's caller records its end in the ledger; read it back from there, or look
+        through the tool's status check."""
+        if item.state in LEDGER_FINAL:
+            return Observation(LEDGER_FINAL[item.state], remote_status=f"ledger: {item.state}")
+        check = _status_check(item)
+        caller_alive = item.lease_until is not None and item.lease_until > timezone.now()
+        if item.state == ItemState.RUNNING and caller_alive:
+            return Observation(Seen.RUNNING, remote_status="caller alive", message="The caller cancels its own call.")
+        annotations = (item.detail.get("mcp") or {}).get("annotations") or {}
+        if annotations.get("readOnlyHint"):
+            return Observation(
+                Seen.NO_EFFECT, remote_status="caller gone", message="read-only tool; nothing to reconcile"
+            )
+        if check:
+            try:
+                spec = mcp_servers.from_detail(item.detail.get("mcp") or {}, self.settings.options)
+                return anyio.run(run_status_check, spec, check, self.settings.call_timeout_s)
+            except mcp_servers.ServerConfigError as exc:
+                return Observation(Seen.UNKNOWABLE, remote_status="status check impossible", message=str(exc))
+            except Exception as exc:  # the transport wraps connection failures in exception groups
+                return Observation(Seen.UNREACHABLE, remote_status=type(exc).__name__, message=str(exc)[:200])
+        return Observation(
+            Seen.UNKNOWABLE,
+            remote_status="caller gone",
+            message=(
+                "The call may have changed the world, MCP has no status lookup for plain calls, "
+                "and no status check is declared for this tool."
+            ),
+        )
 
 
 def _is_task(item: ItemRef) -> bool:
     return bool(item.handle) and bool((item.detail.get("mcp") or {}).get("server_tasks"))
 
 
-def _plain_call(item: ItemRef) -> Observation:
-    """A plain call's caller records its end in the ledger; read it back from there."""
-    if item.state in LEDGER_FINAL:
-        return Observation(LEDGER_FINAL[item.state], remote_status=f"ledger: {item.state}")
-    if item.state == ItemState.RUNNING and item.lease_until is not None and item.lease_until > timezone.now():
-        return Observation(Seen.RUNNING, remote_status="caller alive", message="The caller cancels its own call.")
-    annotations = (item.detail.get("mcp") or {}).get("annotations") or {}
-    if annotations.get("readOnlyHint"):
-        return Observation(Seen.NO_EFFECT, remote_status="caller gone", message="read-only tool; nothing to reconcile")
+def _status_check(item: ItemRef) -> dict[str, Any] | None:
+    check = (item.detail.get("mcp") or {}).get("status_check")
+    return check if isinstance(check, dict) and check.get("tool") else None
+
+
+def _owner_alive(item: ItemRef) -> bool:
+    return item.lease_until is not None and item.lease_until > timezone.now()
+
+
+def _owner_gone(what: str, detail: dict[str, Any] | None = None) -> Observation:
     return Observation(
         Seen.UNKNOWABLE,
-        remote_status="caller gone",
-        message="The call may have changed the world and MCP has no status lookup for plain calls.",
+        remote_status="session owner gone",
+        message=OWNER_GONE.format(what=what),
+        detail=detail or {},
+        outcome="task's session lost with its owner; investigate",
     )
+
+
+def _resume(
+    spec: mcp_servers.ServerSpec, session_id: str, item: ItemRef, *, cancel: bool, timeout_s: float
+) -> Observation:
+    """Speak in the owner's session (by its id, without a new handshake): the only session in
+    which a per-session server still knows the task."""
+    annotations = (item.detail.get("mcp") or {}).get("annotations") or {}
+    headers = {
+        **spec.http_headers(),
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+        "Mcp-Session-Id": session_id,
+        "MCP-Protocol-Version": PROTOCOL_VERSION,
+    }
+    cancel_answer = ""
+    with httpx.Client(timeout=timeout_s, headers=headers) as http:
+        if cancel:
+            status, answer = _rpc(http, spec.url, "tasks/cancel", {"taskId": item.handle})
+            if status in (400, 404):
+                return _owner_gone(f"the server no longer has its session (HTTP {status} on resuming it)")
+            error = answer.get("error") or {}
+            if error and error.get("code") != INVALID_PARAMS:
+                return Observation(Seen.UNREACHABLE, remote_status=f"{error.get('code')}", message=str(error)[:200])
+            cancel_answer = "-32602; looked it up" if error else "accepted (resumed session)"
+        status, answer = _rpc(http, spec.url, "tasks/get", {"taskId": item.handle})
+    if status in (400, 404):
+        return _owner_gone(f"the server no longer has its session (HTTP {status} on resuming it)")
+    error = answer.get("error") or {}
+    if error.get("code") == INVALID_PARAMS:
+        return _owner_gone("the server does not know the task on its session any more (-32602)")
+    if error:
+        return Observation(Seen.UNREACHABLE, remote_status=f"{error.get('code')}", message=str(error)[:200])
+    return task_observation(answer.get("result") or {}, annotations, cancel=cancel_answer)
+
+
+def _rpc(http: httpx.Client, url: str, method: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    response = http.post(url, content=json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}))
+    if response.status_code in (400, 404):
+        return response.status_code, {}
+    response.raise_for_status()
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        for line in response.text.splitlines():
+            if line.startswith("data:"):
+                payload = json.loads(line[5:].strip() or "null")
+                if isinstance(payload, dict) and payload.get("id") == 1:
+                    return response.status_code, payload
+        return response.status_code, {"error": {"code": -32603, "message": "no answer in the event stream"}}
+    payload = response.json()
+    return response.status_code, payload if isinstance(payload, dict) else {}
+
+
+__all__ = ["MCPError", "McpToolCall", "annotations_of", "run_status_check", "task_observation"]

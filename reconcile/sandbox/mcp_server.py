@@ -48,6 +48,7 @@ IGNORE_CANCEL = "ignore_cancel"  # slow_write keeps running after its call is ca
 TASKS_IGNORE_CANCEL = "tasks_ignore_cancel"  # tasks/cancel marks cancelled but the export still runs
 EXPORT_FAIL = "export_fail"  # export_report ends with an isError result (task `failed`)
 TOOL_CALL_ERROR = "tool_call_error"  # tools/call answers a JSON-RPC error without running anything
+TASKS_FORGET = "tasks_forget"  # a task is deleted right after it was created (the spec allows deletion at any time)
 
 SLOW_LOOKUP = "slow_lookup"
 SLOW_WRITE = "slow_write"
@@ -113,7 +114,9 @@ class MCPToolServer(SandboxParty):
     world); tasks do not (they lived in the server process).
     """
 
-    FAULTS: ClassVar[frozenset[str]] = frozenset({IGNORE_CANCEL, TASKS_IGNORE_CANCEL, EXPORT_FAIL, TOOL_CALL_ERROR})
+    FAULTS: ClassVar[frozenset[str]] = frozenset(
+        {IGNORE_CANCEL, TASKS_IGNORE_CANCEL, EXPORT_FAIL, TOOL_CALL_ERROR, TASKS_FORGET}
+    )
     CONFIG_FIELDS: ClassVar[tuple[str, ...]] = (
         "latency_s",
         "default_seconds",
@@ -257,10 +260,10 @@ class MCPToolServer(SandboxParty):
             if self.has_fault(TOOL_CALL_ERROR, params.get("name")):
                 raise MCPError(code=-32603, message="the sandbox was told to fail this call")
             if params.get("task") is not None:
-                return self._start_task(params)
+                return self._start_task(params, _session_of(ctx))
         return await call_next(ctx)
 
-    def _start_task(self, params: Mapping[str, Any]) -> dict[str, Any]:
+    def _start_task(self, params: Mapping[str, Any], session: str) -> dict[str, Any]:
         """Answer a task-augmented tools/call with CreateTaskResult; the work runs on."""
         name = params.get("name")
         if name != EXPORT_REPORT:
@@ -272,31 +275,34 @@ class MCPToolServer(SandboxParty):
         with self.lock:
             ttl = min(int(requested), self.max_ttl_ms) if isinstance(requested, int) else self.default_ttl_ms
             poll = self.poll_interval_ms
-        record = self.task_registry.create(EXPORT_REPORT, ttl_ms=ttl, poll_interval_ms=poll)
+        record = self.task_registry.create(EXPORT_REPORT, session=session, ttl_ms=ttl, poll_interval_ms=poll)
         arguments = dict(params.get("arguments") or {})
 
         async def work() -> dict[str, Any]:
             return await self._export_report(arguments, record.task_id)
 
         self._task_group.start_soon(self.task_registry.run, record, work)
-        return {"task": record.to_json()}
+        answer = {"task": record.to_json()}
+        if self.has_fault(TASKS_FORGET, name):
+            self.task_registry.close_session(session, only=record.task_id)
+        return answer
 
     async def _tasks_get(self, ctx: ServerRequestContext[Any], params: types.GetTaskRequestParams) -> dict[str, Any]:
-        return self.task_registry.get(params.task_id).to_json()
+        return self.task_registry.get(params.task_id, _session_of(ctx)).to_json()
 
     async def _tasks_cancel(
         self, ctx: ServerRequestContext[Any], params: types.CancelTaskRequestParams
     ) -> dict[str, Any]:
         stop = not self.has_fault(TASKS_IGNORE_CANCEL, params.task_id)
-        return self.task_registry.cancel(params.task_id, stop_work=stop)
+        return self.task_registry.cancel(params.task_id, _session_of(ctx), stop_work=stop)
 
     async def _tasks_result(
         self, ctx: ServerRequestContext[Any], params: types.GetTaskPayloadRequestParams
     ) -> dict[str, Any]:
-        return await self.task_registry.result(params.task_id)
+        return await self.task_registry.result(params.task_id, _session_of(ctx))
 
     async def _tasks_list(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams) -> dict[str, Any]:
-        return self.task_registry.page(params.cursor)
+        return self.task_registry.page(params.cursor, _session_of(ctx))
 
     # --- app ---------------------------------------------------------------------------
 
@@ -338,10 +344,23 @@ class MCPToolServer(SandboxParty):
                 *self.control_routes(),
                 Route("/_control/effects", self._control_effects, methods=["GET"]),
                 Route("/_control/tasks", self._control_tasks, methods=["GET"]),
-                Mount("/", app=mcp_app),
+                Mount("/", app=self._ending_sessions(mcp_app)),
             ],
             lifespan=lifespan,
         )
+
+    def _ending_sessions(self, mcp_app: Any) -> Any:
+        """Clean a session's tasks up when the client deletes the session, as real servers do."""
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            await mcp_app(scope, receive, send)
+            if scope["type"] == "http" and scope["method"] == "DELETE":
+                session = dict(scope["headers"]).get(b"mcp-session-id", b"").decode()
+                if session:
+                    ignores = lambda task_id: self.has_fault(TASKS_IGNORE_CANCEL, task_id)  # noqa: E731
+                    self.task_registry.close_session(session, keep_working=ignores)
+
+        return app
 
     async def _control_effects(self, request: Request) -> JSONResponse:
         tool = request.query_params.get("tool")
@@ -349,6 +368,13 @@ class MCPToolServer(SandboxParty):
 
     async def _control_tasks(self, request: Request) -> JSONResponse:
         return JSONResponse({"tasks": self.tasks()})
+
+
+def _session_of(ctx: ServerRequestContext[Any, Any]) -> str:
+    """The Streamable HTTP session a request came in (tasks belong to it)."""
+    request = ctx.request
+    headers = getattr(request, "headers", None)
+    return str(headers.get("mcp-session-id", "")) if headers is not None else ""
 
 
 def _count_key(method: str, params: Mapping[str, Any]) -> str | None:

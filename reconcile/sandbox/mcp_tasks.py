@@ -9,7 +9,10 @@ module supplies what the spec asks of a receiver:
   have returned (a `CallToolResult`, with `isError` for a failed run);
 - `tasks/cancel` sets `cancelled` *before* replying, then tries to stop the work; the task
   stays `cancelled` even if the work finishes anyway;
-- unknown, expired and already-terminal tasks are JSON-RPC -32602.
+- unknown, expired and already-terminal tasks are JSON-RPC -32602;
+- tasks belong to the session that created them, as in the reference servers: any other
+  session gets -32602 "Task not found", and closing the session cleans its tasks up (their
+  work is stopped and they are gone).
 
 Two kinds of callers touch the registry: handlers on the server's event loop, and the
 Python control API on another thread. Everything async (cancel scopes, events) belongs to
@@ -43,6 +46,7 @@ class TaskRecord:
     task_id: str
     tool: str
     created: float  # wall clock
+    session: str
     ttl_ms: int | None
     poll_interval_ms: int
     status: str = "working"
@@ -75,14 +79,16 @@ class TaskRegistry:
     def __init__(self, lock: threading.Lock) -> None:
         self._lock = lock
         self._tasks: dict[str, TaskRecord] = {}
+        self.cleaned_up: list[dict[str, Any]] = []  # tasks removed with their session, for tests
 
     # --- called on the server loop ----------------------------------------------------
 
-    def create(self, tool: str, *, ttl_ms: int | None, poll_interval_ms: int) -> TaskRecord:
+    def create(self, tool: str, *, session: str, ttl_ms: int | None, poll_interval_ms: int) -> TaskRecord:
         now = time.time()
         record = TaskRecord(
             task_id=str(uuid.uuid4()),
             tool=tool,
+            session=session,
             created=now,
             last_updated=now,
             ttl_ms=ttl_ms,
@@ -127,19 +133,35 @@ class TaskRegistry:
             record.last_updated = time.time()
         record.settled.set()
 
-    def get(self, task_id: str) -> TaskRecord:
+    def get(self, task_id: str, session: str) -> TaskRecord:
         with self._lock:
             record = self._tasks.get(task_id)
             if record is not None and record.expired(time.time()):
                 # The receiver MAY delete a task and its result once its ttl has passed.
                 del self._tasks[task_id]
                 record = None
-        if record is None:
-            raise MCPError(code=INVALID_PARAMS, message=f"Unknown or expired task: {task_id}")
+        if record is None or record.session != session:
+            # Another session's task is as unknown as a deleted one (server-everything's answer).
+            raise MCPError(code=INVALID_PARAMS, message=f"Task not found: {task_id}")
         return record
 
-    def cancel(self, task_id: str, *, stop_work: bool) -> dict[str, Any]:
-        record = self.get(task_id)
+    def close_session(
+        self, session: str, *, only: str | None = None, keep_working: Callable[[str], bool] = lambda _: False
+    ) -> None:
+        """The session ended (DELETE): its tasks are cleaned up and their work stopped (unless
+        `keep_working(task_id)`: a server that never stops work). With `only`, just that task
+        goes (a server that drops a task early)."""
+        with self._lock:
+            gone = [t for t in self._tasks.values() if t.session == session and only in (None, t.task_id)]
+            for record in gone:
+                del self._tasks[record.task_id]
+                self.cleaned_up.append({"taskId": record.task_id, "session": session, "status": record.status})
+        for record in gone:
+            if record.scope is not None and not keep_working(record.task_id):
+                record.scope.cancel()
+
+    def cancel(self, task_id: str, session: str, *, stop_work: bool) -> dict[str, Any]:
+        record = self.get(task_id, session)
         with self._lock:
             if record.status in TERMINAL:
                 raise MCPError(code=INVALID_PARAMS, message=f"Task {task_id} is already {record.status}")
@@ -150,8 +172,8 @@ class TaskRegistry:
         with self._lock:
             return record.to_json()
 
-    async def result(self, task_id: str) -> dict[str, Any]:
-        record = self.get(task_id)
+    async def result(self, task_id: str, session: str) -> dict[str, Any]:
+        record = self.get(task_id, session)
         await record.settled.wait()
         meta = {RELATED_TASK_META: {"taskId": task_id}}
         with self._lock:
@@ -160,10 +182,10 @@ class TaskRegistry:
             assert record.result is not None
             return {**record.result, "_meta": meta}
 
-    def page(self, cursor: str | None, page_size: int = 50) -> dict[str, Any]:
+    def page(self, cursor: str | None, session: str, page_size: int = 50) -> dict[str, Any]:
         now = time.time()
         with self._lock:
-            live = [t for t in self._tasks.values() if not t.expired(now)]
+            live = [t for t in self._tasks.values() if not t.expired(now) and t.session == session]
         start = int(cursor) if cursor and cursor.isdigit() else 0
         chunk = live[start : start + page_size]
         with self._lock:
@@ -176,11 +198,15 @@ class TaskRegistry:
 
     def snapshot(self) -> list[dict[str, Any]]:
         with self._lock:
-            return [{**t.to_json(), "tool": t.tool, "workFinished": t.work_finished} for t in self._tasks.values()]
+            return [
+                {**t.to_json(), "tool": t.tool, "session": t.session, "workFinished": t.work_finished}
+                for t in self._tasks.values()
+            ]
 
     def clear(self) -> None:
         with self._lock:
             self._tasks.clear()
+            self.cleaned_up.clear()
 
 
 def _iso(ts: float) -> str:

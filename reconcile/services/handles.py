@@ -9,7 +9,7 @@ from django.db import transaction
 
 from reconcile.mechanisms.base import RecordFact
 from stopdesk.models import ExternalRecord, WorkItem
-from stopdesk.services.items import item_attach_record, item_set_handle
+from stopdesk.services.items import item_attach_record, item_note_evidence, item_set_handle
 
 
 def item_record_handle(*, item_id: int, handle: str, actor: str, detail: dict[str, Any] | None = None) -> WorkItem:
@@ -29,3 +29,12 @@ def item_record_detail(*, item_id: int, detail: dict[str, Any]) -> None:
 def item_attach_fact(*, item_id: int, fact: RecordFact, actor: str) -> ExternalRecord:
     """Attach an external record as an adapter observed it (the fact's fields are the ledger's)."""
     return item_attach_record(item_id=item_id, actor=actor, **dataclasses.asdict(fact))
+
+
+def item_add_evidence(*, item_id: int, evidence: dict[str, Any], actor: str, message: str) -> None:
+    """Add an observation to an item's evidence without changing its state (see `item_note_evidence`)."""
+    item_note_evidence(item_id=item_id, evidence=evidence, actor=actor, message=message)
+
+
+def item_state_of(*, item_id: int) -> str:
+    return str(WorkItem.objects.values_list("state", flat=True).get(pk=item_id))

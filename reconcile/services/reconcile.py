@@ -242,8 +242,34 @@ def item_apply(
             log.info("item %s: %s", item_id, exc)
             _schedule(item_id=item_id, next_check_at=None)
     else:
-        _schedule(item_id=item_id, next_check_at=plan.next_check_at, progress=progress)
+        looked: dict[str, Any] | None = None
+        if item.state == S.UNCERTAIN:
+            # An uncertain item keeps what each look found (a status check's answer, say), so a
+            # reviewer sees the latest answer and why it did not settle the item.
+            looked = {"last_look": evidence}
+            if "uncertain_because" in plan.evidence:
+                looked["uncertain_because"] = plan.evidence["uncertain_because"]
+        _schedule(item_id=item_id, next_check_at=plan.next_check_at, progress=progress, evidence=looked)
     return Result(item_id, action, str(observation.seen), plan.to_state or item.state)
+
+
+def item_observe(*, item_id: int, observation: Observation, action: str, actor: str) -> Result:
+    """Record what an agent-side owner of the work saw (it cancelled and read back through its own
+    session, say) exactly as a reconciler's pass is recorded: an attempt row, then the engine."""
+    now = timezone.now()
+    item = WorkItem.objects.get(pk=item_id)
+    mechanism = registry.get(item.mechanism)
+    attempt = CancellationAttempt.objects.create(item=item, mechanism=mechanism.name, action=action, sent_at=now)
+    _attempt_close(attempt.pk, observation)
+    return item_apply(
+        item_id=item_id,
+        mechanism=mechanism,
+        observation=observation,
+        actor=actor,
+        now=now,
+        action=action,
+        attempt_id=attempt.pk,
+    )
 
 
 @dataclass(frozen=True)
@@ -297,9 +323,15 @@ def _late_result(*, item_id: int, reported: str, actor: str, outcome: str, evide
     item_late_result_record(item_id=item_id, reported=reported, actor=actor, outcome=outcome, evidence=evidence)
 
 
-def _schedule(*, item_id: int, next_check_at: datetime | None, progress: dict[str, Any] | None = None) -> None:
+def _schedule(
+    *,
+    item_id: int,
+    next_check_at: datetime | None,
+    progress: dict[str, Any] | None = None,
+    evidence: dict[str, Any] | None = None,
+) -> None:
     """Set the next check (or none). Not a state change, so no event; the attempt row is the record."""
-    items_schedule({item_id: Schedule(None, next_check_at, progress)})
+    items_schedule({item_id: Schedule(None, next_check_at, progress, evidence)})
 
 
 def _parse(value: Any) -> datetime | None:

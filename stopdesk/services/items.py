@@ -210,6 +210,24 @@ def item_set_handle(*, item_id: int, handle: str, actor: str, detail: dict[str, 
     return item
 
 
+def item_note_evidence(*, item_id: int, evidence: dict[str, Any], actor: str, message: str) -> None:
+    """Add an observation to an item's evidence without changing its state (progress the server
+    kept reporting after a cancel, say), with an event saying what was seen."""
+    with transaction.atomic():
+        item = WorkItem.objects.select_for_update().get(pk=item_id)
+        item.evidence = {**item.evidence, **evidence}
+        item.save(update_fields=["evidence"])
+        event_record(
+            kind="evidence",
+            actor=actor,
+            item=item,
+            from_state=item.state,
+            to_state=item.state,
+            message=message,
+            data={"evidence": evidence},
+        )
+
+
 def item_task_id(*, item_id: int) -> int:
     return int(WorkItem.objects.values_list("task_id", flat=True).get(pk=item_id))
 

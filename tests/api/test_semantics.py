@@ -147,7 +147,8 @@ def test_an_uncertain_item_gets_an_investigate_by_deadline(api, task):
     item = make_item(task, state=S.RUNNING)
     answer = api.post(f"/items/{item.pk}/uncertain", {"detail": "CRM timed out", "evidence": {"timeout_s": 10}})
     assert answer.body["state"] == S.UNCERTAIN and answer.body["investigate_by"] is not None
-    assert answer.body["evidence"] == {"timeout_s": 10}
+    # The detail is also the reason every uncertain item carries.
+    assert answer.body["evidence"] == {"timeout_s": 10, "uncertain_because": "CRM timed out"}
 
 
 def test_the_task_read_out_has_counts_items_and_the_summary(api, task):

@@ -152,3 +152,50 @@ def test_the_readiness_page_shows_verdicts_with_their_evidence(client, cast):
     assert 'id="tool-manual"' in html and "Not ready" in html
     assert "before_dispatch" in html and "FAIL" in html
     assert "Tool readiness" in html
+
+
+GIT_SERVER = {
+    "command": "mcp-server-git",
+    "tools": {
+        "git_commit": {
+            "status_check": {
+                "tool": "git_log",
+                "arguments": {"repo_path": "{repo_path}"},
+                "completed_if_contains": "Message: {message}",
+            }
+        },
+        "git_push": {},
+    },
+}
+
+
+def test_an_mcp_tool_with_a_status_check_can_account_for_its_calls_and_one_without_cannot(settings, client, cast):
+    settings.STOPDESK_MECHANISMS = {"mcp": {"options": {"servers": {"git": GIT_SERVER}}}}
+    drilled("mcp")
+
+    verdicts = by_tool()
+    commit, push = verdicts["mcp:git/git_commit"], verdicts["mcp:git/git_push"]
+    assert commit.inspect and commit.status == readiness.LIMITED  # looked at, not cancelled from afar
+    assert not push.inspect and push.status == readiness.NOT_READY
+    assert any("no status check declared" in r for r in push.reasons)
+
+    client.force_login(cast["admin"])
+    html = client.get("/readiness/").content.decode()
+    assert 'id="tool-mcpgitgit_commit"' in html and 'id="tool-mcpgitgit_push"' in html
+
+
+def test_enforce_refuses_an_mcp_tool_without_a_status_check(settings):
+    settings.STOPDESK_MECHANISMS = {"mcp": {"options": {"servers": {"git": GIT_SERVER}}}}
+    settings.STOPDESK_READINESS_POLICY = "enforce"
+    task = make_task()
+
+    item_register(
+        task=task, kind=Kind.REMOTE_TOOL, noun="commit", actor="a", mechanism="mcp",
+        detail={"mcp": {"server": "git", "tool": "git_commit"}},
+    )  # fmt: skip
+    with pytest.raises(ToolNotReady) as refused:
+        item_register(
+            task=task, kind=Kind.REMOTE_TOOL, noun="push", actor="a", mechanism="mcp",
+            detail={"mcp": {"server": "git", "tool": "git_push"}},
+        )  # fmt: skip
+    assert refused.value.tool == "mcp:git_push" and "inspect" in refused.value.missing

@@ -99,6 +99,18 @@ def test_uncertain_gets_an_investigate_by_deadline():
     assert item.investigate_by is not None and item.investigate_by > item.updated_at
 
 
+def test_an_uncertain_item_always_says_why():
+    task = make_task()
+    told = make_item(task, state=S.RUNNING)
+    item_transition(item_id=told.pk, to_state=S.UNCERTAIN, actor="t", evidence={"uncertain_because": "no lookup"})
+    untold = make_item(task, state=S.RUNNING)
+    item_transition(item_id=untold.pk, to_state=S.UNCERTAIN, actor="t", outcome="the agent lost its answer")
+    told.refresh_from_db()
+    untold.refresh_from_db()
+    assert told.evidence["uncertain_because"] == "no lookup"
+    assert untold.evidence["uncertain_because"] == "the agent lost its answer"
+
+
 @pytest.mark.postgres
 def test_the_start_is_one_statement_on_postgres(django_assert_num_queries):
     item = make_item(make_task())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
 from django.utils import timezone
@@ -14,6 +15,8 @@ from reconcile.sandbox.mcp_server import MCPToolServer
 from reconcile.sandbox.openai_standin import OpenAIStandin
 from reconcile.sandbox.outbox import Outbox
 from reconcile.sandbox.server import BackgroundServer
+from tests.reference_servers import EverythingServer, everything, make_repo, tee_command
+from tests.reference_servers.proxy import WireRecorder
 
 
 @pytest.fixture(autouse=True)
@@ -67,3 +70,44 @@ class Clock:
 @pytest.fixture
 def clock() -> Clock:
     return Clock()
+
+
+@pytest.fixture
+def everything_party(tmp_path: Path) -> Iterator[tuple[EverythingServer, WireRecorder, str]]:
+    """server-everything over Streamable HTTP on a free port, behind a recording proxy; the URL
+    is the proxy's."""
+    with everything(tmp_path / "server-everything.log") as server:
+        recorder = WireRecorder(server.url)
+        with BackgroundServer(recorder.app, name="wire") as proxy:
+            yield server, recorder, proxy.url + "/mcp"
+
+
+@pytest.fixture
+def git_repo(tmp_path: Path) -> Path:
+    """A temporary git repository with one change staged, for mcp-server-git."""
+    return make_repo(tmp_path / "repo")
+
+
+@pytest.fixture
+def git_server(tmp_path: Path) -> dict[str, object]:
+    """mcp-server-git over stdio (behind the recording tee), configured as server "git" with
+    git_log as git_commit's status check."""
+    wire = tmp_path / "git-wire.jsonl"
+    command, args = tee_command(wire)
+    return {
+        "wire": wire,
+        "config": {
+            "command": command,
+            "args": args,
+            "cwd": str(Path(__file__).resolve().parents[2]),
+            "tools": {
+                "git_commit": {
+                    "status_check": {
+                        "tool": "git_log",
+                        "arguments": {"repo_path": "{repo_path}", "max_count": 5},
+                        "completed_if_contains": "Message: {message}",
+                    }
+                }
+            },
+        },
+    }

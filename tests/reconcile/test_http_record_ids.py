@@ -45,9 +45,9 @@ def test_read_and_reverse_reach_exactly_the_recorded_record(crm_party, record_id
     party.seed("a", name="Bystander a")
     party.seed(record_id, name="Target")
     record = _record(base, record_id)
-    seen = read_version(record)
+    seen = registry.get("http").read_version(record)
     assert seen.ok and seen.version == "1", seen.error
-    assert reverse(record, seen.version).done
+    assert registry.get("http").reverse(record, seen.version).done
     assert party.get(record_id)["status"] == "archived"
     assert party.get("crm-2")["status"] == "active" and party.get("a")["status"] == "active"
 
@@ -60,9 +60,9 @@ def test_an_unsafe_id_already_stored_is_never_sent(crm_party, record_id):
     record = _record(base, "placeholder")
     ExternalRecord.objects.filter(pk=record.pk).update(record_id=record_id)
     record.refresh_from_db()
-    seen = read_version(record)
+    seen = registry.get("http").read_version(record)
     assert not seen.ok and "record id" in seen.error
-    done = reverse(record, "1")
+    done = registry.get("http").reverse(record, "1")
     assert done.outcome == "error" and "record id" in done.error
     assert party.counts.count("get") == 0 and party.counts.count("archive") == 0
     assert party.get("crm-2")["status"] == "active"
@@ -73,7 +73,7 @@ def test_a_read_back_of_another_record_is_not_ok(crm_party):
     party.seed("crm-2", name="Survivor")
     party.seed("crm-3", name="Merged away")
     party.merge("crm-3", into="crm-2")
-    seen = read_version(_record(base, "crm-3"))
+    seen = registry.get("http").read_version(_record(base, "crm-3"))
     assert not seen.ok and "'crm-3'" in seen.error and "'crm-2'" in seen.error
 
 

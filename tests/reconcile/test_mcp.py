@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 
 import anyio
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from reconcile.sandbox import mcp_server as tools
+from reconcile.sandbox.mcp_raw import RawMcpSession
 from reconcile.services.cancel import item_cancel
-from stopdesk.agent.mcp import mcp_call_tool, mcp_start_task
-from stopdesk.models import CancellationAttempt
+from stopdesk.agent.mcp import mcp_call_tool, mcp_start_task, task_owner
+from stopdesk.models import WorkItem
 from stopdesk.services.errors import TaskStopped
 from stopdesk.services.items import item_register
 from stopdesk.services.stop import task_request_stop
@@ -126,70 +129,133 @@ def test_write_that_ignores_the_cancel_lands_and_the_item_stays_uncertain(fast, 
     assert item.state == S.UNCERTAIN  # never "cancelled" on the client's word alone
 
 
-def test_task_cancelled_and_read_back_is_uncertain_because_the_tool_is_not_read_only(fast, mcp_party, clock):
-    """tasks/cancel then tasks/get reads `cancelled`; the spec keeps that status even if the work
-    finishes, so for a tool that may change the world it is not proof of anything."""
+def start_export(item, url, seconds):  # type: ignore[no-untyped-def]
+    return mcp_start_task(
+        item_id=item.pk, url=url, tool=tools.EXPORT_REPORT, arguments={"seconds": seconds}, actor="agent", poll_s=0.05
+    )
+
+
+def owner_done(item) -> None:  # type: ignore[no-untyped-def]
+    owner = task_owner(item.pk)
+    assert owner is not None and owner.join(15), "the task's session owner did not finish"
+
+
+def test_task_is_cancelled_and_read_back_through_the_session_that_created_it(fast, mcp_party, clock):
+    """tasks/cancel then tasks/get in the creating session read `cancelled`; the spec keeps that
+    status even if the work finishes, so for a tool that may change the world it proves nothing."""
     party, url = mcp_party
     task = make_task()
     item = tool_item(task, noun="export")
-    task_id = mcp_start_task(
-        item_id=item.pk, url=url, tool=tools.EXPORT_REPORT, arguments={"seconds": 5}, actor="agent"
-    )
+    task_id = start_export(item, url, 5)
     item.refresh_from_db()
-    assert item.handle == task_id and item.state == S.RUNNING
+    session = item.detail["mcp"]["session"]
+    assert item.handle == task_id and item.state == S.RUNNING and session["id"] and session["owner"]
     stop(task)
-    item_cancel(item_id=item.pk)
+    item_cancel(item_id=item.pk)  # the reconciler sends nothing: the owner cancels in its session
+    owner_done(item)
     item.refresh_from_db()
     assert item.state == S.UNCERTAIN and item.investigate_by is not None
     assert "whether it took effect is unknown" in item.evidence["uncertain_because"]
-    assert [t["status"] for t in party.tasks()] == ["cancelled"]
+    assert item.evidence["detail"]["cancel"] == "accepted"
+    # The cancel reached the task (a new session would have got -32602), then the session closed
+    # and the server cleaned the task up.
     assert party.counts.count("tasks/cancel", task_id) == 1
-    assert party.counts.count("tasks/get", task_id) == 1
+    assert [t["status"] for t in party.task_registry.cleaned_up] == ["cancelled"]
+    assert party.tasks() == []
 
 
-def test_task_that_finished_before_the_cancel_ends_completed(fast, mcp_party):
+def test_task_that_finished_before_stop_ends_completed(fast, mcp_party):
     party, url = mcp_party
     task = make_task()
     item = tool_item(task, noun="export")
-    task_id = mcp_start_task(
-        item_id=item.pk, url=url, tool=tools.EXPORT_REPORT, arguments={"seconds": 0.05}, actor="agent"
-    )
-    time.sleep(0.3)
+    task_id = start_export(item, url, 0.05)
+    owner_done(item)  # its owner read `completed` and recorded it
     stop(task)
     item_cancel(item_id=item.pk)
     item.refresh_from_db()
-    assert item.state == S.COMPLETED and item.outcome == "completed anyway; the cancel did not take effect"
-    assert item.evidence["detail"]["cancel"] == "-32602; looked it up"
-    assert party.counts.count("tasks/cancel", task_id) == 1
+    assert item.state == S.COMPLETED and item.outcome == "completed"
+    assert party.counts.count("tasks/cancel", task_id) == 0
+    assert [e["call"] for e in party.effects(tools.EXPORT_REPORT)] == [task_id]
 
 
-def test_task_server_unreachable_for_the_deadline_ends_uncertain(fast, mcp_party, clock):
-    _party, url = mcp_party
+def abandoned_task(party, url, item, *, delete_session):  # type: ignore[no-untyped-def]
+    """What a dead agent leaves behind: a task started in a session nobody holds, recorded on the
+    item with an owner whose lease has run out."""
+    raw = RawMcpSession(url).__enter__()
+    task_id = raw.request("tools/call", {"name": tools.EXPORT_REPORT, "arguments": {"seconds": 5}, "task": {}})["task"][
+        "taskId"
+    ]
+    facts = {
+        "server": url,
+        "url": url,
+        "transport": "streamable_http",
+        "tool": tools.EXPORT_REPORT,
+        "server_tasks": True,
+        "annotations": {"readOnlyHint": False, "destructiveHint": False},
+        "session": {"id": raw.session_id, "owner": "gone-host:1", "transport": "streamable_http"},
+    }
+    WorkItem.objects.filter(pk=item.pk).update(
+        state=S.RUNNING, handle=task_id, detail={"mcp": facts}, lease_until=timezone.now() - timedelta(seconds=1)
+    )
+    if delete_session:
+        raw.close()
+    return task_id
+
+
+def test_task_whose_owner_died_is_cancelled_in_its_resumed_session(fast, mcp_party, clock):
+    party, url = mcp_party
     task = make_task()
     item = tool_item(task, noun="export")
-    mcp_start_task(item_id=item.pk, url=url, tool=tools.EXPORT_REPORT, arguments={"seconds": 5}, actor="agent")
-    item.refresh_from_db()
-    item.detail["mcp"]["server"] = "http://127.0.0.1:9/mcp"  # connection refused
-    item.save(update_fields=["detail"])
+    task_id = abandoned_task(party, url, item, delete_session=False)
     stop(task)
     item_cancel(item_id=item.pk)
-    sweep_until_settled(clock, item)
     item.refresh_from_db()
-    assert item.state == S.UNCERTAIN and item.investigate_by is not None
-    assert CancellationAttempt.objects.filter(item=item, ok=False).count() >= 3
+    assert item.state == S.UNCERTAIN
+    assert item.evidence["detail"]["cancel"] == "accepted (resumed session)"
+    assert [t["status"] for t in party.tasks() if t["taskId"] == task_id] == ["cancelled"]
+
+
+def test_task_whose_owner_died_with_its_session_is_uncertain_because_the_owner_stopped(fast, mcp_party, clock):
+    party, url = mcp_party
+    task = make_task()
+    item = tool_item(task, noun="export")
+    abandoned_task(party, url, item, delete_session=True)
+    stop(task)
+    item_cancel(item_id=item.pk)
+    item.refresh_from_db()
+    assert item.state == S.UNCERTAIN and item.outcome == "task's session lost with its owner; investigate"
+    because = item.evidence["uncertain_because"]
+    assert "owned the MCP session" in because and "stopped" in because and "expired" not in because
+
+
+def test_task_not_found_right_after_creation_has_its_own_outcome(fast, mcp_party):
+    party, url = mcp_party
+    party.set_fault(tools.TASKS_FORGET, target=tools.EXPORT_REPORT)  # deleted as soon as it is created
+    task = make_task()
+    item = tool_item(task, noun="export")
+    start_export(item, url, 5)
+    owner_done(item)
+    item.refresh_from_db()
+    assert item.state == S.UNCERTAIN
+    assert item.outcome == "task not found right after it was created; investigate"
+    assert "'task not found' on the session that had just created the task" in item.evidence["uncertain_because"]
 
 
 def test_duplicate_task_cancel_sends_one_tasks_cancel(fast, mcp_party, clock):
     party, url = mcp_party
     task = make_task()
     item = tool_item(task, noun="export")
-    task_id = mcp_start_task(
-        item_id=item.pk, url=url, tool=tools.EXPORT_REPORT, arguments={"seconds": 5}, actor="agent"
-    )
+    task_id = start_export(item, url, 5)
     stop(task)
     stop(task)
     item_cancel(item_id=item.pk)
     item_cancel(item_id=item.pk)
+    owner_done(item)
     clock.advance(60)
     sweep_until_settled(clock, item)
     assert party.counts.count("tasks/cancel", task_id) == 1
+    item.refresh_from_db()
+    assert item.state == S.UNCERTAIN
+    assert item.evidence["uncertain_because"].startswith("Reconciled by the session's owner") or (
+        "whether it took effect is unknown" in item.evidence["uncertain_because"]
+    )

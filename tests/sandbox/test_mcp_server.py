@@ -288,21 +288,12 @@ def test_tasks_do_not_survive_a_server_restart_but_effects_do(mcp_tools: Tools) 
 
 def test_the_sdk_session_can_poll_list_and_cancel_tasks_but_not_create_them(mcp_tools: Tools) -> None:
     party, server = mcp_tools
-    with RawMcpSession(server.url + MCP_PATH) as raw:
-        task_id = export_task(raw, seconds=2)
 
-    async def via_sdk() -> tuple[types.GetTaskResult, types.ListTasksResult, types.CancelTaskResult]:
+    async def via_sdk() -> tuple[str, types.GetTaskResult, types.ListTasksResult, types.CancelTaskResult]:
         async with Client(server.url + MCP_PATH, mode="legacy") as client:
             session = client.session
-            got = await session.send_request(
-                types.GetTaskRequest(params=types.GetTaskRequestParams(task_id=task_id)), types.GetTaskResult
-            )
-            listed = await session.send_request(types.ListTasksRequest(), types.ListTasksResult)
-            cancelled = await session.send_request(
-                types.CancelTaskRequest(params=types.CancelTaskRequestParams(task_id=task_id)), types.CancelTaskResult
-            )
             # The SDK validates every tools/call answer as a CallToolResult, so the
-            # CreateTaskResult of a task-augmented call is rejected on the client side.
+            # CreateTaskResult of a task-augmented call is rejected on the client side...
             with pytest.raises(ValidationError):
                 await session.send_request(
                     types.CallToolRequest(
@@ -310,11 +301,43 @@ def test_the_sdk_session_can_poll_list_and_cancel_tasks_but_not_create_them(mcp_
                     ),
                     types.CreateTaskResult,
                 )
-            return got, listed, cancelled
+            # ...so the task is created through the session's dispatcher, in this same session
+            # (tasks belong to the session that created them).
+            created = await session._dispatcher.send_raw_request(
+                "tools/call", {"name": "export_report", "arguments": {"seconds": 2}, "task": {}}, {"timeout": 5}
+            )
+            task_id = created["task"]["taskId"]
+            got = await session.send_request(
+                types.GetTaskRequest(params=types.GetTaskRequestParams(task_id=task_id)), types.GetTaskResult
+            )
+            listed = await session.send_request(types.ListTasksRequest(), types.ListTasksResult)
+            cancelled = await session.send_request(
+                types.CancelTaskRequest(params=types.CancelTaskRequestParams(task_id=task_id)), types.CancelTaskResult
+            )
+            return task_id, got, listed, cancelled
 
-    got, listed, cancelled = anyio.run(via_sdk)
+    task_id, got, listed, cancelled = anyio.run(via_sdk)
 
     assert got.status == "working"
-    assert next(t.task_id for t in listed.tasks) == task_id
+    # The rejected call was still answered by the server: it created a task too.
+    assert len(listed.tasks) == 2 and task_id in [t.task_id for t in listed.tasks]
     assert cancelled.status == "cancelled"
     assert wait_until(lambda: "interrupted" in events(party, task_id))
+
+
+def test_a_task_is_unknown_on_another_session_and_cleaned_up_with_its_own(mcp_tools: Tools) -> None:
+    """As server-everything does: tasks are per session; closing the session ends them."""
+    party, server = mcp_tools
+    with RawMcpSession(server.url + MCP_PATH) as creator:
+        task_id = export_task(creator, seconds=3)
+        with RawMcpSession(server.url + MCP_PATH) as other:
+            for method in ("tasks/get", "tasks/cancel", "tasks/result"):
+                with pytest.raises(McpRpcError) as error:
+                    other.request(method, {"taskId": task_id})
+                assert error.value.code == -32602 and "not found" in error.value.message
+            assert other.request("tasks/list", {})["tasks"] == []
+        assert creator.request("tasks/get", {"taskId": task_id})["status"] == "working"
+    # The creating session was deleted: the task is gone, its work stopped.
+    assert wait_until(lambda: "interrupted" in events(party, task_id))
+    assert party.tasks() == []
+    assert [t["taskId"] for t in party.task_registry.cleaned_up] == [task_id]

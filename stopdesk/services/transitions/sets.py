@@ -188,14 +188,16 @@ class Schedule:
     state: str | None
     next_check_at: datetime | None
     progress: dict[str, Any] | None = None
+    evidence: dict[str, Any] | None = None  # merged into the item's evidence (what a look found)
 
 
 _SCHEDULE_SQL = """
 UPDATE stopdesk_workitem w
 SET next_check_at = v.next_check_at,
-    evidence = CASE WHEN v.progress IS NULL THEN w.evidence
-                    ELSE w.evidence || jsonb_build_object('reconcile', v.progress) END
-FROM unnest(%s::bigint[], %s::text[], %s::timestamptz[], %s::jsonb[]) AS v(id, state, next_check_at, progress)
+    evidence = w.evidence || COALESCE(v.extra, '{}'::jsonb)
+               || CASE WHEN v.progress IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('reconcile', v.progress) END
+FROM unnest(%s::bigint[], %s::text[], %s::timestamptz[], %s::jsonb[], %s::jsonb[])
+     AS v(id, state, next_check_at, progress, extra)
 WHERE w.id = v.id AND (v.state IS NULL OR w.state = v.state)
 RETURNING w.id
 """
@@ -218,6 +220,10 @@ def items_schedule(plans: Mapping[int, Schedule]) -> set[int]:
                 None if plans[i].progress is None else evidence_field.get_db_prep_save(plans[i].progress, connection)
                 for i in ids
             ],
+            [
+                None if not plans[i].evidence else evidence_field.get_db_prep_save(plans[i].evidence, connection)
+                for i in ids
+            ],
         ]
         with connection.cursor() as cursor:
             cursor.execute(_SCHEDULE_SQL, params)
@@ -230,8 +236,10 @@ def items_schedule(plans: Mapping[int, Schedule]) -> set[int]:
             if plan.state is not None and item.state != plan.state:
                 continue
             values: dict[str, Any] = {"next_check_at": plan.next_check_at}
-            if plan.progress is not None:
-                values["evidence"] = {**item.evidence, "reconcile": plan.progress}
+            if plan.progress is not None or plan.evidence:
+                values["evidence"] = {**item.evidence, **(plan.evidence or {})}
+                if plan.progress is not None:
+                    values["evidence"]["reconcile"] = plan.progress
             WorkItem.objects.filter(pk=item_id).update(**values)
             written.add(item_id)
     return written

@@ -60,6 +60,9 @@ def item_transition(
             item.outcome = outcome
         if evidence:
             item.evidence = {**item.evidence, **evidence}
+        if to_state == S.UNCERTAIN and not item.evidence.get("uncertain_because"):
+            # Every uncertain item says why, whoever put it there.
+            item.evidence = {**item.evidence, "uncertain_because": message or outcome or "no reason was given"}
         for name, value in fields.items():
             setattr(item, name, value)
         item.save()

@@ -1,0 +1,266 @@
+"""Which MCP server a call goes to, and how to reach it: Streamable HTTP or stdio.
+
+Servers are named in configuration (`STOPDESK_MECHANISMS["mcp"]["options"]["servers"]`; the
+callers pass the mechanism's options in):
+
+    "servers": {
+        "git": {"command": "mcp-server-git", "args": [], "env": {}, "cwd": None,
+                "tools": {"git_commit": {"status_check": {...}}}},
+        "research": {"url": "https://tools.example/mcp", "headers": {"X-Team": "ops"},
+                     "bearer_token_env": "RESEARCH_MCP_TOKEN"},
+    }
+
+The agent side and the reconciler both reach a server through `open_client`, so the reconciler
+can look at a stdio server (it starts its own process from the same configuration) or send the
+configured headers. Headers, bearer tokens and a stdio server's environment are secrets: they are
+never recorded (`ServerSpec.public()` is what the ledger gets) and never logged.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import httpx2
+from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
+
+HTTP = "streamable_http"
+STDIO = "stdio"
+SESSION_HEADER = "mcp-session-id"
+
+
+class ServerConfigError(ValueError):
+    """A server named in a call or in configuration cannot be used as written."""
+
+
+@dataclass(frozen=True)
+class StatusCheck:
+    """A read-only tool on the same server that shows whether a call took effect.
+
+    `arguments` and `completed_if_contains` may name the call's own arguments as `{name}`; they
+    are filled in when the call is recorded, so the reconciler needs nothing but the item."""
+
+    tool: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    completed_if_contains: str = ""
+
+    def resolved(self, call_arguments: dict[str, Any]) -> dict[str, Any]:
+        def fill(value: Any) -> Any:
+            if isinstance(value, str):
+                try:
+                    return value.format_map(_Strict(call_arguments))
+                except (KeyError, ValueError, IndexError) as exc:
+                    raise ServerConfigError(f"status check for {self.tool!r}: cannot fill {value!r}: {exc}") from exc
+            return value
+
+        return {
+            "tool": self.tool,
+            "arguments": {k: fill(v) for k, v in self.arguments.items()},
+            "completed_if_contains": fill(self.completed_if_contains),
+        }
+
+
+class _Strict(dict[str, Any]):
+    def __missing__(self, key: str) -> Any:
+        raise KeyError(f"the call has no argument {key!r}")
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    name: str
+    transport: str
+    url: str = ""
+    command: str = ""
+    args: tuple[str, ...] = ()
+    cwd: str | None = None
+    # Secrets: kept out of repr, of `public()` and of every log line.
+    headers: dict[str, str] = field(default_factory=dict, repr=False)
+    bearer_token: str = field(default="", repr=False)
+    env: dict[str, str] = field(default_factory=dict, repr=False)
+    status_checks: dict[str, StatusCheck] = field(default_factory=dict)
+    configured: bool = False
+
+    def public(self) -> dict[str, Any]:
+        """What the ledger may record about the server: where it is, never how we authenticate."""
+        facts: dict[str, Any] = {"server": self.name, "transport": self.transport, "configured": self.configured}
+        if self.transport == HTTP:
+            facts["url"] = self.url
+        else:
+            facts["command"] = os.path.basename(self.command)
+        return facts
+
+    def http_headers(self) -> dict[str, str]:
+        headers = dict(self.headers)
+        if self.bearer_token:
+            headers["Authorization"] = f"Bearer {self.bearer_token}"
+        return headers
+
+    def secrets(self) -> list[str]:
+        """Every secret value, for tests and redaction."""
+        values = [*self.headers.values(), *self.env.values()]
+        if self.bearer_token:
+            values.append(self.bearer_token)
+        return [v for v in values if v]
+
+
+def configured_servers(options: dict[str, Any]) -> dict[str, ServerSpec]:
+    """The servers named in the MCP mechanism's options."""
+    servers = options.get("servers") or {}
+    if not isinstance(servers, dict):
+        raise ServerConfigError("mcp options 'servers' must be a mapping of name to server")
+    return {name: _spec(name, raw) for name, raw in servers.items()}
+
+
+def _spec(name: str, raw: Any) -> ServerSpec:
+    if not isinstance(raw, dict):
+        raise ServerConfigError(f"mcp server {name!r}: expected a mapping")
+    unknown = set(raw) - {
+        "url",
+        "headers",
+        "bearer_token",
+        "bearer_token_env",
+        "command",
+        "args",
+        "env",
+        "cwd",
+        "tools",
+    }
+    if unknown:
+        raise ServerConfigError(f"mcp server {name!r}: unknown setting(s) {sorted(unknown)}")
+    if bool(raw.get("url")) == bool(raw.get("command")):
+        raise ServerConfigError(
+            f"mcp server {name!r}: give exactly one of 'url' (Streamable HTTP) or 'command' (stdio)"
+        )
+    token = str(raw.get("bearer_token") or "")
+    if raw.get("bearer_token_env"):
+        token = os.environ.get(str(raw["bearer_token_env"]), "")
+        if not token:
+            raise ServerConfigError(f"mcp server {name!r}: environment variable {raw['bearer_token_env']} is not set")
+    checks: dict[str, StatusCheck] = {}
+    for tool, declared in (raw.get("tools") or {}).items():
+        check = (declared or {}).get("status_check")
+        if check is None:
+            continue
+        if not isinstance(check, dict) or not check.get("tool"):
+            raise ServerConfigError(f"mcp server {name!r}, tool {tool!r}: a status check needs a 'tool'")
+        checks[tool] = StatusCheck(
+            tool=str(check["tool"]),
+            arguments=dict(check.get("arguments") or {}),
+            completed_if_contains=str(check.get("completed_if_contains") or ""),
+        )
+    return ServerSpec(
+        name=name,
+        transport=HTTP if raw.get("url") else STDIO,
+        url=str(raw.get("url") or ""),
+        command=str(raw.get("command") or ""),
+        args=tuple(str(a) for a in raw.get("args") or ()),
+        cwd=raw.get("cwd"),
+        headers={str(k): str(v) for k, v in (raw.get("headers") or {}).items()},
+        bearer_token=token,
+        env={str(k): str(v) for k, v in (raw.get("env") or {}).items()},
+        status_checks=checks,
+        configured=True,
+    )
+
+
+def resolve(server: str | StdioServerParameters | ServerSpec, options: dict[str, Any]) -> ServerSpec:
+    """A configured name, a URL (configured or not), or stdio parameters given in code."""
+    if isinstance(server, ServerSpec):
+        return server
+    if isinstance(server, StdioServerParameters):
+        return ServerSpec(
+            name=os.path.basename(server.command),
+            transport=STDIO,
+            command=server.command,
+            args=tuple(server.args),
+            cwd=str(server.cwd) if server.cwd is not None else None,
+            env=dict(server.env or {}),
+        )
+    configured = configured_servers(options)
+    if server in configured:
+        return configured[server]
+    if server.startswith(("http://", "https://")):
+        for spec in configured.values():
+            if spec.url == server:
+                return spec
+        return ServerSpec(name=server, transport=HTTP, url=server)
+    raise ServerConfigError(f"no MCP server named {server!r} is configured, and it is not a URL")
+
+
+def from_detail(facts: dict[str, Any], options: dict[str, Any]) -> ServerSpec:
+    """The server an item's recorded facts name. A stdio server is only reachable by its
+    configured name: a command is never taken from the ledger."""
+    name = str(facts.get("server") or "")
+    configured = configured_servers(options)
+    if name in configured:
+        return configured[name]
+    if facts.get("transport", HTTP) == HTTP and (facts.get("url") or name).startswith(("http://", "https://")):
+        return resolve(str(facts.get("url") or name), options)
+    raise ServerConfigError(f"the stdio MCP server {name!r} is not configured, so it cannot be started to look")
+
+
+def _errlog() -> TextIO:
+    # The subprocess needs a real file descriptor; under a test runner sys.stderr may not have one.
+    try:
+        sys.stderr.fileno()
+        return sys.stderr
+    except (AttributeError, OSError, ValueError):
+        return open(os.devnull, "w")  # lives as long as the process
+
+
+@dataclass
+class Connection:
+    """An open client plus what the transport told us (the HTTP session id, the server process)."""
+
+    client: Client
+    spec: ServerSpec
+    session_id: str | None = None
+
+
+@asynccontextmanager
+async def open_client(
+    spec: ServerSpec,
+    *,
+    timeout_s: float,
+    message_handler: Callable[..., Any] | None = None,
+    terminate_on_close: bool = True,
+) -> AsyncIterator[Connection]:
+    """Connect with the 2025-11-25 handshake (tasks are part of that revision; they left the
+    core spec in 2026-07-28, and it is what servers that implement them speak)."""
+    conn_box: list[Connection] = []
+
+    async def remember_session(response: httpx2.Response) -> None:
+        sid = response.headers.get(SESSION_HEADER)
+        if sid and conn_box:
+            conn_box[0].session_id = sid
+
+    transport: Any
+    http: httpx2.AsyncClient | None = None
+    if spec.transport == HTTP:
+        http = httpx2.AsyncClient(
+            headers=spec.http_headers(),
+            timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT),
+            event_hooks={"response": [remember_session]},
+        )
+        transport = streamable_http_client(spec.url, http_client=http, terminate_on_close=terminate_on_close)
+    else:
+        command = shutil.which(spec.command) or spec.command
+        params = StdioServerParameters(command=command, args=list(spec.args), env=spec.env or None, cwd=spec.cwd)
+        transport = stdio_client(params, errlog=_errlog())
+    client = Client(transport, mode="legacy", read_timeout_seconds=timeout_s, message_handler=message_handler)
+    conn = Connection(client=client, spec=spec)
+    conn_box.append(conn)
+    try:
+        async with client:
+            yield conn
+    finally:
+        if http is not None:
+            await http.aclose()

@@ -1,0 +1,23 @@
+"""The agent's side of MCP: calls and tasks that pass the boundary, watch the ledger for Stop, and
+record how they ended.
+
+`mcp_call_tool` makes a plain call over Streamable HTTP or stdio. On Stop it cancels the call's
+scope (the SDK sends `notifications/cancelled`); no answer follows, so a read-only tool ends
+`cancelled` and any other tool `uncertain` (with a status check declared, the reconciler then
+looks). It keeps the session open for `after_cancel_s` after a cancel: a stdio server is not
+killed in the middle of the work it may still be doing, and progress the server keeps reporting
+is recorded as evidence. Any failure after registration is recorded on the item with its error.
+
+`mcp_run_task` / `mcp_start_task` make a task-augmented call and own the session that created the
+task until the task is final or Stop has been reconciled: servers keep tasks per session, so the
+cancel (`tasks/cancel`) and the read-back (`tasks/get`) go through that session. The owner is the
+agent process; it holds the item's lease while it lives. If it dies, the reconciler resumes the
+session by its id where the server still has it, or records the task uncertain because its
+session's owner stopped.
+"""
+
+from stopdesk.agent.mcp.calls import mcp_call_tool
+from stopdesk.agent.mcp.common import ServerRef, describe
+from stopdesk.agent.mcp.tasks import TaskOwner, mcp_run_task, mcp_start_task, task_owner
+
+__all__ = ["ServerRef", "TaskOwner", "describe", "mcp_call_tool", "mcp_run_task", "mcp_start_task", "task_owner"]

@@ -1,0 +1,206 @@
+"""Plain MCP tool calls: pass the boundary, call while watching the ledger, cancel on Stop."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import anyio
+import mcp_types as types
+
+from reconcile.mechanisms import mcp_servers
+from reconcile.mechanisms.mcp_servers import Connection
+from reconcile.mechanisms.registry import mechanism_settings
+from reconcile.services.handles import item_add_evidence
+from stopdesk.agent.aio import in_thread
+from stopdesk.agent.mcp.common import (
+    ServerRef,
+    describe,
+    look_later,
+    pass_boundary,
+    record_failure,
+    unwrap,
+)
+from stopdesk.services.errors import IllegalTransition, TaskStopped
+from stopdesk.services.items import item_finish, item_heartbeat
+from stopdesk.services.transitions import item_transition
+from stopdesk.states import ItemState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ProgressSeen:
+    """`notifications/progress` for our token, split at the cancel."""
+
+    token: str
+    cancelled_at: float | None = None
+    before: int = 0
+    after: list[dict[str, Any]] = field(default_factory=list)
+
+    async def handle(self, message: Any) -> None:
+        root = getattr(message, "root", message)
+        if not isinstance(root, types.ProgressNotification):
+            return
+        params = root.params
+        if str(params.progress_token) != self.token:
+            return
+        if self.cancelled_at is None:
+            self.before += 1
+            return
+        self.after.append(
+            {
+                "progress": params.progress,
+                "total": params.total,
+                "message": params.message,
+                "after_cancel_s": round(time.monotonic() - self.cancelled_at, 3),
+            }
+        )
+
+
+async def mcp_call_tool(
+    *,
+    item_id: int,
+    tool: str,
+    actor: str,
+    server: ServerRef | None = None,
+    url: str | None = None,
+    arguments: dict[str, Any] | None = None,
+    poll_s: float = 0.5,
+    timeout_s: float = 300.0,
+    after_cancel_s: float | None = None,
+) -> types.CallToolResult | None:
+    """Record server, tool, protocol version and annotations; pass the boundary; call the tool
+    while watching the ledger; cancel the call on Stop. Returns the result, or None when the call
+    was cancelled (the item is then recorded cancelled or uncertain). `server` is a configured
+    server's name, a URL, or `StdioServerParameters`; `url` is the older spelling of a URL."""
+
+    ref = server if server is not None else url
+    if ref is None:
+        raise TypeError("mcp_call_tool needs a server (a configured name, a URL or StdioServerParameters)")
+    arguments = arguments or {}
+    facts: dict[str, Any] | None = None
+    refused: TaskStopped | None = None
+    result: types.CallToolResult | None = None
+    try:
+        spec = mcp_servers.resolve(ref, mechanism_settings("mcp").options)
+        progress = ProgressSeen(token=f"stopdesk-item-{item_id}")
+        linger = _after_cancel_s() if after_cancel_s is None else after_cancel_s
+        async with mcp_servers.open_client(spec, timeout_s=timeout_s, message_handler=progress.handle) as conn:
+            facts = await describe(conn, tool, arguments)
+            try:
+                await pass_boundary(item_id, actor, facts)
+            except TaskStopped as exc:  # raised after the session closes, not wrapped in its task group
+                refused = exc
+            if refused is None:
+                result = await _call_watching(conn, item_id, tool, arguments, poll_s, progress)
+                if result is None:
+                    await _record_cancelled(item_id, actor, facts)
+                    # Keep the session: progress after the cancel is evidence, and a stdio server
+                    # is not killed in the middle of what it may still be doing.
+                    await anyio.sleep(linger)
+                    await _record_progress(item_id, progress)
+    except Exception as exc:
+        await record_failure(item_id, actor, exc, facts)
+        raise unwrap(exc) from exc
+    if refused is not None:
+        raise refused
+    if result is not None:
+        await _record_result(item_id, actor, result)
+    return result
+
+
+def _after_cancel_s() -> float:
+
+    return float(mechanism_settings("mcp").options.get("after_cancel_s", 2.0))
+
+
+async def _call_watching(
+    conn: Connection, item_id: int, tool: str, arguments: dict[str, Any], poll_s: float, progress: ProgressSeen
+) -> types.CallToolResult | None:
+
+    result: list[types.CallToolResult] = []
+
+    async def call(scope: anyio.CancelScope) -> None:
+        # `_meta.stopdesk_item` ties the call to its item at the server; our own progress token
+        # lets us see progress the server keeps sending after the cancel.
+        meta = {"stopdesk_item": str(item_id), "progressToken": progress.token}
+        result.append(await conn.client.call_tool(tool, arguments, meta=cast(types.RequestParamsMeta, meta)))
+        scope.cancel()
+
+    async def watch(scope: anyio.CancelScope) -> None:
+        while True:
+            await anyio.sleep(poll_s)
+            if await in_thread(item_heartbeat, item_id=item_id):
+                progress.cancelled_at = time.monotonic()
+                scope.cancel()  # the SDK sends notifications/cancelled for the call
+                return
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call, tg.cancel_scope)
+        tg.start_soon(watch, tg.cancel_scope)
+    return result[0] if result else None
+
+
+async def _record_result(item_id: int, actor: str, result: types.CallToolResult) -> None:
+
+    text = " ".join(getattr(c, "text", "") for c in result.content)[:200]
+    await in_thread(item_finish, item_id=item_id, succeeded=not result.is_error, actor=actor, outcome=text or "done")
+
+
+async def _record_cancelled(item_id: int, actor: str, facts: dict[str, Any]) -> None:
+
+    read_only = facts["annotations"]["readOnlyHint"]
+    evidence: dict[str, Any] = {
+        "annotations": facts["annotations"],
+        "notification": "notifications/cancelled sent by the SDK",
+    }
+    if read_only:
+        to_state, outcome, extra = ItemState.CANCELLED, "cancelled; read-only tool", {}
+    else:
+        check = facts.get("status_check")
+        evidence["uncertain_because"] = (
+            "The call was cancelled and MCP sends no answer to a cancelled call; the tool is not read-only, "
+            + (
+                f"so the status check ({check['tool']}) will look whether it took effect."
+                if check
+                else "and no status check is declared for it, so whether it took effect is unknown."
+            )
+        )
+        to_state, outcome, extra = ItemState.UNCERTAIN, "cancelled call; no answer follows", look_later(facts)
+    try:
+        await in_thread(
+            item_transition,
+            item_id=item_id,
+            to_state=to_state,
+            actor=actor,
+            outcome=outcome,
+            evidence=evidence,
+            allowed_from=frozenset({ItemState.RUNNING}),
+            **extra,
+        )
+    except IllegalTransition:
+        log.info("item %s was settled before its caller recorded the cancel", item_id)
+
+
+async def _record_progress(item_id: int, progress: ProgressSeen) -> None:
+
+    if not progress.after:
+        return
+    last = progress.after[-1]
+    await in_thread(
+        item_add_evidence,
+        item_id=item_id,
+        evidence={
+            "progress_after_cancel": {
+                "note": "the server kept reporting progress after the cancel",
+                "count": len(progress.after),
+                "before_cancel": progress.before,
+                "last": last,
+            }
+        },
+        actor="agent:mcp",
+        message=f"The server kept reporting progress after the cancel ({len(progress.after)} notifications).",
+    )

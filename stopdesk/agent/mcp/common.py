@@ -1,0 +1,132 @@
+"""What plain calls and tasks share: the facts recorded before a call, the boundary, and how a
+failure between registration and the answer is recorded."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from mcp import StdioServerParameters
+from mcp.shared.exceptions import MCPError
+
+from reconcile.mechanisms.mcp import annotations_of
+from reconcile.mechanisms.mcp_servers import Connection, ServerSpec
+from reconcile.services.handles import item_record_detail, item_state_of
+from stopdesk.agent.aio import in_thread
+from stopdesk.services.errors import IllegalTransition
+from stopdesk.services.transitions import item_start, item_submit, item_transition
+from stopdesk.states import ItemState
+
+log = logging.getLogger(__name__)
+ServerRef = str | StdioServerParameters | ServerSpec
+
+
+async def describe(conn: Connection, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """The facts recorded on the item before the call: the server (never its secrets), the tool,
+    the protocol version, the tool's annotations, and its status check with arguments filled in."""
+    client = conn.client
+    listing = await client.list_tools()
+    found = next((t for t in listing.tools if t.name == tool), None)
+    if found is None:
+        raise LookupError(f"MCP server {conn.spec.name} has no tool {tool!r}")
+    caps = client.server_capabilities
+    facts: dict[str, Any] = {
+        **conn.spec.public(),
+        "server_name": client.server_info.name if client.server_info else "",
+        "tool": tool,
+        "protocol_version": client.protocol_version,
+        "annotations": annotations_of(found),
+        "task_support": (found.execution.task_support if found.execution else None) or "forbidden",
+        "server_tasks": bool(getattr(caps, "tasks", None)),
+    }
+    check = conn.spec.status_checks.get(tool)
+    if check is not None:
+        facts["status_check"] = check.resolved(arguments)
+    return facts
+
+
+async def pass_boundary(item_id: int, actor: str, facts: dict[str, Any]) -> None:
+
+    await in_thread(item_record_detail, item_id=item_id, detail={"mcp": facts})
+    if facts["annotations"]["readOnlyHint"]:
+        await in_thread(item_start, item_id=item_id, actor=actor, worker="mcp")
+    else:
+        # A call that may change the world is an external action: submitted_at marks it.
+        await in_thread(item_submit, item_id=item_id, idempotency_key=f"mcp-item-{item_id}", actor=actor, worker="mcp")
+
+
+async def record_failure(item_id: int, actor: str, exc: BaseException, facts: dict[str, Any] | None) -> None:
+    """Whatever broke between registration and the answer, the item says so: a queued item that
+    never reached the server failed; a call that was sent and got no answer is unknown unless the
+    tool is read-only."""
+
+    error = error_text(exc)
+    item = await in_thread(item_state_of, item_id=item_id)
+    try:
+        if item == ItemState.QUEUED:
+            await in_thread(
+                item_transition,
+                item_id=item_id,
+                to_state=ItemState.FAILED,
+                actor=actor,
+                outcome=f"not sent: {error}"[:200],
+                evidence={"error": error, "stage": "before the call"},
+            )
+            return
+        if item != ItemState.RUNNING:
+            return
+        read_only = bool(facts and facts["annotations"]["readOnlyHint"])
+        answered = isinstance(exc, MCPError) and exc.error.code not in NO_ANSWER_CODES
+        if read_only or answered:
+            await in_thread(
+                item_transition,
+                item_id=item_id,
+                to_state=ItemState.FAILED,
+                actor=actor,
+                outcome=f"failed: {error}"[:200],
+                evidence={"error": error, "stage": "the call", "answered": answered},
+            )
+            return
+        check = (facts or {}).get("status_check")
+        why = f"The call was sent and no answer came ({error}); the tool is not read-only, " + (
+            f"so the status check ({check['tool']}) will look whether it took effect."
+            if check
+            else "so whether it took effect is unknown."
+        )
+        await in_thread(
+            item_transition,
+            item_id=item_id,
+            to_state=ItemState.UNCERTAIN,
+            actor=actor,
+            outcome="no answer; outcome unknown",
+            evidence={"error": error, "stage": "the call", "uncertain_because": why},
+            **look_later(facts),
+        )
+    except IllegalTransition:
+        log.info("item %s was settled meanwhile; the error was %s", item_id, error)
+
+
+# Codes the SDK raises itself when no answer came (connection closed, request timeout).
+NO_ANSWER_CODES = frozenset({-32000, -32001})
+
+
+def error_text(exc: BaseException) -> str:
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(error_text(e) for e in exc.exceptions)[:500]
+    if isinstance(exc, MCPError):
+        return f"MCP error {exc.error.code}: {exc.error.message}"[:500]
+    return f"{type(exc).__name__}: {exc}"[:500]
+
+
+def look_later(facts: dict[str, Any] | None) -> dict[str, Any]:
+    """With a status check declared, the reconciler looks at once (and again until its deadline)."""
+    from django.utils import timezone
+
+    return {"next_check_at": timezone.now()} if facts and facts.get("status_check") else {}
+
+
+def unwrap(exc: Exception) -> Exception:
+    """The transports' task groups wrap what a call raised; the caller gets the error itself."""
+    while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc

@@ -1,0 +1,313 @@
+"""Task-augmented MCP calls whose session lives as long as the task: the agent process that
+created the task owns the session, cancels and reads back through it, and records the end."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp.shared.exceptions import MCPError
+
+from reconcile.mechanisms import mcp_servers
+from reconcile.mechanisms.base import Observation, Seen
+from reconcile.mechanisms.mcp import INVALID_PARAMS, NOT_FOUND_AT_ONCE, task_observation
+from reconcile.mechanisms.mcp_servers import Connection
+from reconcile.mechanisms.registry import mechanism_settings
+from reconcile.services.handles import item_record_detail, item_record_handle
+from reconcile.services.reconcile import item_observe
+from stopdesk.agent.aio import in_thread
+from stopdesk.agent.mcp.common import ServerRef, describe, error_text, pass_boundary, record_failure, unwrap
+from stopdesk.services.errors import TaskStopped
+from stopdesk.services.items import item_heartbeat
+
+log = logging.getLogger(__name__)
+# A task the server forgets within this long of creating it was "not found right after creation".
+NOT_FOUND_AT_ONCE_S = 5.0
+
+
+def _owner_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+async def _raw_request(conn: Connection, method: str, params: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    # The SDK types task messages but validates every tools/call answer as a CallToolResult,
+    # which would reject a CreateTaskResult: send through the session's dispatcher.
+    session = conn.client.session
+    data: dict[str, Any] = {"method": method, "params": params}
+    opts: dict[str, Any] = {"timeout": timeout_s}
+    session._stamp(data, opts)  # type: ignore[arg-type]  # the negotiated version's headers
+    return await session._dispatcher.send_raw_request(method, data.get("params"), opts)  # type: ignore[arg-type]
+
+
+@dataclass
+class TaskOwner:
+    """The agent-side owner of one task's session (a thread running `mcp_run_task`)."""
+
+    item_id: int
+    thread: threading.Thread | None = None
+    started: threading.Event = field(default_factory=threading.Event)
+    task_id: str = ""
+    error: BaseException | None = None
+    final: Observation | None = None
+    detail: dict[str, Any] = field(default_factory=dict)  # the item's recorded MCP facts
+
+    def join(self, timeout: float | None = None) -> bool:
+        if self.thread is not None:
+            self.thread.join(timeout)
+            return not self.thread.is_alive()
+        return True
+
+
+_OWNERS: dict[int, TaskOwner] = {}
+
+
+def task_owner(item_id: int) -> TaskOwner | None:
+    """The owner thread this process started for an item's task, if any."""
+    return _OWNERS.get(item_id)
+
+
+async def mcp_run_task(
+    *,
+    item_id: int,
+    tool: str,
+    actor: str,
+    server: ServerRef | None = None,
+    url: str | None = None,
+    arguments: dict[str, Any] | None = None,
+    ttl_ms: int | None = None,
+    poll_s: float = 0.5,
+    owner: TaskOwner | None = None,
+) -> Observation:
+    """Start a task-augmented call and own its session until the task is final or Stop has been
+    reconciled through it. Returns the last observation recorded. Raises TaskStopped if Stop
+    came first."""
+
+    owner = owner or TaskOwner(item_id)
+    ref = server if server is not None else url
+    if ref is None:
+        raise TypeError("mcp_run_task needs a server (a configured name, a URL or StdioServerParameters)")
+    timeout_s = mechanism_settings("mcp").call_timeout_s
+    facts: dict[str, Any] | None = None
+    refused: TaskStopped | None = None
+    final: Observation | None = None
+    try:
+        spec = mcp_servers.resolve(ref, mechanism_settings("mcp").options)
+        async with mcp_servers.open_client(spec, timeout_s=timeout_s) as conn:
+            facts = await describe(conn, tool, arguments or {})
+            if not facts["server_tasks"] or facts["task_support"] not in ("optional", "required"):
+                raise ValueError(f"{tool!r} on {spec.name} cannot run as a task")
+            try:
+                await pass_boundary(item_id, actor, facts)
+            except TaskStopped as exc:
+                refused = exc
+            else:
+                final = await _start_and_own(
+                    conn, owner, facts, arguments or {}, tool, ttl_ms, poll_s, timeout_s, actor
+                )
+    except Exception as exc:
+        if not owner.started.is_set():
+            await record_failure(item_id, actor, exc, facts)
+        else:
+            await _record_task_lost(item_id, actor, exc, facts)
+        raise unwrap(exc) from exc
+    if refused is not None:
+        raise refused
+    assert final is not None
+    return final
+
+
+async def _start_and_own(
+    conn: Connection,
+    owner: TaskOwner,
+    facts: dict[str, Any],
+    arguments: dict[str, Any],
+    tool: str,
+    ttl_ms: int | None,
+    poll_s: float,
+    timeout_s: float,
+    actor: str,
+) -> Observation:
+
+    item_id = owner.item_id
+    params: dict[str, Any] = {
+        "name": tool,
+        "arguments": arguments,
+        "task": {} if ttl_ms is None else {"ttl": ttl_ms},
+        "_meta": {"stopdesk_item": str(item_id)},
+    }
+    answer = await _raw_request(conn, "tools/call", params, timeout_s)
+    task = types.CreateTaskResult.model_validate(answer, by_name=False).task
+    created = time.monotonic()
+    session = {"id": conn.session_id, "owner": _owner_name(), "transport": conn.spec.transport}
+    detail = {**facts, "task_status": task.status, "ttl_ms": task.ttl, "session": session}
+    await in_thread(item_record_handle, item_id=item_id, handle=task.task_id, actor=actor, detail={"mcp": detail})
+    owner.task_id = task.task_id
+    owner.detail = detail
+    owner.started.set()
+    poll = max(poll_s, (task.poll_interval or 0) / 1000 / 4)
+    return await _own(conn, owner, facts, created, poll, timeout_s, actor)
+
+
+async def _own(
+    conn: Connection,
+    owner: TaskOwner,
+    facts: dict[str, Any],
+    created: float,
+    poll_s: float,
+    timeout_s: float,
+    actor: str,
+) -> Observation:
+    """Hold the session: heartbeat, read the task back, cancel it on Stop, record the end."""
+
+    annotations = facts["annotations"]
+    task_id = owner.task_id
+    deadline_s = mechanism_settings("mcp").deadline_s
+    cancelled_at: float | None = None
+    while True:
+        stop = await in_thread(item_heartbeat, item_id=owner.item_id)  # also: the owner is alive
+        if stop and cancelled_at is None:
+            cancelled_at = time.monotonic()
+            cancel = "accepted"
+            try:
+                await _raw_request(conn, "tasks/cancel", {"taskId": task_id}, timeout_s)
+            except MCPError as exc:
+                if exc.error.code != INVALID_PARAMS:
+                    raise
+                cancel = "-32602; looked it up"  # already terminal, or unknown: the read-back says which
+            observation = await _get(conn, task_id, annotations, created, timeout_s, cancel=cancel)
+            await in_thread(item_observe, item_id=owner.item_id, observation=observation, action="cancel", actor=actor)
+        else:
+            observation = await _get(conn, task_id, annotations, created, timeout_s)
+            if observation.seen != Seen.RUNNING:
+                await in_thread(
+                    item_observe, item_id=owner.item_id, observation=observation, action="inspect", actor=actor
+                )
+        if observation.seen != Seen.RUNNING:
+            await _end_session(owner, observation)
+            return observation
+        if cancelled_at is not None and time.monotonic() - cancelled_at > deadline_s:
+            # Still working at the deadline: the reconciler records it uncertain; the session is let go.
+            await _end_session(owner, observation)
+            return observation
+        await anyio.sleep(poll_s)
+
+
+async def _end_session(owner: TaskOwner, observation: Observation) -> None:
+    """Say on the item that its owner reconciled the task and closes the session, so a later look
+    by the reconciler repeats what the owner saw instead of finding the session gone."""
+    owner.final = observation
+    if observation.seen == Seen.RUNNING:
+        said = "the task was still working at the deadline after the cancel; the owner let its session go."
+    else:
+        said = observation.message or f"the task read {observation.remote_status or observation.seen}."
+    session = {**owner.detail.get("session", {}), "ended": f"Reconciled by the session's owner: {said}"}
+    owner.detail = {**owner.detail, "session": session}
+    await in_thread(item_record_detail, item_id=owner.item_id, detail={"mcp": owner.detail})
+
+
+async def _get(
+    conn: Connection, task_id: str, annotations: dict[str, Any], created: float, timeout_s: float, *, cancel: str = ""
+) -> Observation:
+    try:
+        task = await _raw_request(conn, "tasks/get", {"taskId": task_id}, timeout_s)
+    except MCPError as exc:
+        if exc.error.code != INVALID_PARAMS:
+            raise
+        after = time.monotonic() - created
+        detail = {"task_id": task_id, "tasks/get": f"-32602 {exc.error.message}"[:200], "cancel": cancel}
+        if after <= NOT_FOUND_AT_ONCE_S:
+            return Observation(
+                Seen.UNKNOWABLE,
+                remote_status="-32602 right after creation",
+                message=NOT_FOUND_AT_ONCE.format(after_ms=round(after * 1000)),
+                detail=detail,
+                outcome="task not found right after it was created; investigate",
+                cancel_sent=bool(cancel),
+            )
+        return Observation(
+            Seen.UNKNOWABLE,
+            remote_status="-32602",
+            message=(
+                "The server no longer knows the task on the session that created it "
+                "(its ttl ran out, or the server deleted it); whether it took effect is unknown."
+            ),
+            detail=detail,
+            cancel_sent=bool(cancel),
+        )
+    return task_observation(task, annotations, cancel=cancel)
+
+
+async def _record_task_lost(item_id: int, actor: str, exc: BaseException, facts: dict[str, Any] | None) -> None:
+    """The owner lost its session (the server crashed, the connection broke) while holding a task."""
+
+    observation = Observation(
+        Seen.UNKNOWABLE,
+        remote_status="session lost",
+        message=(
+            f"The session that held the task ended under its owner ({error_text(exc)}); a server keeps "
+            "tasks per session, so whether the task ran, and what it did, is unknown."
+        ),
+        outcome="task's session lost; investigate",
+    )
+    try:
+        await in_thread(item_observe, item_id=item_id, observation=observation, action="inspect", actor=actor)
+    except Exception:
+        log.exception("recording the lost session of item %s failed", item_id)
+
+
+def mcp_start_task(
+    *,
+    item_id: int,
+    tool: str,
+    actor: str,
+    server: ServerRef | None = None,
+    url: str | None = None,
+    arguments: dict[str, Any] | None = None,
+    ttl_ms: int | None = None,
+    poll_s: float = 0.5,
+    start_timeout_s: float = 60.0,
+) -> str:
+    """Start a task-augmented call from synchronous code and return its task id once it is
+    recorded as the item's handle. A thread of this process owns the task's session from then
+    on (see `task_owner`). Raises TaskStopped if Stop came first, or what the start raised."""
+    owner = TaskOwner(item_id)
+
+    def run() -> None:
+        from django.db import connection
+
+        try:
+            anyio.run(
+                lambda: mcp_run_task(
+                    item_id=item_id,
+                    tool=tool,
+                    actor=actor,
+                    server=server,
+                    url=url,
+                    arguments=arguments,
+                    ttl_ms=ttl_ms,
+                    poll_s=poll_s,
+                    owner=owner,
+                )
+            )
+        except BaseException as exc:
+            owner.error = exc
+        finally:
+            owner.started.set()
+            connection.close()
+
+    owner.thread = threading.Thread(target=run, name=f"mcp-task-owner-{item_id}", daemon=True)
+    _OWNERS[item_id] = owner
+    owner.thread.start()
+    if not owner.started.wait(start_timeout_s):
+        raise TimeoutError(f"the MCP task for item {item_id} did not start within {start_timeout_s}s")
+    if not owner.task_id:
+        assert owner.error is not None
+        raise owner.error
+    return owner.task_id
