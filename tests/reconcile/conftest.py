@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -57,8 +57,8 @@ def outbox_party() -> Iterator[tuple[Outbox, str]]:
 class Clock:
     """A controllable clock: the services take `now`, so deadlines pass without sleeping."""
 
-    def __init__(self) -> None:
-        self.now = timezone.now()
+    def __init__(self, start: datetime | None = None) -> None:
+        self.now = start or timezone.now()
 
     def advance(self, seconds: float) -> None:
         self.now += timedelta(seconds=seconds)

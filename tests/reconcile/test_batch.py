@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -30,6 +31,8 @@ from tests.reconcile.helpers import stop, sweep_until_settled
 S = ItemState
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 
+# When the canceller runs, on the test's clock: after the stop request, as a dispatched job does.
+CANCELLER_AFTER_S = 0.5
 ROLES = ("cancelled", "cancelled_too", "ignores_cancel", "cancel_500", "worker_first", "worker_meanwhile", "flips")
 
 
@@ -90,19 +93,25 @@ def run_scenario(party, url, django_capture_on_commit_callbacks, *, batched: boo
     dispatched = stop(task, django_capture_on_commit_callbacks)
     assert sorted(dispatched) == sorted(i.pk for i in items.values())
     item_finish(item_id=items["worker_first"].pk, succeeded=True, actor="worker", outcome="done")
+    # The schedule (retries with backoff, re-checks, the deadline) is counted from the stop
+    # request, so the clock that runs it starts at a fixed offset from that request: how long the
+    # stop's after-commit work or the machine's load took must not decide how many retries fit.
+    requested_at = WorkItem.objects.get(pk=dispatched[0]).cancel_requested_at
+    assert requested_at is not None
+    clock = Clock(requested_at + timedelta(seconds=CANCELLER_AFTER_S))
 
     meanwhile = items["worker_meanwhile"]
     if batched:
         party.configure(latency_s=0.3)
-        canceller = in_thread(lambda: items_cancel(item_ids=dispatched, mechanism="openai"))
+        canceller = in_thread(lambda: items_cancel(item_ids=dispatched, mechanism="openai", now=clock.now))
         settle_meanwhile(party, meanwhile)
         canceller.join()
     else:
         for item in items.values():
             if item is not meanwhile:
-                item_cancel(item_id=item.pk)
+                item_cancel(item_id=item.pk, now=clock.now)
         party.configure(latency_s=0.3)
-        canceller = in_thread(lambda: item_cancel(item_id=meanwhile.pk))
+        canceller = in_thread(lambda: item_cancel(item_id=meanwhile.pk, now=clock.now))
         settle_meanwhile(party, meanwhile)
         canceller.join()
     party.configure(latency_s=0.0)
@@ -119,7 +128,6 @@ def run_scenario(party, url, django_capture_on_commit_callbacks, *, batched: boo
     }
     party.finish(items["ignores_cancel"].handle, "completed")  # the run it ignored the cancel for ends
     time.sleep(1.1)  # past flip_after_s: the flipping response now reads completed
-    clock = Clock()
     for item in items.values():
         sweep_until_settled(clock, item)
     for item in items.values():
