@@ -49,8 +49,8 @@ def task_request_stop(
 
 def _commit_stop_request(*, task_id: int, actor: str, by: Any, reason: str) -> tuple[StopRequest, bool]:
     with transaction.atomic():
-        # Lock the task row first: FOR NO KEY UPDATE waits for every start holding the boundary's
-        # SHARE lock to commit, and blocks new ones, while leaving foreign-key checks (KEY SHARE)
+        # Lock the task row first: FOR NO KEY UPDATE waits for the start holding the boundary's
+        # lock (the same mode) to commit, and queues new ones behind this stop, while leaving foreign-key checks (KEY SHARE)
         # from other transactions free, so a concurrent fan-out's event inserts cannot deadlock. Only then is the clock read, so every item that
         # started has started_at < stop_requested_at. (An UPDATE alone would compute its SET
         # before waiting on those share locks.) A concurrent second Stop waits here for the first

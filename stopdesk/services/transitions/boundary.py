@@ -1,10 +1,16 @@
 """The cancellation boundary: the one check before an item starts and before an external action
 is submitted. Part of `stopdesk.services.transitions`, the one place that writes an item's state.
 
-On PostgreSQL it is a single statement. It takes a SHARE lock on the task row, which conflicts
-with the row lock Stop's UPDATE takes: a start either commits before the stop request can be
-written (so its started_at is earlier than stop_requested_at), or waits for the stop to commit and
-then sees it. There is no window in which a start reads "not stopped" and commits after the stop.
+On PostgreSQL it is a single statement. It takes the same NO KEY UPDATE lock on the task row that
+Stop takes: a start either commits before the stop request can be written (so its started_at is
+earlier than stop_requested_at), or waits for the stop to commit and then sees it. There is no
+window in which a start reads "not stopped" and commits after the stop.
+
+Why not a SHARE lock, which would let starts of one task overlap: share lockers can keep joining a
+lock that a waiting Stop needs exclusively, and with the audit chain (each start also appends to its
+task's chain) a burst of starts kept Stop waiting about a second, until the burst was over. With
+one mode for all, PostgreSQL queues Stop behind only the starts already waiting; the chain
+serialises a task's starts anyway.
 
 SQLite (the zero-setup local run) takes its write lock at BEGIN (transaction_mode IMMEDIATE), so a
 read-then-write inside one transaction is serialised against Stop the same way.
@@ -33,7 +39,7 @@ WITH t AS (
     SELECT id, stop_requested_at IS NOT NULL AS stopped
     FROM stopdesk_task
     WHERE id = (SELECT task_id FROM stopdesk_workitem WHERE id = %(item)s)
-    FOR SHARE
+    FOR NO KEY UPDATE
 ),
 old AS (SELECT id, state FROM stopdesk_workitem WHERE id = %(item)s),
 u AS (
