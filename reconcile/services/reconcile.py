@@ -133,16 +133,7 @@ def item_reconcile(*, item_id: int, actor: str = ACTOR, now: datetime | None = N
     action = choose_action(item, mechanism)
     attempt = CancellationAttempt.objects.create(item=item, mechanism=mechanism.name, action=action, sent_at=now)
     observation = observe(mechanism, ItemRef.of(item), action)
-    _attempt_close(attempt.pk, observation)
-    return item_apply(
-        item_id=item_id,
-        mechanism=mechanism,
-        observation=observation,
-        actor=actor,
-        now=now,
-        action=action,
-        attempt_id=attempt.pk,
-    )
+    return _attempt_apply(item, mechanism, attempt, observation, action=action, actor=actor, now=now)
 
 
 def observe(mechanism: Mechanism, ref: ItemRef, action: str) -> Observation:
@@ -260,16 +251,7 @@ def item_observe(*, item_id: int, observation: Observation, action: str, actor: 
     item = WorkItem.objects.get(pk=item_id)
     mechanism = registry.get(item.mechanism)
     attempt = CancellationAttempt.objects.create(item=item, mechanism=mechanism.name, action=action, sent_at=now)
-    _attempt_close(attempt.pk, observation)
-    return item_apply(
-        item_id=item_id,
-        mechanism=mechanism,
-        observation=observation,
-        actor=actor,
-        now=now,
-        action=action,
-        attempt_id=attempt.pk,
-    )
+    return _attempt_apply(item, mechanism, attempt, observation, action=action, actor=actor, now=now)
 
 
 @dataclass(frozen=True)
@@ -435,4 +417,27 @@ def items_flag_overdue(*, now: datetime | None = None, limit: int = OVERDUE_BATC
         kind="investigation_overdue",
         message="Uncertain past its investigate-by deadline; flagged for review.",
         sets={"needs_review": True},
+    )
+
+
+def _attempt_apply(
+    item: WorkItem,
+    mechanism: Mechanism,
+    attempt: CancellationAttempt,
+    observation: Observation,
+    *,
+    action: str,
+    actor: str,
+    now: datetime,
+) -> Result:
+    """Close the attempt row with what was observed, then let the engine decide and apply it."""
+    _attempt_close(attempt.pk, observation)
+    return item_apply(
+        item_id=item.pk,
+        mechanism=mechanism,
+        observation=observation,
+        actor=actor,
+        now=now,
+        action=action,
+        attempt_id=attempt.pk,
     )

@@ -119,21 +119,24 @@ def _due(now: datetime, *, force: bool = False) -> Q:
     return due | Q(state=D.SENDING, claimed_until__lt=now)
 
 
+def _take(where: Q, *, claimed_until: datetime) -> list[int]:
+    """Inside the caller's transaction: mark the matching rows no other sender holds as sending,
+    one more attempt each, and return their ids."""
+    ids = list(Delivery.objects.filter(where).select_for_update(skip_locked=True).values_list("id", flat=True))
+    if ids:
+        Delivery.objects.filter(pk__in=ids).update(
+            state=D.SENDING, claimed_until=claimed_until, attempts=F("attempts") + 1
+        )
+    return ids
+
+
 def deliveries_claim(where: Q, *, now: datetime | None = None, force: bool = False) -> list[Delivery]:
     """Take the due deliveries matching `where` for one attempt each (conditional UPDATE: rows
     another sender holds are skipped). Returns them with their notification and endpoint."""
     now = now or timezone.now()
     lease = timedelta(seconds=float(cfg()["CLAIM_SECONDS"]))
     with _bookkeeping():
-        ids = list(
-            Delivery.objects.filter(where & _due(now, force=force))
-            .select_for_update(skip_locked=True)
-            .values_list("id", flat=True)
-        )
-        if ids:
-            Delivery.objects.filter(pk__in=ids).update(
-                state=D.SENDING, claimed_until=now + lease, attempts=F("attempts") + 1
-            )
+        ids = _take(where & _due(now, force=force), claimed_until=now + lease)
     if not ids:
         return []
     return list(Delivery.objects.select_related("notification", "endpoint").filter(pk__in=ids).order_by("id"))
@@ -148,15 +151,7 @@ def notification_claim(notification_id: int) -> list[Delivery]:
         if notification is None:
             return []
         _expand(notification)
-        ids = list(
-            Delivery.objects.filter(_due(now), notification_id=notification_id)
-            .select_for_update(skip_locked=True)
-            .values_list("id", flat=True)
-        )
-        if ids:
-            Delivery.objects.filter(pk__in=ids).update(
-                state=D.SENDING, claimed_until=now + lease, attempts=F("attempts") + 1
-            )
+        ids = _take(_due(now) & Q(notification_id=notification_id), claimed_until=now + lease)
     if not ids:
         return []
     found = list(Delivery.objects.select_related("endpoint").filter(pk__in=ids).order_by("id"))
