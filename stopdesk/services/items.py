@@ -17,8 +17,15 @@ from stopdesk.models import ExternalRecord, Task, WorkItem
 from stopdesk.record_ids import record_id_problem
 from stopdesk.services.errors import HandleConflict, IllegalTransition, InvalidRecordId, TaskStopped, UnknownMechanism
 from stopdesk.services.events import event_record
-from stopdesk.services.sql import ClockNow
-from stopdesk.services.transitions import item_late_result, item_start, item_submit, item_transition
+from stopdesk.services.sql import ClockNow, is_postgres
+from stopdesk.services.transitions import (
+    Refused,
+    item_late_result,
+    item_register_pass,
+    item_start,
+    item_submit,
+    item_transition,
+)
 from stopdesk.services.transitions.settled import task_reopen
 from stopdesk.states import IN_FLIGHT, TERMINAL, UNSTARTED, ItemState, Kind
 
@@ -53,11 +60,7 @@ def item_register(
     `observed` records work that already ran outside our boundary (a tool a model response called
     on the provider's side, found in its output): it is registered running, because it did start,
     and is not cancelled by a Stop that came after it started."""
-    if kind not in Kind.values:
-        raise ValueError(f"Unknown kind {kind!r}; expected one of {', '.join(Kind.values)}.")
-    if not registry.known(mechanism):
-        raise UnknownMechanism(mechanism, registry.names())
-    _readiness_check(mechanism=mechanism, kind=kind, detail=detail)
+    _registrable(kind=kind, mechanism=mechanism, detail=detail)
     task_id = task if isinstance(task, int) else task.pk
     parent_id = parent if isinstance(parent, int) or parent is None else parent.pk
     with transaction.atomic():
@@ -104,18 +107,38 @@ def item_register_started(
     worker: str = "",
     lease_seconds: int | None = None,
     submit_key: str = "",
+    runtime_id: int | None = None,
     **register: Any,
-) -> int:
-    """Register a child and pass the boundary (start, or submit with `submit_key`) in one
-    transaction, so one commit: for work that starts the moment it is known (a framework's tool call
-    or model request). Returns the item id; raises TaskStopped after Stop, with the item recorded
-    and cancelled, so the ledger still has every call."""
+) -> int | None:
+    """Register a child and pass the boundary (start, or submit with `submit_key`): for work that
+    starts the moment it is known (a framework's tool call or model request). On PostgreSQL one
+    statement, so one round trip; elsewhere one transaction. Returns the item id, None if there is
+    no such task (of the runtime `runtime_id`, when given); raises TaskStopped after Stop, with the
+    item recorded and cancelled, so the ledger still has every call."""
+    _registrable(kind=register["kind"], mechanism=register.get("mechanism", "manual"), detail=register.get("detail"))
+    if is_postgres() and register.get("parent") is None:
+        try:
+            return item_register_pass(
+                task_id=task_id,
+                runtime_id=runtime_id,
+                actor=actor,
+                worker=worker,
+                lease_seconds=lease_seconds,
+                submit_key=submit_key,
+                **register,
+            )
+        except Refused:
+            pass  # stopped: the path below records the item and its refusal
+    tasks = Task.objects.filter(pk=task_id)
+    if runtime_id is not None:
+        tasks = tasks.filter(runtime_id=runtime_id)
     with transaction.atomic():
         # The task row first, as the boundary does: registering may reopen a settled task (an
         # UPDATE of that row) and the boundary then takes its share lock; two parallel tool calls
         # taking them in the other order deadlocked. NO KEY UPDATE, as an UPDATE takes: it leaves
         # the foreign-key checks of other writers' events (KEY SHARE) free.
-        list(Task.objects.select_for_update(no_key=True).filter(pk=task_id).values_list("pk", flat=True))
+        if not list(tasks.select_for_update(no_key=True).values_list("pk", flat=True)):
+            return None
         item = item_register(task=task_id, actor=actor, **register)
         stopped = item.state == S.CANCELLED  # registered after Stop
         if not stopped:
@@ -135,6 +158,14 @@ def item_register_started(
     if stopped:
         raise TaskStopped(task_id, item.pk)
     return item.pk
+
+
+def _registrable(*, kind: str, mechanism: str, detail: dict[str, Any] | None) -> None:
+    if kind not in Kind.values:
+        raise ValueError(f"Unknown kind {kind!r}; expected one of {', '.join(Kind.values)}.")
+    if not registry.known(mechanism):
+        raise UnknownMechanism(mechanism, registry.names())
+    _readiness_check(mechanism=mechanism, kind=kind, detail=detail)
 
 
 def _readiness_check(*, mechanism: str, kind: str, detail: dict[str, Any] | None) -> None:

@@ -147,7 +147,12 @@ def test_stop_before_a_tool_call_means_its_body_never_runs(framework, model, run
 def test_a_model_answer_that_arrives_after_stop_is_discarded_and_no_tool_is_called(framework, model, runtime):
     party, url = model
     name = party.load_script(
-        Script.build("stopped-before", [Turn(tool_calls=(ToolCall("lookup", {"q": "Acme"}),)), Turn(text="done")])
+        Script.build(
+            "stopped-before",
+            # The model thinks long enough for the request's record to be refused first (an answer
+            # back before that is used, and recorded so: test_run_records).
+            [Turn(tool_calls=(ToolCall("lookup", {"q": "Acme"}),), delay_s=0.5), Turn(text="done")],
+        )
     )
     task = runtime.create_task("Look Acme up")
     runtime.request_stop(task.id, reason="changed my mind")

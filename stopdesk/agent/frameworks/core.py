@@ -284,7 +284,7 @@ class StopdeskRun:
                     self._call("mark_uncertain", item_id, detail=_clip_text(f"outcome unknown after {reason}")), name
                 )
             else:
-                self._later(self._call("finish", item_id, status="failed", detail=reason), name)
+                self._later(self._finish(item_id, status="failed", detail=reason), name)
             raise
         self._in_flight.pop(call_id, None)
         failure = self._failed.pop(call_id, None)
@@ -296,9 +296,9 @@ class StopdeskRun:
                     self._call("mark_uncertain", item_id, detail=_clip_text(f"outcome unknown after {failure}")), name
                 )
             else:
-                self._later(self._call("finish", item_id, status="failed", detail=failure), name)
+                self._later(self._finish(item_id, status="failed", detail=failure), name)
             return result
-        self._later(self._call("finish", item_id, status="completed", detail=_clip_text(result)), name)
+        self._later(self._finish(item_id, status="completed", detail=_clip_text(result)), name)
         return result
 
     def note_failure(self, call_id: str, error: BaseException, *, answer: Any = None) -> None:
@@ -318,6 +318,12 @@ class StopdeskRun:
         else:
             await self._call("start", item.id, worker=self.worker)
         return int(item.id)
+
+    async def _finish(self, item_id: int, *, status: str, detail: str) -> None:
+        """A result, off the caller's path; nobody reads the answer, so a runtime that can skip
+        reading the item back (`finish_fast`) does."""
+        method = "finish_fast" if hasattr(self.runtime, "finish_fast") else "finish"
+        await self._call(method, item_id, status=status, detail=detail)
 
     async def _settle_interrupted(self, flight: _InFlight, why: str) -> None:
         try:
@@ -339,9 +345,17 @@ class StopdeskRun:
     async def model_request(self, label: str = "") -> AsyncIterator[None]:
         """Around one model request: a draft item. Refused (StopRequested) after Stop.
 
-        The item is recorded while the request is out (off the caller's path) and awaited before the
-        answer is handed to the framework: if the boundary refused it, Stop came first and the
-        answer is discarded, so the ledger's "discarded" and what the agent did agree."""
+        The item is recorded (registered and passed through the boundary) while the request is out,
+        off the caller's path. When the answer is back:
+        - the record is done and the boundary refused it: Stop came first, so the answer is
+          discarded (StopRequested), and the ledger's "discarded" is what the agent did;
+        - the record is not done yet: the answer is handed over at once (a commit is slower than
+          the model here), and the record is finished when it is done. If the boundary refused it
+          after all, the answer was nevertheless used, so the draft's completion is reported on the
+          refused item, which the ledger keeps as a late result: "completed; review required",
+          never "discarded". Whatever the agent does next passes the boundary, which refuses it;
+        - Stop is already known here: the answer waits for the record, as a refused one discards it.
+        """
         self.model_requests += 1
         label = label or f"model request {self.model_requests}"
         if self.stopped.is_set():
@@ -352,14 +366,18 @@ class StopdeskRun:
                     submit_key="", kind="model_request", noun="draft", label=label, mechanism="manual"
                 )
             raise StopRequested(f"Task {self.task_id} was stopped.", task=self.task_id)
-        started = asyncio.get_running_loop().create_future()
+        started: asyncio.Future[_Draft] = asyncio.get_running_loop().create_future()
         self._later(self._model_begin(label, started), label)
         outcome: tuple[str, str] = ("completed", "")
+        used_early = False
         try:
             yield
-            if await asyncio.shield(started) == REFUSED:
-                self.stop_seen()
-                raise StopRequested(f"Task {self.task_id} was stopped; the answer is discarded.", task=self.task_id)
+            if started.done() or self.stopped.is_set():
+                if (await asyncio.shield(started)).refused:
+                    self.stop_seen()
+                    raise StopRequested(f"Task {self.task_id} was stopped; the answer is discarded.", task=self.task_id)
+            else:
+                used_early = True
         except asyncio.CancelledError:
             outcome = ("cancelled", "discarded by Stop")
             raise
@@ -370,30 +388,40 @@ class StopdeskRun:
             outcome = ("failed", f"{type(exc).__name__}: {exc}"[:200])
             raise
         finally:
-            self._later(self._model_end(started, *outcome), label)
+            self._later(self._model_end(started, *outcome, used_early=used_early), label)
 
-    async def _model_begin(self, label: str, started: asyncio.Future[int | None]) -> None:
+    async def _model_begin(self, label: str, started: asyncio.Future[_Draft]) -> None:
         try:
             item_id = await self._register_started(
                 submit_key="", kind="model_request", noun="draft", label=label, mechanism="manual"
             )
-            started.set_result(item_id)
-        except StopRequested:
-            started.set_result(REFUSED)  # the boundary cancelled it: a draft never started
+            started.set_result(_Draft(item_id))
+        except StopRequested as exc:
+            # The boundary cancelled it: a draft never started.
+            started.set_result(_Draft(getattr(exc, "item_id", None), refused=True))
         except BaseException as exc:
-            started.set_result(None)
+            started.set_result(_Draft(None))
             if not isinstance(exc, Exception):
                 raise
             log.exception("could not record %s", label)
 
-    async def _model_end(self, started: asyncio.Future[int | None], status: str, detail: str) -> None:
-        item_id = await started
-        if item_id is None or item_id == REFUSED:
+    async def _model_end(
+        self, started: asyncio.Future[_Draft], status: str, detail: str, *, used_early: bool = False
+    ) -> None:
+        draft = await started
+        if draft.item_id is None:
+            return
+        if draft.refused:
+            if used_early and status == "completed":
+                # Stop committed before the record, but the answer was already in the agent's
+                # hands: say so on the refused item (a late result, for review), and stop here too.
+                self.stop_seen()
+                await self._finish(draft.item_id, status="completed", detail=USED_AFTER_REFUSAL)
             return
         if status == "cancelled":
-            await self._call("cancel", item_id, detail=detail)
+            await self._call("cancel", draft.item_id, detail=detail)
         else:
-            await self._call("finish", item_id, status=status, detail=detail)
+            await self._finish(draft.item_id, status=status, detail=detail)
 
     # --- plumbing -----------------------------------------------------------------------------
 
@@ -429,7 +457,16 @@ class StopdeskRun:
             log.error("stopdesk write failed: %r", task.exception())
 
 
-REFUSED = -1  # a model request's item that the boundary refused
+@dataclass(frozen=True)
+class _Draft:
+    """A model request's record: its item (None if it could not be recorded), and whether the
+    boundary refused it (Stop came first)."""
+
+    item_id: int | None
+    refused: bool = False
+
+
+USED_AFTER_REFUSAL = "the answer came back before Stop was known here, and the agent used it"
 DEADLOCK_RETRIES = 3
 LANE_THREADS = {"writes": 4, "watch": 1}
 

@@ -1,19 +1,24 @@
-"""The in-process runtime, with the two calls a framework run makes most, each one round trip.
+"""The in-process runtime, with the calls a framework run makes most, each one round trip.
 
 `LocalRuntime` answers the same methods as the HTTP client. A framework run also uses:
-- `register_started(...)`: register a tool call or model request and pass the boundary in one
-  transaction (one commit on the tool's path instead of two);
+- `register_started(...)`: register a tool call or model request and pass the boundary; on
+  PostgreSQL one statement, so one round trip (and one commit) on the tool's path;
+- `finish(...)`: as LocalRuntime's, but a running item's plain result is one statement (anything
+  else, such as a late result, takes the general path);
 - `task_stopped(task_id)`: one indexed read, for watching Stop without building the task's detail.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from stopdesk.agent.runtime import LocalRuntime
-from stopdesk.client.errors import StopRequested
+from stopdesk.agent import schemas
+from stopdesk.agent.runtime import LocalRuntime, _id
+from stopdesk.client.errors import NotFound, StopRequested
 from stopdesk.services.errors import TaskStopped
 from stopdesk.services.items import item_register_started
+from stopdesk.services.sql import is_postgres
+from stopdesk.services.transitions import item_close_running
 from stopdesk.states import ItemState
 
 
@@ -21,10 +26,10 @@ class FrameworkRuntime(LocalRuntime):
     def register_started(
         self, task_id: int, *, submit_key: str = "", worker: str | None = None, **register: Any
     ) -> int:
-        self._task(task_id)  # scoped: another runtime's task is NotFound
         try:
-            return item_register_started(
-                task_id=task_id,
+            item_id = item_register_started(
+                task_id=_id(task_id, "task"),
+                runtime_id=self.runtime.pk if self.runtime is not None else None,  # scoped: another's is NotFound
                 actor=self.actor,
                 worker=self.worker if worker is None else worker,
                 submit_key=submit_key,
@@ -32,6 +37,25 @@ class FrameworkRuntime(LocalRuntime):
             )
         except TaskStopped as exc:
             raise StopRequested(str(exc), task=task_id, item=exc.item_id, state=ItemState.CANCELLED) from exc
+        if item_id is None:
+            raise NotFound(f"No task {task_id}.")
+        return item_id
+
+    def finish_fast(
+        self, item_id: int, *, status: Literal["completed", "failed"] | str = "completed", detail: str = ""
+    ) -> None:
+        """`finish` without the answer: a running item's result in one statement; any other case
+        (a late result, an item Stop settled, a database without that statement) as `finish`."""
+        args = schemas.Finish.parse({"status": status, "detail": detail})
+        if is_postgres() and item_close_running(
+            item_id=_id(item_id, "item"),
+            succeeded=args.status == "completed",
+            actor=self.actor,
+            outcome=args.detail,
+            runtime_id=self.runtime.pk if self.runtime is not None else None,
+        ):
+            return
+        self.finish(item_id, status=args.status, detail=args.detail)
 
     def task_stopped(self, task_id: int) -> bool:
         return self._tasks().filter(pk=task_id, stop_requested_at__isnull=False).exists()

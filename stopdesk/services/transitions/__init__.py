@@ -1,13 +1,15 @@
 """The one place that writes a work item's state, always with its audit event.
 
 - `single`: `item_transition` (one item: lock, check the move, write the allowed fields, append
-  the event through `stopdesk.services.events.event_record`) and `item_late_result` (a result
-  that contradicts a recorded outcome: evidence, review flag and event, state untouched);
+  the event through `stopdesk.services.events.event_record`), `item_late_result` (a result
+  that contradicts a recorded outcome: evidence, review flag and event, state untouched) and
+  `item_close_running` (a running item's result and its event in one statement);
 - `sets`: `items_move` (any number of items in one statement with their events, checked against
   the from-state in its WHERE) and `items_schedule` (next check and progress, guarded by the
   state the caller decided on; not a move, so no event);
 - `boundary`: `item_start` and `item_submit`, the cancellation boundary (one statement on
-  PostgreSQL that checks Stop and moves the item, with its event);
+  PostgreSQL that checks Stop and moves the item, with its event), and `item_register_pass`, a new
+  child registered and passed through it in one statement (a framework's tool call);
 - `settled`: the task's `settled_at` that follows from its items' states, with its event, written
   after the move that settled the last item commits.
 
@@ -16,10 +18,11 @@ string literals, and the columns a move may set besides the state are `FIELDS`. 
 (statements built for it) and SQLite (portable twins) are tested.
 """
 
-from stopdesk.services.transitions.boundary import item_start, item_submit
+from stopdesk.services.transitions.boundary import Refused, item_register_pass, item_start, item_submit
 from stopdesk.services.transitions.sets import NOW, Row, Schedule, items_move, items_schedule
 from stopdesk.services.transitions.single import (
     FIELDS,
+    item_close_running,
     item_late_result,
     item_late_result_record,
     item_transition,
@@ -28,10 +31,13 @@ from stopdesk.services.transitions.single import (
 __all__ = [
     "FIELDS",
     "NOW",
+    "Refused",
     "Row",
     "Schedule",
+    "item_close_running",
     "item_late_result",
     "item_late_result_record",
+    "item_register_pass",
     "item_start",
     "item_submit",
     "item_transition",

@@ -18,17 +18,18 @@ read-then-write inside one transaction is serialised against Stop the same way.
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from stopdesk.models import Task, WorkItem
 from stopdesk.services.errors import IllegalTransition, TaskStopped
 from stopdesk.services.events import event_record
-from stopdesk.services.sql import is_postgres
+from stopdesk.services.sql import is_postgres, server_side_cursor
 from stopdesk.services.transitions.settled import task_settle_after_commit
 from stopdesk.states import ItemState
 
@@ -73,6 +74,117 @@ SELECT state FROM u
 """
 
 
+# Register a child and pass the boundary in one statement (PostgreSQL): the task row locked as
+# above, the item inserted already running (or submitted), its two events appended, and a settled
+# task reopened with its event. A stopped task gets nothing here: the caller then takes the
+# portable path, which records the item and its refusal. A task outside the runtime's scope
+# matches no row.
+_REGISTER_AND_START_SQL = """
+WITH t AS (
+    SELECT id, stop_requested_at IS NOT NULL AS stopped, settled_at IS NOT NULL AS settled
+    FROM stopdesk_task
+    WHERE id = %(task)s AND (%(runtime)s::bigint IS NULL OR runtime_id = %(runtime)s::bigint)
+    FOR NO KEY UPDATE
+),
+n AS (SELECT t.id AS task_id, t.settled, clock_timestamp() AS at FROM t WHERE NOT t.stopped),
+i AS (
+    INSERT INTO stopdesk_workitem (
+        task_id, parent_id, kind, noun, noun_plural, mechanism, handle, label, idempotency_key, detail,
+        state, created_at, updated_at, started_at, submitted_at, finished_at, heartbeat_at, lease_until,
+        worker, cancel_requested_at, next_check_at, check_count, investigate_by, outcome, evidence, needs_review
+    )
+    SELECT n.task_id, %(parent)s::bigint, %(kind)s::text, %(noun)s::text, %(noun_plural)s::text, %(mechanism)s::text,
+           %(handle)s::text, %(label)s::text, %(key)s::text, %(detail)s::jsonb, %(running)s::text, n.at, n.at, n.at,
+           CASE WHEN %(submit)s::boolean THEN n.at END, NULL, n.at, n.at + make_interval(secs => %(lease)s),
+           %(worker)s::text, NULL, NULL, 0, NULL, '', '{}'::jsonb, false
+    FROM n
+    RETURNING id, task_id, created_at
+),
+r AS (
+    UPDATE stopdesk_task SET settled_at = NULL FROM n WHERE stopdesk_task.id = n.task_id AND n.settled
+    RETURNING stopdesk_task.id
+),
+e AS (
+    INSERT INTO stopdesk_event (at, task_id, item_id, kind, actor, from_state, to_state, message, data)
+    SELECT x.at, x.task_id, x.item_id, x.kind, %(actor)s::text, x.from_state, x.to_state, x.message, x.data
+    FROM (
+        SELECT 1 AS ord, i.created_at AS at, i.task_id, i.id AS item_id, 'item_registered' AS kind,
+               '' AS from_state, %(queued)s::text AS to_state, '' AS message, %(registered)s::jsonb AS data
+        FROM i
+        UNION ALL
+        SELECT 2, i.created_at, i.task_id, NULL, 'task_reopened', '', '', 'New work was registered.', '{}'::jsonb
+        FROM i, r
+        UNION ALL
+        SELECT 3, i.created_at, i.task_id, i.id, CASE WHEN %(submit)s::boolean THEN 'submitted' ELSE 'transition' END,
+               %(queued)s::text, %(running)s::text,
+               CASE WHEN %(submit)s::boolean THEN 'External action submitted, idempotency key ' || %(key)s::text
+                    ELSE '' END,
+               '{}'::jsonb
+        FROM i
+    ) x
+    ORDER BY x.ord  -- the events in the order the portable path writes them
+)
+SELECT (SELECT count(*) FROM t), (SELECT id FROM i)
+"""
+
+
+class Refused(Exception):
+    """`item_register_pass` wrote nothing: the task is stopped (the caller records the refusal)."""
+
+
+def item_register_pass(
+    *,
+    task_id: int,
+    runtime_id: int | None,
+    actor: str,
+    kind: str,
+    noun: str,
+    worker: str = "",
+    lease_seconds: int | None = None,
+    submit_key: str = "",
+    mechanism: str = "manual",
+    handle: str = "",
+    label: str = "",
+    noun_plural: str = "",
+    parent: int | None = None,
+    idempotency_key: str = "",
+    detail: dict[str, Any] | None = None,
+) -> int | None:
+    """Register a child and pass the boundary (start, or submit with `submit_key`) in one statement,
+    so one round trip, which under autocommit is also the commit (PostgreSQL only; the caller
+    checks the kind, mechanism and readiness first). Returns the item id, None if the task is not
+    there (or not the runtime's); raises Refused, having written nothing, if the task is stopped."""
+    lease = lease_seconds or settings.STOPDESK["LEASE_SECONDS"]
+    params: dict[str, Any] = {
+        "task": task_id,
+        "runtime": runtime_id,
+        "actor": actor,
+        "worker": worker,
+        "lease": lease,
+        "submit": bool(submit_key),
+        "key": submit_key or idempotency_key,
+        "kind": kind,
+        "noun": noun,
+        "noun_plural": noun_plural,
+        "mechanism": mechanism,
+        "handle": handle,
+        "label": label,
+        "parent": parent,
+        "detail": json.dumps(detail or {}),
+        "registered": json.dumps({"noun": noun, "kind": kind}),
+        "queued": S.QUEUED.value,
+        "running": S.RUNNING.value,
+    }
+    with server_side_cursor() as cursor:
+        cursor.execute(_REGISTER_AND_START_SQL, params)
+        found, item_id = cursor.fetchone()
+    if not found:
+        return None
+    if item_id is None:
+        raise Refused(task_id)
+    return int(item_id)
+
+
 def item_start(*, item_id: int, actor: str, worker: str = "", lease_seconds: int | None = None) -> None:
     """Pass the boundary before starting queued work. Raises TaskStopped (and the item is now
     cancelled) once Stop was requested; IllegalTransition if the item is not queued."""
@@ -105,7 +217,7 @@ def _pass(*, item_id: int, actor: str, worker: str, lease_seconds: int | None, s
             "running": S.RUNNING.value,
             "cancelled": S.CANCELLED.value,
         }
-        with _server_side_cursor() as cursor:
+        with server_side_cursor() as cursor:
             # One statement, so one round trip, and atomic on its own under autocommit.
             cursor.execute(_BOUNDARY_SQL, params)
             row = cursor.fetchone()
@@ -122,19 +234,6 @@ def _pass(*, item_id: int, actor: str, worker: str, lease_seconds: int | None, s
     if state == S.CANCELLED or (item.state == S.CANCELLED and item.task.stop_requested_at is not None):
         raise TaskStopped(item.task_id, item.pk)
     raise IllegalTransition(item.pk, item.state, "submitted" if submit else S.RUNNING)
-
-
-def _server_side_cursor() -> Any:
-    """A cursor that binds parameters on the server, so PostgreSQL prepares this statement after
-    a few runs (the connection's prepare_threshold) instead of parsing and planning the CTE on
-    every start: about twice the starts per second. Django's own cursors bind on the client and
-    never prepare. Wrapped like Django's, so it is logged, counted and has its errors translated."""
-    import psycopg
-
-    connection.ensure_connection()
-    raw = psycopg.Cursor(connection.connection)
-    # django-stubs type these as taking a CursorWrapper; Django passes them the driver's cursor.
-    return connection.make_debug_cursor(raw) if connection.queries_logged else connection.make_cursor(raw)  # type: ignore[arg-type]
 
 
 def _pass_portable(*, item_id: int, actor: str, worker: str, lease: int, submit: bool, key: str) -> str | None:

@@ -12,6 +12,7 @@ from django.utils import timezone
 from stopdesk.models import WorkItem
 from stopdesk.services.errors import IllegalTransition
 from stopdesk.services.events import event_record
+from stopdesk.services.sql import server_side_cursor
 from stopdesk.services.transitions.settled import task_settle_after_commit
 from stopdesk.states import SETTLED, TERMINAL, ItemState, can_move
 
@@ -111,3 +112,50 @@ def item_late_result_record(
     with transaction.atomic():
         item = WorkItem.objects.select_for_update().get(pk=item_id)
         return item_late_result(item=item, reported=reported, actor=actor, outcome=outcome, evidence=evidence)
+
+
+# A running item's result in one statement (PostgreSQL): the move and its event, under autocommit
+# one round trip. Only from running, which may move to either result; anything else (a late result,
+# an item Stop already settled) matches no row and the caller takes the general path.
+_CLOSE_RUNNING_SQL = """
+WITH u AS (
+    UPDATE stopdesk_workitem w SET state = %(to)s::text, updated_at = n.at, finished_at = n.at, outcome = %(outcome)s::text
+    FROM (SELECT clock_timestamp() AS at) n
+    WHERE w.id = %(item)s AND w.state = %(running)s::text
+      AND (%(runtime)s::bigint IS NULL
+           OR EXISTS (SELECT 1 FROM stopdesk_task t WHERE t.id = w.task_id AND t.runtime_id = %(runtime)s::bigint))
+    RETURNING w.id, w.task_id, w.updated_at
+),
+e AS (
+    INSERT INTO stopdesk_event (at, task_id, item_id, kind, actor, from_state, to_state, message, data)
+    SELECT u.updated_at, u.task_id, u.id, 'transition', %(actor)s::text, %(running)s::text, %(to)s::text,
+           %(outcome)s::text, '{}'::jsonb
+    FROM u
+)
+SELECT task_id FROM u
+"""
+
+
+def item_close_running(
+    *, item_id: int, succeeded: bool, actor: str, outcome: str = "", runtime_id: int | None = None
+) -> bool:
+    """Record the result of a running item (of the runtime `runtime_id`, when given) in one
+    statement. Returns False, having written nothing, when the item is not running (or not there):
+    the caller then reports through `item_finish`, which knows late results. PostgreSQL only."""
+    to_state = S.COMPLETED if succeeded else S.FAILED
+    assert can_move(S.RUNNING, to_state) and to_state in SETTLED
+    params = {
+        "item": item_id,
+        "to": to_state.value,
+        "outcome": outcome,
+        "actor": actor,
+        "runtime": runtime_id,
+        "running": S.RUNNING.value,
+    }
+    with server_side_cursor() as cursor:
+        cursor.execute(_CLOSE_RUNNING_SQL, params)
+        row = cursor.fetchone()
+    if row is None:
+        return False
+    task_settle_after_commit(task_id=row[0])
+    return True

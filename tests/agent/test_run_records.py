@@ -1,0 +1,186 @@
+"""A framework run's records through the in-process runtime, without a framework: the one-statement
+registration and result, and a model answer that came back before its record did."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+from django.db import connection, connections, transaction
+from django.test.utils import CaptureQueriesContext
+
+from stopdesk.agent.frameworks.core import StopdeskRun
+from stopdesk.agent.frameworks.local import FrameworkRuntime
+from stopdesk.client.errors import NotFound, StopRequested
+from stopdesk.models import Event, Runtime, Task, WorkItem
+from stopdesk.services.items import item_register
+from stopdesk.services.transitions import item_start
+from stopdesk.states import ItemState as S
+from stopdesk.summary import task_summary
+
+pytestmark = pytest.mark.postgres
+
+TOOL = {"kind": "local_worker", "noun": "lookup", "mechanism": "manual", "label": "lookup", "handle": "call_1"}
+ITEM_FIELDS = ("kind", "noun", "noun_plural", "mechanism", "handle", "label", "idempotency_key", "detail", "state")
+
+
+async def never() -> None:
+    await asyncio.Event().wait()
+
+
+def events_of(item_id: int) -> list[tuple[str, str, str, str, dict[str, Any]]]:
+    return [
+        (e.kind, e.from_state, e.to_state, e.actor, e.data)
+        for e in Event.objects.filter(item_id=item_id).order_by("id")
+    ]
+
+
+def test_registering_a_started_call_is_one_statement_and_writes_what_register_then_start_writes(runtime):
+    task = runtime.create_task("Look Acme up")
+    detail = {"tool": {"name": "lookup", "arguments": {"q": "Acme"}}}
+    general = item_register(task=task.id, actor=runtime.actor, detail=detail, **TOOL)
+    item_start(item_id=general.pk, actor=runtime.actor, worker="agent-1")
+
+    with CaptureQueriesContext(connection) as queries:
+        item_id = runtime.register_started(task.id, worker="agent-1", detail=detail, **TOOL)
+
+    assert len(queries) == 1
+    lean, general = WorkItem.objects.get(pk=item_id), WorkItem.objects.get(pk=general.pk)
+    assert [getattr(lean, f) for f in ITEM_FIELDS] == [getattr(general, f) for f in ITEM_FIELDS]
+    assert lean.state == S.RUNNING and lean.worker == "agent-1"
+    assert lean.started_at is not None and lean.lease_until > lean.started_at and lean.submitted_at is None
+    assert events_of(item_id) == events_of(general.pk)
+    # The audit chain covers the new events like any others.
+    chained = Event.objects.filter(item_id=item_id).values_list("seq", "hash")
+    assert all(seq > 0 and len(digest) == 64 for seq, digest in chained)
+
+
+def test_a_declared_external_call_is_registered_submitted_with_its_key(runtime):
+    task = runtime.create_task("Create a lead")
+
+    item_id = runtime.register_started(task.id, submit_key="lead-Acme", **{**TOOL, "kind": "external_operation"})
+
+    item = WorkItem.objects.get(pk=item_id)
+    assert (item.state, item.idempotency_key) == (S.RUNNING, "lead-Acme")
+    assert item.submitted_at is not None
+    kinds = [k for k, *_ in events_of(item_id)]
+    assert kinds == ["item_registered", "submitted"]
+
+
+def test_registering_on_a_settled_task_reopens_it_with_its_event(runtime):
+    task = runtime.create_task("Look Acme up")
+    first = runtime.register_started(task.id, **TOOL)
+    runtime.finish_fast(first, status="completed", detail="12 employees")
+    assert Task.objects.get(pk=task.id).settled_at is not None
+
+    runtime.register_started(task.id, **{**TOOL, "handle": "call_2"})
+
+    assert Task.objects.get(pk=task.id).settled_at is None
+    kinds = list(Event.objects.filter(task_id=task.id).order_by("id").values_list("kind", flat=True))
+    assert kinds[-3:] == ["item_registered", "task_reopened", "transition"]
+
+
+def test_after_stop_the_call_is_recorded_cancelled_and_refused(runtime):
+    task = runtime.create_task("Look Acme up")
+    runtime.request_stop(task.id)
+
+    with pytest.raises(StopRequested) as refused:
+        runtime.register_started(task.id, **TOOL)
+
+    item = WorkItem.objects.get(pk=refused.value.item_id)
+    assert (item.state, item.started_at) == (S.CANCELLED, None)
+    assert [k for k, *_ in events_of(item.pk)] == ["item_registered", "boundary_refused"]
+
+
+def runtime_named(name: str) -> Runtime:
+    runtime = Runtime(name=name)
+    runtime.issue_token()
+    runtime.save()
+    return runtime
+
+
+def test_another_runtimes_task_is_not_found_and_nothing_is_written(runtime):
+    theirs = FrameworkRuntime(runtime=runtime_named("theirs"), dispatch=lambda ids: None)
+    task = FrameworkRuntime(runtime=runtime_named("mine"), dispatch=lambda ids: None).create_task("Mine")
+
+    with pytest.raises(NotFound):
+        theirs.register_started(task.id, **TOOL)
+    with pytest.raises(NotFound):
+        runtime.register_started(task.id + 1000, **TOOL)
+
+    assert not WorkItem.objects.filter(task_id=task.id).exists()
+
+
+def test_a_result_is_one_statement_and_a_result_for_a_settled_item_stays_a_late_result(runtime):
+    task = runtime.create_task("Look Acme up")
+    done = runtime.register_started(task.id, **TOOL)
+    stopped = runtime.register_started(task.id, **{**TOOL, "handle": "call_2"})
+    runtime.cancel(stopped, detail="interrupted by Stop")
+
+    with CaptureQueriesContext(connection) as queries:
+        runtime.finish_fast(done, status="completed", detail="12 employees")
+    runtime.finish_fast(stopped, status="completed", detail="it finished after all")
+
+    assert len(queries) <= 2  # the move with its event, then whether the task settled
+    item = WorkItem.objects.get(pk=done)
+    assert (item.state, item.outcome, item.finished_at) == (S.COMPLETED, "12 employees", item.updated_at)
+    assert events_of(done)[-1] == ("transition", S.RUNNING, S.COMPLETED, runtime.actor, {})
+    late = WorkItem.objects.get(pk=stopped)
+    assert late.state == S.CANCELLED and late.needs_review
+    assert late.evidence["late_result"]["reported"] == S.COMPLETED
+
+
+def test_an_answer_used_before_its_record_was_refused_is_a_late_result_never_discarded(runtime):
+    """Stop commits while the model request's record waits for the task row: the answer is
+    already in the agent's hands, so the refused draft carries the completion for review."""
+    task = runtime.create_task("Look Acme up")
+    locked, answered = threading.Event(), threading.Event()
+
+    def operator() -> None:
+        # Stop being written: the task row is held, so the draft's record waits behind it.
+        try:
+            with transaction.atomic():
+                list(Task.objects.select_for_update(no_key=True).filter(pk=task.id).values_list("pk"))
+                locked.set()
+                assert answered.wait(10)
+                runtime.request_stop(task.id, reason="operator pressed Stop")
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=operator)
+    thread.start()
+    assert locked.wait(10)
+
+    async def agent() -> str:
+        async with StopdeskRun(runtime, task.id, framework="plain", watch=never) as run:
+            async with run.model_request():
+                await asyncio.sleep(0.05)  # the model answers; the record still waits
+            answered.set()  # no StopRequested: the answer was handed over
+            return "Acme has 12 employees."
+
+    assert asyncio.run(agent()) == "Acme has 12 employees."
+    thread.join(10)
+
+    (draft,) = WorkItem.objects.filter(task_id=task.id)
+    assert (draft.kind, draft.state, draft.started_at) == ("model_request", S.CANCELLED, None)
+    assert draft.needs_review and draft.evidence["late_result"]["reported"] == S.COMPLETED
+    summary = task_summary(Task.objects.get(pk=task.id))
+    assert "discarded" not in summary and "review required" in summary
+
+
+def test_an_answer_whose_record_was_refused_first_is_discarded(runtime):
+    task = runtime.create_task("Look Acme up")
+    runtime.request_stop(task.id)
+
+    async def agent() -> None:
+        async with StopdeskRun(runtime, task.id, framework="plain", watch=never) as run, run.model_request():
+            await asyncio.sleep(0.5)  # the model thinks; the record is refused meanwhile
+
+    with pytest.raises(StopRequested):
+        asyncio.run(agent())
+
+    (draft,) = WorkItem.objects.filter(task_id=task.id)
+    assert (draft.state, draft.needs_review) == (S.CANCELLED, False)
+    assert task_summary(Task.objects.get(pk=task.id)) == "Stopped new work. One draft discarded."
