@@ -4,15 +4,23 @@ integration.overhead_ratio.<framework>   wall time of a 20-tool-call run (each t
     call per model turn, against the scripted model on loopback) with the integration, divided by
     the same run without it; both measured in this run, alternating, median of REPEATS each.
     The integration records through the in-process runtime into PostgreSQL; Stop is watched by
-    polling the ledger every 200 ms.
+    push (the process's LISTEN connection).
+integration.boundary_queries_per_tool_call.<framework>   database statements on a tool call's path
+    before its body runs (registration and the boundary), per tool call; goal at most 1. Counted
+    in one more run, after the timed ones, so counting costs the timing nothing.
+integration.queries_per_tool_call.<framework>   every statement the integration sent in that run
+    (tool calls, model requests, results, the Stop watch), per tool call.
 """
 
 from __future__ import annotations
 
 import asyncio
 import statistics
+import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from bench.harness import Figure
@@ -96,6 +104,50 @@ FRAMEWORKS: dict[str, Callable[[str, str, Any, int | None], Awaitable[None]]] = 
 }
 
 
+RUNTIME_CALLS = ("register_started", "finish", "finish_fast", "cancel", "mark_uncertain", "watch_stop", "task_stopped")
+
+
+class _Counted:
+    """The statements a run sends, by runtime method: each call runs on one thread, whose
+    connection counts what passes through it while the call lasts."""
+
+    def __init__(self) -> None:
+        self.by_method: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def runtime(self, base: type) -> type:
+        """A subclass of `base` whose methods a run calls count their statements."""
+        methods = {name: self._counted(name, getattr(base, name)) for name in RUNTIME_CALLS if hasattr(base, name)}
+        return type(f"Counted{base.__name__}", (base,), methods)
+
+    def _counted(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+        def call(runtime: Any, *args: Any, **kwargs: Any) -> Any:
+            label = f"{name}:{kwargs['kind']}" if name == "register_started" else name
+            with self.counting(label):
+                return method(runtime, *args, **kwargs)
+
+        return call
+
+    @contextmanager
+    def counting(self, label: str) -> Iterator[None]:
+        from django.db import connection
+
+        seen = [0]
+
+        def count(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+            seen[0] += 1
+            return execute(sql, params, many, context)
+
+        try:
+            with connection.execute_wrapper(count):
+                yield
+        finally:
+            with self._lock:
+                self.by_method[label] += seen[0]
+                self.calls[label] += 1
+
+
 def run() -> list[Figure]:
     from reconcile.sandbox.openai_standin import OpenAIStandin
     from reconcile.sandbox.server import BackgroundServer
@@ -104,7 +156,8 @@ def run() -> list[Figure]:
 
     party = OpenAIStandin()
     model = party.load_script(_script())
-    runtime = FrameworkRuntime(actor="agent:bench", dispatch=lambda ids: None)
+    options: dict[str, Any] = {"actor": "agent:bench", "dispatch": lambda ids: None}
+    runtime = FrameworkRuntime(**options)
     figures = []
     with BackgroundServer(party.app, name="openai") as server:
         base_url = server.url + "/v1"
@@ -124,4 +177,11 @@ def run() -> list[Figure]:
             ratio = statistics.median(recorded) / statistics.median(plain)
             figures.append(Figure(f"integration.overhead_ratio.{name}", ratio, "x", target=TARGET))
             figures.append(Figure(f"integration.run_s.{name}", statistics.median(recorded), "s"))
+            counted = _Counted()
+            task = runtime.create_task(f"bench {name} counted")
+            asyncio.run(agent(base_url, model, counted.runtime(FrameworkRuntime)(**options), task.id))
+            path = counted.by_method["register_started:local_worker"] / TOOL_CALLS
+            figures.append(Figure(f"integration.boundary_queries_per_tool_call.{name}", path, "queries", target=1))
+            every = sum(counted.by_method.values()) / TOOL_CALLS
+            figures.append(Figure(f"integration.queries_per_tool_call.{name}", every, "queries"))
     return figures

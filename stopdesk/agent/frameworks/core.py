@@ -5,11 +5,13 @@ each tool call (with the framework's call id) and `model_request()` around each 
 run watches Stop and, when it comes, triggers the framework's own cancel (registered with
 `on_stop`) and records what was in flight.
 
-Per tool call, on the caller's path: register the child item, then the boundary (`start`, or
-`submit` with the idempotency key for a declared external action), then the body. The result is
-written afterwards off the caller's path (the writes are awaited before the run ends), so the
-model's next request does not wait for it. Model requests are drafts with no effect outside, so
-their items are written entirely off the path; a request made after Stop is refused in memory.
+Per tool call, on the caller's path: register the child item and pass the boundary (`start`, or
+`submit` with the idempotency key for a declared external action; one round trip where the runtime
+offers `register_started`), then the body. The result is written afterwards off the caller's path
+(the writes are awaited before the run ends), so the model's next request does not wait for it.
+Model requests are drafts with no effect outside, so their items are written entirely off the path
+(see `model_request` for what the ledger says when Stop and an answer cross); a request made after
+Stop is refused in memory.
 
 `runtime` is anything with the runtime methods: `stopdesk.client.AsyncClient` (awaited), or the
 in-process `LocalRuntime` / the sync `Client` (run in a worker thread).
