@@ -7,10 +7,10 @@ earlier than stop_requested_at), or waits for the stop to commit and then sees i
 window in which a start reads "not stopped" and commits after the stop.
 
 Why not a SHARE lock, which would let starts of one task overlap: share lockers can keep joining a
-lock that a waiting Stop needs exclusively, and with the audit chain (each start also appends to its
-task's chain) a burst of starts kept Stop waiting about a second, until the burst was over. With
-one mode for all, PostgreSQL queues Stop behind only the starts already waiting; the chain
-serialises a task's starts anyway.
+lock that a waiting Stop needs exclusively, and a burst of starts kept Stop waiting about a second,
+until the burst was over. With one mode for all, PostgreSQL queues Stop behind only the starts
+already waiting. A task's starts take turns on the row for their one statement each (the audit
+chain is sealed after commit, so nothing else holds them up until commit).
 
 SQLite (the zero-setup local run) takes its write lock at BEGIN (transaction_mode IMMEDIATE), so a
 read-then-write inside one transaction is serialised against Stop the same way.
