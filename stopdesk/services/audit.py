@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import connection
+from django.db import connection, transaction
 
 from stopdesk.audit_db import SQLITE_COLUMNS, digest, postgres_columns
 from stopdesk.services.audit_seal import audit_seal, audit_unsealed
@@ -62,6 +62,22 @@ def audit_verify(*, task_id: int | None = None, batch: int = 500, seal: bool = T
     assert report.breaks is not None
     if seal:
         report.sealed_now = audit_seal(wait=True) or 0
+    if connection.vendor == "postgresql" and not connection.in_atomic_block:
+        # One snapshot for heads and events, so a sealer moving a head meanwhile is not taken
+        # for a broken link. (Inside a caller's transaction, the caller's isolation applies.)
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            _walk(report, task_id, batch)
+    else:
+        _walk(report, task_id, batch)
+    unsealed = audit_unsealed()
+    report.unsealed, report.oldest_unsealed = unsealed.events, unsealed.oldest
+    return report
+
+
+def _walk(report: Report, task_id: int | None, batch: int) -> None:
+    assert report.breaks is not None
     after = -1
     while True:
         with connection.cursor() as cursor:
@@ -93,9 +109,6 @@ def audit_verify(*, task_id: int | None = None, batch: int = 500, seal: bool = T
         after = max(heads)
     if task_id is None:
         report.breaks.extend(_unchained())
-    unsealed = audit_unsealed()
-    report.unsealed, report.oldest_unsealed = unsealed.events, unsealed.oldest
-    return report
 
 
 def _check_chain(key, rows, head_seq, head_hash, anchor_seq, anchor_hash) -> Break | None:  # type: ignore[no-untyped-def]

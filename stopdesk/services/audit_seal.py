@@ -51,11 +51,18 @@ def audit_seal(*, batch: int = BATCH, max_batches: int | None = None, wait: bool
     return sealed
 
 
+def audit_seal_lock() -> None:
+    """Take the sealers' lock in the caller's transaction, waiting for a sealer at work; held until
+    it ends. Take it before any table lock that a sealer's UPDATE would wait for (a sealer takes
+    this first, then row locks), or the two wait for each other."""
+    assert connection.in_atomic_block
+    _lock(wait=True)
+
+
 def audit_seal_in_transaction() -> int:
     """Seal everything visible now inside the caller's transaction, holding the lock until it
     commits (an archive does this so no sealer moves a chain while it takes anchors)."""
-    assert connection.in_atomic_block
-    _lock(wait=True)
+    audit_seal_lock()
     sealed = 0
     while done := _seal_batch(BATCH):
         sealed += done

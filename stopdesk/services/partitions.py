@@ -23,7 +23,7 @@ from django.db import connection, transaction
 
 from reconcile.models import CompensationState as C
 from stopdesk.audit_db import EVENT_COLUMNS
-from stopdesk.services.audit_seal import audit_seal_in_transaction
+from stopdesk.services.audit_seal import audit_seal_in_transaction, audit_seal_lock
 from stopdesk.services.sql import is_postgres
 from stopdesk.states import ItemState as S
 
@@ -133,11 +133,13 @@ def events_archive(*, month: date, out_dir: Path, today: date) -> Archived:
         raise ArchiveRefused(f"{path} exists; an archive is never overwritten")
     try:
         with transaction.atomic():
+            # No sealer moves a chain until this commits (taken first: a sealer holds it while it
+            # updates rows of this month).
+            audit_seal_lock()
             with connection.cursor() as cursor:
-                # Writers to this month wait; everything else goes on.
+                # Writers to this month wait (and those under way commit first); everything else goes on.
                 cursor.execute(f"LOCK TABLE {name} IN SHARE MODE")
-            # Every event of the month gets its place before the anchors are taken, and no
-            # sealer moves a chain until this commits.
+            # Every event of the month gets its place before the anchors are taken.
             audit_seal_in_transaction()
             needed = _still_needed(name)
             if needed:

@@ -13,6 +13,7 @@ from django.db import DatabaseError, connection, connections, transaction
 from django.db.models import ProtectedError, Q
 
 from stopdesk.models import Event, EventChain, ExternalRecord, Task, WorkItem
+from stopdesk.services.audit import audit_verify
 from stopdesk.services.audit_seal import audit_seal
 from stopdesk.services.events import event_record
 from stopdesk.services.transitions import items_move
@@ -140,11 +141,12 @@ def test_audit_verify_notices_a_deleted_event_and_a_cut_tail():
 @pytest.mark.postgres
 def test_concurrent_appends_to_one_task_while_sealers_run_keep_one_chain():
     """Six writers append to one task (single events and set-based moves) while two sealers run
-    in a loop: every event is sealed exactly once, the chain has no gap and no fork, and verifies."""
+    in a loop and a verifier checks the chains as they move: every event is sealed exactly once,
+    the chain has no gap and no fork, and no check along the way saw a broken link."""
     task = make_task()
     threads_n, per_thread = 6, 25
     items = [make_item(task).pk for _ in range(threads_n * 5)]
-    gate = threading.Barrier(threads_n + 2)
+    gate = threading.Barrier(threads_n + 3)
     writing = threading.Event()
     writing.set()
     errors: list[BaseException] = []
@@ -176,8 +178,23 @@ def test_concurrent_appends_to_one_task_while_sealers_run_keep_one_chain():
         finally:
             connections.close_all()
 
+    checks: list[int] = []
+
+    def verifier() -> None:
+        try:
+            gate.wait()
+            while writing.is_set():
+                report = audit_verify(seal=False)
+                assert not report.breaks, report.breaks
+                checks.append(report.events)
+        except BaseException as error:
+            errors.append(error)
+        finally:
+            connections.close_all()
+
     writers = [threading.Thread(target=worker, args=(n,)) for n in range(threads_n)]
     sealers = [threading.Thread(target=sealer, args=(wait,)) for wait in (True, False)]
+    sealers.append(threading.Thread(target=verifier))
     for thread in writers + sealers:
         thread.start()
     for thread in writers:
@@ -186,7 +203,7 @@ def test_concurrent_appends_to_one_task_while_sealers_run_keep_one_chain():
     for thread in sealers:
         thread.join()
     assert not errors, errors[0]
-    assert sum(sealed) > 0  # the sealers did run while the writers wrote
+    assert sum(sealed) > 0 and checks  # the sealers and the verifier did run while the writers wrote
     audit_seal()
     seqs = sorted(Event.objects.filter(task=task).values_list("seq", flat=True))
     assert seqs == list(range(1, len(seqs) + 1))  # no fork: each seq once, no gap
