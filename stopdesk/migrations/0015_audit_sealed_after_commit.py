@@ -58,6 +58,8 @@ def backward(apps, schema_editor):
         if vendor == "postgresql":
             cursor.execute(OLD_APPEND_ONLY)
             cursor.execute(POSTGRES_PARTITION_FUNCTION)
+            # POSTGRES_CHAIN creates the heads' TRUNCATE refusal too, which forward kept.
+            cursor.execute("DROP TRIGGER IF EXISTS stopdesk_eventchain_no_truncate ON stopdesk_eventchain")
             cursor.execute(POSTGRES_CHAIN + postgres_chain_triggers("stopdesk_event"))
             for name in _partitions(cursor):
                 cursor.execute(
