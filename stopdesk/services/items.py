@@ -110,9 +110,12 @@ def item_register(
 
 
 def _launched_at(parent_id: int | None) -> datetime | None:
+    """When the parent began: its start, or for a parent the boundary refused (a model request
+    already sent when Stop was seen) when it was recorded, as its request went out."""
     if parent_id is None:
         return None
-    return WorkItem.objects.filter(pk=parent_id).values_list("started_at", flat=True).first()
+    row = WorkItem.objects.filter(pk=parent_id).values_list("started_at", "created_at").first()
+    return (row[0] or row[1]) if row else None
 
 
 def item_register_started(

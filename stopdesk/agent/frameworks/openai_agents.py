@@ -15,7 +15,8 @@ model's call id, so the wrapper puts the boundary right before the body. A tool'
 the wrapper (the body runs from a copy whose failure policy is "raise"), so a failed call is
 recorded failed, and the tool's own formatter then answers the model. Model requests go through a
 `Model` wrapper (`get_response` / `stream_response`), which also sees hosted `mcp_call` items the
-provider ran and records them as remote tools. Stop cancels the asyncio task of `Runner.run`, or
+provider ran (a `HostedMCPTool`) and records them as children of the request's item, also when
+the answer arrives after Stop and is discarded (`hosted.py`). Stop cancels the asyncio task of `Runner.run`, or
 calls `RunResultStreaming.cancel(mode="immediate")` for a streamed run.
 """
 
@@ -130,9 +131,10 @@ class StopdeskModel(Model):
         run = CURRENT.get()
         if run is None:
             return await self.inner.get_response(*args, **kwargs)
-        async with run.model_request():
+        async with run.model_request() as draft:
             response = await self.inner.get_response(*args, **kwargs)
-        _record_hosted(run, response.output)
+            # Before the boundary's verdict on the answer: a discarded answer's calls still ran.
+            record_hosted_calls(run, response.output, draft)
         return response
 
     async def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:  # type: ignore[override]
@@ -141,10 +143,15 @@ class StopdeskModel(Model):
             async for event in self.inner.stream_response(*args, **kwargs):
                 yield event
             return
-        async with run.model_request():
+        async with run.model_request() as draft:
             async for event in self.inner.stream_response(*args, **kwargs):
-                if getattr(event, "type", "") == "response.completed":
-                    _record_hosted(run, getattr(event, "response").output)  # noqa: B009 - narrows the union
+                kind = getattr(event, "type", "")
+                # Each hosted call as soon as its item is done, so a stream cut short by Stop keeps
+                # the calls it already reported; the completed response repeats them (recorded once).
+                if kind == "response.output_item.done":
+                    record_hosted_calls(run, [getattr(event, "item")], draft)  # noqa: B009 - narrows the union
+                elif kind == "response.completed":
+                    record_hosted_calls(run, getattr(event, "response").output, draft)  # noqa: B009
                 yield event
 
     async def close(self) -> None:
@@ -200,11 +207,6 @@ async def run_agent(
             return result
 
         return await run.run(consume())
-
-
-def _record_hosted(run: StopdeskRun, output: list[Any]) -> None:
-    calls = [item.model_dump() if hasattr(item, "model_dump") else dict(item) for item in output]
-    record_hosted_calls(run, [c for c in calls if c.get("type") == "mcp_call"])
 
 
 def _arguments(payload: str) -> dict[str, Any]:
