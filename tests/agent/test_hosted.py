@@ -40,8 +40,8 @@ async def _run(runtime: Any, task_id: int, base_url: str, model: str, tools: Too
     from agents import Agent, HostedMCPTool, OpenAIResponsesModel, function_tool, set_tracing_disabled
     from openai import AsyncOpenAI
 
-    from stopdesk.agent.frameworks.openai_agents import guard_tool, run_agent
     from stopdesk.agent.frameworks.declare import declaration_of
+    from stopdesk.agent.frameworks.openai_agents import guard_tool, run_agent
 
     set_tracing_disabled(True)
     client = AsyncOpenAI(base_url=base_url, api_key="no-key-needed", max_retries=0)
@@ -86,7 +86,10 @@ def test_hosted_calls_in_an_answer_that_arrives_after_stop_are_recorded_under_th
     assert "One hosted tool call with unknown outcome; review required." in task_summary(Task.objects.get(pk=task.id))
 
     # The adapter's read-back of the same response adds nothing: one record per call id.
-    output = [{"type": "mcp_call", "id": c.handle, "server_label": "x", "name": "y", "status": "completed"} for c in children.values()]
+    output = [
+        {"type": "mcp_call", "id": c.handle, "server_label": "x", "name": "y", "status": "completed"}
+        for c in children.values()
+    ]
     assert response_launched_record(item_id=draft.pk, calls=launched_tool_calls({"output": output}), actor="t") == []
     assert WorkItem.objects.filter(task_id=task.id, kind="remote_tool").count() == 2
 
