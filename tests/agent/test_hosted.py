@@ -1,10 +1,13 @@
 """Hosted MCP calls (a `HostedMCPTool`) that the provider ran while a model request was out: the
 Agents SDK integration records each one as a child of the request's item, also when the answer
-arrives after Stop and is discarded, and each call once, however often it is seen."""
+arrives after Stop, and each call once, however often it is seen; and such a request, which can act
+on the provider's side, is not sent once Stop has been requested."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -57,41 +60,67 @@ async def _run(runtime: Any, task_id: int, base_url: str, model: str, tools: Too
     return await run_agent(runtime, task_id, agent, "Add Acme as a lead", **kw)
 
 
-def test_hosted_calls_in_an_answer_that_arrives_after_stop_are_recorded_under_the_discarded_request(
-    streamed, model, runtime
-):
+def test_hosted_calls_in_an_answer_that_arrives_after_stop_are_recorded_under_their_request(streamed, model, runtime):
     party, url = model
-    name = party.load_script(Script.build("hosted-after-stop", SCRIPT))
+    slow = [Turn(SCRIPT[0].tool_calls, SCRIPT[0].mcp_calls, delay_s=1.0), SCRIPT[1]]
+    name = party.load_script(Script.build("hosted-after-stop", slow))
     task = runtime.create_task("Add Acme")
-    # Stop commits while the request is out and before the run has heard it (its watch never fires):
-    # the provider ran the hosted calls anyway, and the answer comes back after Stop.
-    runtime.request_stop(task.id, reason="operator pressed Stop")
     tools = Tools()
 
+    def operator() -> None:
+        from django.db import connections
+
+        try:
+            deadline = time.monotonic() + 10
+            while not party.model_log() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            runtime.request_stop(task.id, reason="operator pressed Stop")
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=operator)
+    thread.start()
+    # Stop commits while the request is out, and the run has not heard it yet (its watch never
+    # fires): the provider ran the hosted calls, and the answer arrives after Stop.
     with pytest.raises(RunStopped):
         asyncio.run(_run(runtime, task.id, url, name, tools, watch=never, streamed=streamed))
+    thread.join(5)
 
-    assert tools.calls["lookup"] == 0  # the discarded answer's function call never ran
-    (draft,) = WorkItem.objects.filter(task_id=task.id, kind="model_request")
-    assert draft.state == S.CANCELLED
+    assert tools.calls["lookup"] == 0  # the answer's function call met the boundary, never ran
+    stopped_at = Task.objects.get(pk=task.id).stop_requested_at
+    first = WorkItem.objects.filter(task_id=task.id, kind="model_request").order_by("id").first()
+    assert first is not None and first.started_at is not None and stopped_at is not None
     children = {c.label: c for c in WorkItem.objects.filter(task_id=task.id, kind="remote_tool")}
     assert {label: (c.state, c.handle, c.parent_id) for label, c in children.items()} == {
-        "docs.search": (S.COMPLETED, "mcp_0_0", draft.pk),
-        "crm.create_record": (S.UNCERTAIN, "mcp_0_1", draft.pk),
+        "docs.search": (S.COMPLETED, "mcp_0_0", first.pk),
+        "crm.create_record": (S.UNCERTAIN, "mcp_0_1", first.pk),
     }
     uncertain = children["crm.create_record"]
     assert uncertain.investigate_by is not None
-    # Started when the request went out (the draft's record), not when the answer was read.
-    assert uncertain.started_at == draft.created_at < children["docs.search"].finished_at
+    # Running from when their request went out, before Stop; recorded after it.
+    assert uncertain.started_at == first.started_at < stopped_at < uncertain.created_at
     assert "One hosted tool call with unknown outcome; review required." in task_summary(Task.objects.get(pk=task.id))
 
     # The adapter's read-back of the same response adds nothing: one record per call id.
-    output = [
-        {"type": "mcp_call", "id": c.handle, "server_label": "x", "name": "y", "status": "completed"}
-        for c in children.values()
-    ]
-    assert response_launched_record(item_id=draft.pk, calls=launched_tool_calls({"output": output}), actor="t") == []
+    output = [{"type": "mcp_call", "id": c.handle, "server_label": "x", "name": "y"} for c in children.values()]
+    assert response_launched_record(item_id=first.pk, calls=launched_tool_calls({"output": output}), actor="t") == []
     assert WorkItem.objects.filter(task_id=task.id, kind="remote_tool").count() == 2
+
+
+def test_a_request_offering_hosted_tools_is_not_sent_after_stop(streamed, model, runtime):
+    party, url = model
+    name = party.load_script(Script.build("hosted-refused", SCRIPT))
+    task = runtime.create_task("Add Acme")
+    # Stop before the run has heard it: a draft would go out and be discarded, but a request that
+    # can run tools on the provider's side waits for the boundary, which refuses it.
+    runtime.request_stop(task.id, reason="operator pressed Stop")
+
+    with pytest.raises(RunStopped):
+        asyncio.run(_run(runtime, task.id, url, name, Tools(), watch=never, streamed=streamed))
+
+    assert party.model_log() == []
+    (request,) = WorkItem.objects.filter(task_id=task.id)
+    assert (request.kind, request.state, request.started_at) == ("model_request", S.CANCELLED, None)
 
 
 def test_hosted_calls_of_a_full_run_are_children_of_their_request_each_once(streamed, model, runtime):

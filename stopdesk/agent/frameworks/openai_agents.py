@@ -16,26 +16,30 @@ the wrapper (the body runs from a copy whose failure policy is "raise"), so a fa
 recorded failed, and the tool's own formatter then answers the model. Model requests go through a
 `Model` wrapper (`get_response` / `stream_response`), which also sees hosted `mcp_call` items the
 provider ran (a `HostedMCPTool`) and records them as children of the request's item, also when
-the answer arrives after Stop and is discarded (`hosted.py`). Stop cancels the asyncio task of `Runner.run`, or
+the answer arrives after Stop (`hosted.py`). A request that offers hosted MCP tools can act on the
+provider's side, so it passes the boundary before it is sent, where a plain draft is recorded
+while it is out. Stop cancels the asyncio task of `Runner.run`, or
 calls `RunResultStreaming.cancel(mode="immediate")` for a streamed run.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from agents import Agent, FunctionTool, Runner, function_tool
+from agents import Agent, FunctionTool, HostedMCPTool, Runner, function_tool
 from agents.models.interface import Model
 from agents.result import RunResult, RunResultStreaming
 from agents.tool import resolve_function_tool_failure_error_function, set_function_tool_failure_error_function
 
-from stopdesk.agent.frameworks.core import CURRENT, StopdeskRun
+from stopdesk.agent.frameworks.core import CURRENT, REFUSED, StopdeskRun
 from stopdesk.agent.frameworks.declare import UNDECLARED, ToolDeclaration, declaration_of, declare
 from stopdesk.agent.frameworks.hosted import record_hosted_calls
+from stopdesk.client.errors import StopRequested
 
 FRAMEWORK = "openai-agents"
 
@@ -132,6 +136,8 @@ class StopdeskModel(Model):
         if run is None:
             return await self.inner.get_response(*args, **kwargs)
         async with run.model_request() as draft:
+            if _launches_hosted(args, kwargs):
+                await _pass_before_sending(run, draft)
             response = await self.inner.get_response(*args, **kwargs)
             # Before the boundary's verdict on the answer: a discarded answer's calls still ran.
             record_hosted_calls(run, response.output, draft)
@@ -144,6 +150,8 @@ class StopdeskModel(Model):
                 yield event
             return
         async with run.model_request() as draft:
+            if _launches_hosted(args, kwargs):
+                await _pass_before_sending(run, draft)
             async for event in self.inner.stream_response(*args, **kwargs):
                 kind = getattr(event, "type", "")
                 # Each hosted call as soon as its item is done, so a stream cut short by Stop keeps
@@ -207,6 +215,20 @@ async def run_agent(
             return result
 
         return await run.run(consume())
+
+
+def _launches_hosted(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether the request offers hosted MCP tools (`tools`, the Model interface's 4th argument)."""
+    tools = kwargs.get("tools", args[3] if len(args) > 3 else [])
+    return any(isinstance(tool, HostedMCPTool) for tool in tools or [])
+
+
+async def _pass_before_sending(run: StopdeskRun, draft: asyncio.Future[int | None]) -> None:
+    """A request that may run tools on the provider's side is an action, not a draft: it waits for
+    its item to pass the boundary before it is sent (a draft's is written while it is out)."""
+    if await asyncio.shield(draft) == REFUSED:
+        run.stop_seen()
+        raise StopRequested(f"Task {run.task_id} was stopped; the request was not sent.", task=run.task_id)
 
 
 def _arguments(payload: str) -> dict[str, Any]:
