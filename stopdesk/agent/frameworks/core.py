@@ -79,6 +79,7 @@ class StopdeskRun:
         self._watcher: asyncio.Task[None] | None = None
         self._token: contextvars.Token[StopdeskRun | None] | None = None
         self.model_requests = 0
+        self._refused_drafts: dict[asyncio.Future[int | None], int | None] = {}
         # A sync runtime (LocalRuntime, Client) runs on threads of this run's own (writes, and the
         # Stop watch apart so a poll never queues behind them): their database connections are
         # then ones this run can close when it ends.
@@ -336,8 +337,9 @@ class StopdeskRun:
     # --- model requests ----------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def model_request(self, label: str = "") -> AsyncIterator[None]:
-        """Around one model request: a draft item. Refused (StopRequested) after Stop.
+    async def model_request(self, label: str = "") -> AsyncIterator[asyncio.Future[int | None]]:
+        """Around one model request: a draft item. Refused (StopRequested) after Stop. Yields the
+        draft's item id to come (`draft_id`), under which what the response launched is recorded.
 
         The item is recorded while the request is out (off the caller's path) and awaited before the
         answer is handed to the framework: if the boundary refused it, Stop came first and the
@@ -356,7 +358,7 @@ class StopdeskRun:
         self._later(self._model_begin(label, started), label)
         outcome: tuple[str, str] = ("completed", "")
         try:
-            yield
+            yield started
             if await asyncio.shield(started) == REFUSED:
                 self.stop_seen()
                 raise StopRequested(f"Task {self.task_id} was stopped; the answer is discarded.", task=self.task_id)
@@ -378,13 +380,19 @@ class StopdeskRun:
                 submit_key="", kind="model_request", noun="draft", label=label, mechanism="manual"
             )
             started.set_result(item_id)
-        except StopRequested:
+        except StopRequested as exc:
+            self._refused_drafts[started] = exc.item_id  # recorded, cancelled: still a parent
             started.set_result(REFUSED)  # the boundary cancelled it: a draft never started
         except BaseException as exc:
             started.set_result(None)
             if not isinstance(exc, Exception):
                 raise
             log.exception("could not record %s", label)
+
+    async def draft_id(self, started: asyncio.Future[int | None]) -> int | None:
+        """The draft's item id (also for a draft the boundary refused), or None if unrecorded."""
+        item_id = await asyncio.shield(started)
+        return self._refused_drafts.get(started) if item_id == REFUSED else item_id
 
     async def _model_end(self, started: asyncio.Future[int | None], status: str, detail: str) -> None:
         item_id = await started

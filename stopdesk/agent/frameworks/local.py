@@ -3,13 +3,16 @@
 `LocalRuntime` answers the same methods as the HTTP client. A framework run also uses:
 - `register_started(...)`: register a tool call or model request and pass the boundary in one
   transaction (one commit on the tool's path instead of two);
-- `task_stopped(task_id)`: one indexed read, for watching Stop without building the task's detail.
+- `task_stopped(task_id)`: one indexed read, for watching Stop without building the task's detail;
+- `record_launched(item_id, calls)`: tool calls a model response ran itself, as children of the
+  response's item (the service the OpenAI adapter's read-back uses, so each call once).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from reconcile.services.launched import response_launched_record
 from stopdesk.agent.runtime import LocalRuntime
 from stopdesk.client.errors import StopRequested
 from stopdesk.services.errors import TaskStopped
@@ -35,3 +38,7 @@ class FrameworkRuntime(LocalRuntime):
 
     def task_stopped(self, task_id: int) -> bool:
         return self._tasks().filter(pk=task_id, stop_requested_at__isnull=False).exists()
+
+    def record_launched(self, item_id: int, calls: list[dict[str, Any]]) -> list[int]:
+        self._check_item(item_id)  # scoped, as every item call
+        return response_launched_record(item_id=item_id, calls=calls, actor=self.actor)

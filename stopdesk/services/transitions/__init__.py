@@ -7,7 +7,8 @@
   the from-state in its WHERE) and `items_schedule` (next check and progress, guarded by the
   state the caller decided on; not a move, so no event);
 - `boundary`: `item_start` and `item_submit`, the cancellation boundary (one statement on
-  PostgreSQL that checks Stop and moves the item, with its event);
+  PostgreSQL that checks Stop and moves the item, with its event), and `item_observed_started`
+  for work found already running outside it (with the time it began);
 - `settled`: the task's `settled_at` that follows from its items' states, with its event, written
   after the move that settled the last item commits.
 
@@ -16,7 +17,7 @@ string literals, and the columns a move may set besides the state are `FIELDS`. 
 (statements built for it) and SQLite (portable twins) are tested.
 """
 
-from stopdesk.services.transitions.boundary import item_start, item_submit
+from stopdesk.services.transitions.boundary import item_observed_started, item_start, item_submit
 from stopdesk.services.transitions.sets import NOW, Row, Schedule, items_move, items_schedule
 from stopdesk.services.transitions.single import (
     FIELDS,
@@ -32,6 +33,7 @@ __all__ = [
     "Schedule",
     "item_late_result",
     "item_late_result_record",
+    "item_observed_started",
     "item_start",
     "item_submit",
     "item_transition",
