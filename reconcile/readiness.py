@@ -6,6 +6,12 @@ tool did in its latest drill (`manage.py stopdrill`). A tool without a status lo
 what happened to an action whose answer was lost, so its submitted work cannot be accounted for;
 a tool whose latest drill failed has been seen to lose work or act after the boundary.
 
+The tools of agent framework runs (`stopdesk.agent.frameworks`) are known from the ledger: each
+call records what its tool declared (`@declare`: read-only, reversible and how, irreversible,
+external system with an idempotency key) or what its MCP server's annotations say. Such a tool is
+judged by that declaration; an undeclared one counts as possibly destructive, so it shows as not
+ready, which is the cue to declare it or narrow the agent's tool set.
+
 The policy (`settings.STOPDESK_READINESS_POLICY`): "off" (default), "warn" (log a refusal that
 would have happened) or "enforce" (refuse to register the item: the agent's tool set is narrowed
 to the tools whose stop path can account for their work). The ledger calls
@@ -24,6 +30,7 @@ from django.conf import settings
 from reconcile.mechanisms import registry
 from reconcile.mechanisms.base import Capability, ItemRef, Mechanism
 from reconcile.models import DrillResult
+from stopdesk.models import WorkItem
 from stopdesk.services.errors import ToolNotReady
 from stopdesk.states import ItemState
 
@@ -57,6 +64,8 @@ class Verdict:
     drill: DrillEvidence | None
     status: str = UNTESTED
     reasons: list[str] = field(default_factory=list)
+    framework: str = ""  # set for a tool an agent framework run used (judged by its declaration)
+    does: str = ""  # what the tool is declared to do, in words
 
     @property
     def missing(self) -> list[str]:
@@ -133,12 +142,14 @@ def verdict_for(
 
 
 def verdicts() -> list[Verdict]:
-    """Every registered mechanism, and each HTTP system declared in settings."""
+    """Every registered mechanism, each HTTP system and MCP tool declared in settings, and each
+    tool framework runs have used (from the ledger)."""
     found = [verdict_for(name) for name in registry.names()]
     systems = registry.mechanism_settings("http").options.get("systems", {})
     for system in sorted(systems):
         found.append(verdict_for("http", detail={"http": {"system": system}}, tool=f"http:{system}"))
     found.extend(_mcp_tools())
+    found.extend(framework_tools())
     return found
 
 
@@ -157,6 +168,99 @@ def _mcp_tools() -> list[Verdict]:
     return found
 
 
+# --- tools of framework runs, judged by what they declare ---------------------------------------
+
+
+def declared_verdict(tool: dict[str, Any], *, http: dict[str, Any] | None = None) -> Verdict:
+    """The verdict for a framework tool from what its call recorded (`detail.tool`, written by
+    `stopdesk.agent.frameworks`: its `@declare` declaration, or an MCP server's annotations).
+    Only what can be accounted for after Stop passes: a read-only tool (nothing to account for),
+    an external action whose result can be looked up by its idempotency key. An undeclared tool
+    counts as possibly destructive, as the integration records it."""
+    framework = str(tool.get("framework") or "")
+    name = str(tool.get("name") or "?")
+    mcp = tool.get("mcp") if isinstance(tool.get("mcp"), dict) else None
+    effect = str(tool.get("effect") or "unknown")
+    system = str(tool.get("system") or "")
+    verdict = Verdict(
+        tool=f"{framework}:{name}" if framework else name,
+        mechanism="http" if http else "manual",
+        cancel=True,  # the integration cancels a call in flight when Stop arrives
+        inspect=False,
+        reverse=False,
+        drill=latest_drill(framework) if framework else None,
+        framework=framework,
+    )
+    why: list[str] = []
+    if effect == "read_only":
+        verdict.does = "read-only" + (" (the MCP server says readOnlyHint)" if mcp else "")
+        verdict.status = READY
+        why.append("an interrupted call changed nothing, so there is nothing to account for")
+    elif system:
+        keyed = " with an idempotency key" if tool.get("keyed", True) else ""
+        verdict.does = f"external action on {system}{keyed}" + (
+            f", reversible ({tool['reversal']})" if tool.get("reversal") else ""
+        )
+        lookup = verdict_for("http", detail={"http": {"system": system, **(http or {})}}, tool=verdict.tool)
+        verdict.inspect, verdict.reverse = lookup.inspect, lookup.reverse
+        if lookup.inspect:
+            verdict.status = READY
+            why.append("submitted with its key, so a call cut off by Stop is looked up")
+        else:
+            verdict.status = NOT_READY
+            why.append(f"missing a status lookup for {system}: a call cut off by Stop stays unknown")
+    elif effect == "reversible":
+        verdict.does = f"reversible ({tool.get('reversal') or 'how is not said'})"
+        verdict.status = LIMITED
+        why.append("an interrupted call is left uncertain for review, with how to undo it")
+    elif effect == "irreversible":
+        verdict.does = "irreversible"
+        verdict.status = NOT_READY
+        why.append("missing a way to account for it: irreversible, with no external system to look the result up")
+    elif mcp:
+        hints = mcp.get("annotations") or {}
+        verdict.does = f"served by MCP server {mcp.get('server') or '?'}; " + ", ".join(
+            f"{k}={str(v).lower()}" for k, v in sorted(hints.items())
+        )
+        verdict.status = NOT_READY
+        why.append(
+            "missing readOnlyHint: a cancelled MCP call gets no answer, so it is possibly destructive and unknown"
+        )
+    else:
+        verdict.does = "undeclared"
+        verdict.status = NOT_READY
+        why.append(
+            "missing a declaration: treated as possibly destructive (declare it with @declare, or narrow the tool set)"
+        )
+    if verdict.drill is not None and verdict.drill.failed:
+        verdict.status = NOT_READY
+        why.append(
+            f"missing a passing drill: failed {', '.join(verdict.drill.failed)} in drill run #{verdict.drill.run_id}"
+        )
+    verdict.reasons = why
+    return verdict
+
+
+# How far back the page looks for the tools framework runs used.
+FRAMEWORK_TOOLS_SCAN = 5000
+
+
+def framework_tools() -> list[Verdict]:
+    """Each tool a framework run called, as its latest call declared it (from the ledger)."""
+    rows = (
+        WorkItem.objects.filter(detail__has_key="tool")
+        .order_by("-id")
+        .values_list("detail", flat=True)[:FRAMEWORK_TOOLS_SCAN]
+    )
+    latest: dict[tuple[str, str], dict[str, Any]] = {}
+    for detail in rows:
+        tool = detail.get("tool") if isinstance(detail, dict) else None
+        if not isinstance(tool, dict) or "framework" not in tool:
+            continue
+        latest.setdefault((str(tool["framework"]), str(tool.get("name"))), detail)
+    return [declared_verdict(detail["tool"], http=detail.get("http")) for _, detail in sorted(latest.items())]
+
+
 def policy() -> str:
     mode = getattr(settings, "STOPDESK_READINESS_POLICY", "off")
     if mode not in ("off", "warn", "enforce"):
@@ -170,8 +274,14 @@ def registration_check(*, mechanism: str, kind: str, detail: dict[str, Any] | No
     mode = policy()
     if mode == "off":
         return
-    tool = _tool_name(mechanism, detail or {})
-    verdict = verdict_for(mechanism, kind=kind, detail=detail or {}, tool=tool)
+    detail = detail or {}
+    if isinstance(detail.get("tool"), dict) and "framework" in detail["tool"]:
+        # A framework's tool call: judged by what the tool declares, not by the "manual" mechanism.
+        verdict = declared_verdict(detail["tool"], http=detail.get("http"))
+        tool = verdict.tool
+    else:
+        tool = _tool_name(mechanism, detail)
+        verdict = verdict_for(mechanism, kind=kind, detail=detail, tool=tool)
     if verdict.status != NOT_READY:
         return
     missing = [_missing_name(r) for r in verdict.missing]

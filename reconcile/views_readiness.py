@@ -26,6 +26,8 @@ def readiness_page(request: HttpRequest) -> HttpResponse:
     latest = DrillRun.objects.order_by("-pk").first()
     context = {
         "verdicts": verdicts,
+        # Framework tools whose work a Stop could leave unaccounted for: the cue to narrow the tool set.
+        "narrow": [v for v in verdicts if v.framework and v.status == readiness.NOT_READY],
         "policy": readiness.policy(),
         "latest_run": latest,
         "latest_rows": latest.rows.order_by("mechanism", "id") if latest else [],

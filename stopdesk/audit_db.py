@@ -1,8 +1,11 @@
-"""The audit trail's database side: triggers that keep events append-only, keep the rows they
-describe, and (below) chain each task's events by hash.
+"""The audit trail's database side: triggers that keep events append-only and keep the rows they
+describe, and (below) how each task's events are chained by hash.
 
 Every writer is covered, the ORM and set-based SQL alike, because the database does the work.
-A database owner can still switch triggers off; the hash chain is what makes that visible.
+A database owner can still switch triggers off; the hash chain is what makes that visible. The
+chain is sealed after commit by `stopdesk.services.audit_seal` (from migration 0015); the
+definitions that chained in the insert trigger (migrations 0009 and 0011) are kept below as the
+history those migrations run.
 """
 
 from __future__ import annotations
@@ -146,7 +149,7 @@ def postgres_digest_sql(prev: str, row: str) -> str:
     return f"encode(sha256(convert_to({body}, 'UTF8')), 'hex')"
 
 
-# PostgreSQL. The chain trigger keeps the head of the task it is appending to in a
+# History (migrations 0009 and 0011; replaced by SEALED_* below in 0015). The chain trigger keeps the head of the task it is appending to in a
 # transaction-local setting, "task seq hash dirty|clean", and writes it to stopdesk_eventchain when
 # it moves to another task and at the end of each statement: a set-based INSERT of 10,000 events
 # updates the head row once, not 10,000 times (repeated updates of one row inside a transaction
@@ -307,3 +310,48 @@ def postgres_event_table_triggers(table: str) -> str:
         FOR EACH STATEMENT EXECUTE FUNCTION stopdesk_refuse_truncate();
     {postgres_chain_triggers(table)}
     """
+
+
+# Sealed after commit (migration 0015). The insert trigger no longer chains: an event is written
+# with seq 0 and an empty hash, and the sealer (stopdesk.services.audit_seal) gives it its place
+# and hash after it committed, in bounded batches under one lock. Appends to one task no longer
+# wait for each other until commit. Sealing is the one UPDATE the append-only trigger lets
+# through: once (from seq 0 and an empty hash), with every other column unchanged.
+_PG_SAME_ROW = (
+    "(NEW.id, NEW.at, NEW.task_id, NEW.item_id, NEW.kind, NEW.actor, NEW.from_state, NEW.to_state, NEW.message,"
+    " NEW.data) IS NOT DISTINCT FROM (OLD.id, OLD.at, OLD.task_id, OLD.item_id, OLD.kind, OLD.actor,"
+    " OLD.from_state, OLD.to_state, OLD.message, OLD.data)"
+)
+POSTGRES_SEALED_APPEND_ONLY = f"""
+CREATE OR REPLACE FUNCTION stopdesk_event_append_only() RETURNS trigger AS $$
+BEGIN
+    IF TG_OP = 'UPDATE' AND OLD.seq = 0 AND OLD.hash = '' AND NEW.seq > 0 AND length(NEW.hash) = 64
+       AND {_PG_SAME_ROW} THEN
+        RETURN NEW;  -- the seal
+    END IF;
+    RAISE EXCEPTION 'stopdesk_event is append-only (% refused)', TG_OP;
+END;
+$$ LANGUAGE plpgsql;
+"""
+
+# New monthly partitions get the TRUNCATE refusal only (row triggers come from the parent).
+POSTGRES_SEALED_PARTITION_FUNCTION = """
+CREATE OR REPLACE FUNCTION stopdesk_event_partition(month date) RETURNS text AS $$
+DECLARE
+    first date := date_trunc('month', month)::date;
+    name text := 'stopdesk_event_' || to_char(first, 'YYYY_MM');
+BEGIN
+    IF to_regclass(name) IS NOT NULL THEN
+        RETURN name;
+    END IF;
+    EXECUTE format('CREATE TABLE %I PARTITION OF stopdesk_event FOR VALUES FROM (%L) TO (%L)',
+                   name, first::timestamptz, (first + interval '1 month')::timestamptz);
+    EXECUTE format('CREATE TRIGGER stopdesk_event_no_truncate BEFORE TRUNCATE ON %I
+                    FOR EACH STATEMENT EXECUTE FUNCTION stopdesk_refuse_truncate()', name);
+    RETURN name;
+END;
+$$ LANGUAGE plpgsql;
+"""
+
+# SQLite: the guard already lets the seal through (SQLITE_CHAIN's stopdesk_event_no_update); only
+# the insert trigger stopdesk_event_chain goes.

@@ -232,9 +232,10 @@ class EventQuerySet(models.QuerySet["Event"]):
 class Event(models.Model):
     """Append-only audit row for every transition and decision.
 
-    Database triggers (stopdesk.audit_db) refuse UPDATE, DELETE and TRUNCATE, and give each event its
-    place (`seq`) and `hash` in its task's chain whoever inserts it, so rewriting history is visible
-    to `manage.py audit_verify` even for someone who can switch the triggers off.
+    Database triggers (stopdesk.audit_db) refuse UPDATE, DELETE and TRUNCATE. After commit the
+    sealer (stopdesk.services.audit_seal) gives each event its place (`seq`) and `hash` in its
+    task's chain, the one update the triggers allow, so rewriting history is visible to
+    `manage.py audit_verify` even for someone who can switch the triggers off.
     """
 
     # No foreign-key constraints: per-row referential checks doubled the cost of writing 10,000
@@ -259,8 +260,10 @@ class Event(models.Model):
     to_state = models.CharField(max_length=32, blank=True)
     message = models.TextField(blank=True)
     data = models.JSONField(default=dict, blank=True)
-    # Set by the database on insert; whatever the writer passes is replaced.
-    seq = models.BigIntegerField(db_default=0, editable=False, help_text="Place in its task's chain, from 1.")
+    # 0 and empty until sealed; set once, by the sealer.
+    seq = models.BigIntegerField(
+        db_default=0, editable=False, help_text="Place in its task's chain, from 1 (0: not sealed yet)."
+    )
     hash = models.CharField(
         max_length=64,
         db_default="",
@@ -279,6 +282,8 @@ class Event(models.Model):
             models.Index(fields=["task", "at"]),
             models.Index(fields=["at", "id"], name="event_at"),
             models.Index(fields=["kind", "at"], name="event_kind_at"),
+            # What the sealer reads: the events not sealed yet, in id order (a few at any moment).
+            models.Index(fields=["id"], condition=models.Q(seq=0), name="event_unsealed"),
         ]
 
     def __str__(self) -> str:
@@ -294,10 +299,10 @@ class Event(models.Model):
 
 
 class EventChain(models.Model):
-    """The head of each task's event chain (task 0: events without a task), kept by the database.
+    """The head of each task's event chain (task 0: events without a task), kept by the sealer.
 
-    Appending locks this row until commit, so two transactions never fork one task's chain; an
-    archive that moves old events out keeps its last link as `anchor_seq`/`anchor_hash`.
+    Only the sealer moves it (one at a time, under a lock), so a chain never forks; an archive
+    that moves old events out keeps its last link as `anchor_seq`/`anchor_hash`.
     """
 
     task_id = models.BigIntegerField(primary_key=True)

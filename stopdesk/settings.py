@@ -205,6 +205,9 @@ CELERY_BEAT_SCHEDULE = {
     "purge-api-replays": {"task": "stopdesk.purge_api_replays", "schedule": 3600.0},
     # The audit table's monthly partitions, created months ahead (stopdesk/services/partitions.py).
     "ensure-event-partitions": {"task": "stopdesk.ensure_event_partitions", "schedule": 6 * 3600.0},
+    # The audit chain, sealed after commit: events written since the last run get their place
+    # and hash (stopdesk/services/audit_seal.py). Until then they are listed as not sealed yet.
+    "seal-audit-events": {"task": "stopdesk.seal_audit_events", "schedule": 5.0},
     # Bounded batch of items awaiting reconciliation or due for a re-check (reconcile/services).
     "reconcile-sweep": {"task": "reconcile.sweep", "schedule": 5.0},
     # Approved compensations whose job was lost are queued again; ones whose worker died mid-run

@@ -4,6 +4,7 @@ from celery import shared_task
 from celery.signals import worker_ready
 from django.db import close_old_connections
 
+from stopdesk.services.audit_seal import audit_seal
 from stopdesk.services.partitions import event_partitions_ensure
 from stopdesk.services.reaper import api_replays_purge, items_reap_stale
 from stopdesk.services.stop import stops_resume_fanout
@@ -27,6 +28,12 @@ def purge_api_replays() -> int:
 @shared_task(name="stopdesk.ensure_event_partitions", time_limit=120, soft_time_limit=110)
 def ensure_event_partitions() -> int:
     return len(event_partitions_ensure())
+
+
+@shared_task(name="stopdesk.seal_audit_events", time_limit=120, soft_time_limit=110)
+def seal_audit_events() -> int:
+    # Bounded per run (the next run carries on); skipped while another sealer holds the lock.
+    return audit_seal(max_batches=20) or 0
 
 
 @worker_ready.connect

@@ -1,14 +1,17 @@
-"""Checking the audit trail's hash chains: every event is recomputed from its columns and the
-previous link, and each chain's head must be its last event."""
+"""Checking the audit trail's hash chains: every sealed event is recomputed from its columns and
+the previous link, and each chain's head must be its last event. Events not sealed yet (committed
+after the last seal) are counted apart: they are not broken, they are waiting for the sealer."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 
-from django.db import connection
+from django.db import connection, transaction
 
 from stopdesk.audit_db import SQLITE_COLUMNS, digest, postgres_columns
+from stopdesk.services.audit_seal import audit_seal, audit_unsealed
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,9 @@ class Report:
     events: int = 0
     chains: int = 0
     breaks: list[Break] | None = None
+    sealed_now: int = 0
+    unsealed: int = 0
+    oldest_unsealed: datetime | None = None
 
 
 def _events(task_ids: list[int]) -> Iterator[tuple]:  # type: ignore[type-arg]
@@ -39,7 +45,8 @@ def _events(task_ids: list[int]) -> Iterator[tuple]:  # type: ignore[type-arg]
         where.append("task_id IS NULL")
     # Qualified: `seq` alone would name the text column of the select list.
     sql = (
-        f"SELECT coalesce(task_id, 0), id, hash, {', '.join(columns)} FROM stopdesk_event e WHERE {' OR '.join(where)}"
+        f"SELECT coalesce(task_id, 0), id, hash, {', '.join(columns)} FROM stopdesk_event e"
+        f" WHERE ({' OR '.join(where)}) AND e.seq <> 0"
         " ORDER BY coalesce(e.task_id, 0), e.seq, e.id"
     )
     with connection.cursor() as cursor:
@@ -47,10 +54,29 @@ def _events(task_ids: list[int]) -> Iterator[tuple]:  # type: ignore[type-arg]
         yield from cursor.fetchall()
 
 
-def audit_verify(*, task_id: int | None = None, batch: int = 500) -> Report:
-    """Walk the chains (one task's, or all in task order, `batch` chains per query) and report
-    the first broken link of each."""
+def audit_verify(*, task_id: int | None = None, batch: int = 500, seal: bool = True) -> Report:
+    """Seal what has committed (unless `seal` is False), then walk the chains (one task's, or all
+    in task order, `batch` chains per query) and report the first broken link of each, and the
+    events still unsealed."""
     report = Report(breaks=[])
+    assert report.breaks is not None
+    if seal:
+        report.sealed_now = audit_seal(wait=True) or 0
+    if connection.vendor == "postgresql" and not connection.in_atomic_block:
+        # One snapshot for heads and events, so a sealer moving a head meanwhile is not taken
+        # for a broken link. (Inside a caller's transaction, the caller's isolation applies.)
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            _walk(report, task_id, batch)
+    else:
+        _walk(report, task_id, batch)
+    unsealed = audit_unsealed()
+    report.unsealed, report.oldest_unsealed = unsealed.events, unsealed.oldest
+    return report
+
+
+def _walk(report: Report, task_id: int | None, batch: int) -> None:
     assert report.breaks is not None
     after = -1
     while True:
@@ -83,7 +109,6 @@ def audit_verify(*, task_id: int | None = None, batch: int = 500) -> Report:
         after = max(heads)
     if task_id is None:
         report.breaks.extend(_unchained())
-    return report
 
 
 def _check_chain(key, rows, head_seq, head_hash, anchor_seq, anchor_hash) -> Break | None:  # type: ignore[no-untyped-def]
@@ -104,11 +129,11 @@ def _check_chain(key, rows, head_seq, head_hash, anchor_seq, anchor_hash) -> Bre
 
 
 def _unchained() -> list[Break]:
-    """Events no chain knows about (a head removed, or rows inserted with the triggers off)."""
+    """Sealed events no chain knows about (a head removed)."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT coalesce(e.task_id, 0), min(e.id), min(e.seq) FROM stopdesk_event e"
             " LEFT JOIN stopdesk_eventchain c ON c.task_id = coalesce(e.task_id, 0)"
-            " WHERE c.task_id IS NULL GROUP BY coalesce(e.task_id, 0) ORDER BY 1 LIMIT 100"
+            " WHERE c.task_id IS NULL AND e.seq <> 0 GROUP BY coalesce(e.task_id, 0) ORDER BY 1 LIMIT 100"
         )
         return [Break(key, seq, event_id, "no chain head for this task's events") for key, event_id, seq in cursor]

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import hashlib
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -21,6 +21,7 @@ from stopdesk.services.sql import ClockNow, is_postgres
 from stopdesk.services.transitions import (
     Refused,
     item_late_result,
+    item_observed_started,
     item_register_pass,
     item_start,
     item_submit,
@@ -53,13 +54,16 @@ def item_register(
     idempotency_key: str = "",
     detail: dict[str, Any] | None = None,
     observed: bool = False,
+    started_at: datetime | None = None,
 ) -> WorkItem:
     """Record a child before it is dispatched. Registering after Stop is allowed (the record must be
     complete), but such an item can never pass the boundary.
 
     `observed` records work that already ran outside our boundary (a tool a model response called
-    on the provider's side, found in its output): it is registered running, because it did start,
-    and is not cancelled by a Stop that came after it started."""
+    on the provider's side, found in its output): it is registered and then recorded running
+    (`item_observed_started`), because it did start, and is not cancelled by a Stop that came
+    after it started. Its start is `started_at` when the caller knows it, else the start of the
+    parent that launched it (the response was active then), never the time it was found."""
     _registrable(kind=kind, mechanism=mechanism, detail=detail)
     task_id = task if isinstance(task, int) else task.pk
     parent_id = parent if isinstance(parent, int) or parent is None else parent.pk
@@ -75,7 +79,6 @@ def item_register(
             label=label,
             idempotency_key=idempotency_key,
             detail=detail or {},
-            **({"state": S.RUNNING, "started_at": timezone.now()} if observed else {}),
         )
         event_record(
             kind="item_registered",
@@ -84,6 +87,10 @@ def item_register(
             to_state=item.state,
             data={"noun": noun, "kind": kind, **({"observed": True} if observed else {})},
         )
+        if observed:
+            began = started_at or _launched_at(parent_id) or timezone.now()
+            item_observed_started(item_id=item.pk, actor=actor, started_at=began)
+            item.refresh_from_db(fields=["state", "started_at", "updated_at"])
         if not observed and Task.objects.filter(pk=task_id, stop_requested_at__isnull=False).exists():
             # Recorded, so the ledger is complete, but it can never start: settle it now rather
             # than leave the stopped task looking unsettled. (A registration racing the stop's
@@ -98,6 +105,15 @@ def item_register(
         else:
             task_reopen(task_id=task_id, actor=actor)
     return item
+
+
+def _launched_at(parent_id: int | None) -> datetime | None:
+    """When the parent began: its start, or for a parent the boundary refused (a model request
+    already sent when Stop was seen) when it was recorded, as its request went out."""
+    if parent_id is None:
+        return None
+    row = WorkItem.objects.filter(pk=parent_id).values_list("started_at", "created_at").first()
+    return (row[0] or row[1]) if row else None
 
 
 def item_register_started(

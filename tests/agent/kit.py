@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ class Tools:
     calls: Counter[str] = field(default_factory=Counter)
     started: threading.Event = field(default_factory=threading.Event)
     cleaned_up: list[str] = field(default_factory=list)
+    cleaned_at: list[float] = field(default_factory=list)  # time.monotonic() of each cleanup
 
     def functions(self) -> list[Callable[..., Awaitable[str]]]:
         tools = self
@@ -44,6 +46,7 @@ class Tools:
                 return f"report on {name}"
             finally:
                 tools.cleaned_up.append("slow_report")
+                tools.cleaned_at.append(time.monotonic())
 
         @declare(
             system="crm",

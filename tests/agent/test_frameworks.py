@@ -200,6 +200,40 @@ def test_stop_during_a_slow_tool_cancels_it_and_its_cleanup_runs(framework, mode
     assert "interrupted by Stop" in tool.outcome
 
 
+def test_the_run_hears_stop_by_push_not_by_the_fallback_poll(framework, model, runtime):
+    party, url = model
+    name = party.load_script(
+        Script.build("push", [Turn(tool_calls=(ToolCall("slow_report", {"name": "Acme"}),)), Turn(text="done")])
+    )
+    task = runtime.create_task("Report on Acme")
+    tools = Tools(slow_s=30)
+    stop_committed: list[float] = []
+
+    def operator() -> None:
+        from django.db import connections
+
+        try:
+            if tools.started.wait(10):
+                runtime.request_stop(task.id, reason="operator pressed Stop")
+                stop_committed.append(time.monotonic())
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=operator)
+    thread.start()
+
+    # The fallback poll asks once at the start and then not for an hour: only the push (pg_notify,
+    # heard by the process's StopHub) can end this run before the 30 s tool would have.
+    with pytest.raises(RunStopped):
+        run(framework, runtime, task.id, url, name, tools, poll_s=3600)
+    thread.join(5)
+
+    assert stop_committed and tools.cleaned_at
+    assert tools.cleaned_at[0] - stop_committed[0] < 2.0
+    (tool,) = tools_of(task.id)
+    assert (tool.state, tool.outcome) == (S.CANCELLED, "slow_report: interrupted by Stop")
+
+
 def test_stop_after_the_external_action_was_submitted_reconciles_the_record(framework, model, runtime, crm):
     party, url = model
     crm_party, crm_url = crm

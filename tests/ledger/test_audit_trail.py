@@ -12,7 +12,9 @@ from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, connections, transaction
 from django.db.models import ProtectedError, Q
 
-from stopdesk.models import Event, ExternalRecord, Task, WorkItem
+from stopdesk.models import Event, EventChain, ExternalRecord, Task, WorkItem
+from stopdesk.services.audit import audit_verify
+from stopdesk.services.audit_seal import audit_seal
 from stopdesk.services.events import event_record
 from stopdesk.services.transitions import items_move
 from stopdesk.states import ItemState as S
@@ -21,10 +23,10 @@ from tests.factories import make_external_effect, make_item, make_task
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _verify() -> tuple[bool, str]:
+def _verify(*args: str) -> tuple[bool, str]:
     out = io.StringIO()
     try:
-        call_command("audit_verify", stdout=out, stderr=out)
+        call_command("audit_verify", *args, stdout=out, stderr=out)
     except CommandError as error:
         return False, f"{out.getvalue()}{error}"
     return True, out.getvalue()
@@ -88,6 +90,10 @@ def test_every_writer_chains_the_events_of_a_task():
         where=Q(task=task), from_states=(S.QUEUED,), to_state=S.CANCELLED, actor="test", kind="cancel", message="x"
     )
     assert moved == 30
+    # Written unsealed; the sealer chains them after commit.
+    assert set(Event.objects.filter(task=task).values_list("seq", "hash")) == {(0, "")}
+    assert audit_seal(batch=7) == Event.objects.filter(task=task).count()
+    assert audit_seal() == 0  # each event is sealed once
     seqs = list(Event.objects.filter(task=task).order_by("seq").values_list("seq", flat=True))
     assert seqs == list(range(1, len(seqs) + 1))
     assert len(seqs) == 1 + 30 + 1 + 30
@@ -104,6 +110,7 @@ def test_audit_verify_names_the_first_broken_link():
     task = make_task()
     make_item(task, state=S.COMPLETED)
     other = make_task("untouched")
+    audit_seal()
     events = list(Event.objects.filter(task=task).order_by("seq"))
     assert len(events) >= 3
     target = events[1]
@@ -121,6 +128,7 @@ def test_audit_verify_names_the_first_broken_link():
 def test_audit_verify_notices_a_deleted_event_and_a_cut_tail():
     task = make_task()
     make_item(task, state=S.COMPLETED)
+    audit_seal()
     events = list(Event.objects.filter(task=task).order_by("seq"))
     _tamper("DELETE FROM stopdesk_event WHERE id = %s", [events[-1].pk])
     ok, report = _verify()
@@ -131,12 +139,18 @@ def test_audit_verify_notices_a_deleted_event_and_a_cut_tail():
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.postgres
-def test_concurrent_appends_to_one_task_keep_one_chain():
+def test_concurrent_appends_to_one_task_while_sealers_run_keep_one_chain():
+    """Six writers append to one task (single events and set-based moves) while two sealers run
+    in a loop and a verifier checks the chains as they move: every event is sealed exactly once,
+    the chain has no gap and no fork, and no check along the way saw a broken link."""
     task = make_task()
     threads_n, per_thread = 6, 25
     items = [make_item(task).pk for _ in range(threads_n * 5)]
-    gate = threading.Barrier(threads_n)
+    gate = threading.Barrier(threads_n + 3)
+    writing = threading.Event()
+    writing.set()
     errors: list[BaseException] = []
+    sealed: list[int] = []
 
     def worker(n: int) -> None:
         try:
@@ -154,19 +168,158 @@ def test_concurrent_appends_to_one_task_keep_one_chain():
         finally:
             connections.close_all()
 
-    threads = [threading.Thread(target=worker, args=(n,)) for n in range(threads_n)]
-    for thread in threads:
+    def sealer(wait: bool) -> None:
+        try:
+            gate.wait()
+            while writing.is_set():
+                sealed.append(audit_seal(batch=20, wait=wait) or 0)
+        except BaseException as error:
+            errors.append(error)
+        finally:
+            connections.close_all()
+
+    checks: list[int] = []
+
+    def verifier() -> None:
+        try:
+            gate.wait()
+            while writing.is_set():
+                report = audit_verify(seal=False)
+                assert not report.breaks, report.breaks
+                checks.append(report.events)
+        except BaseException as error:
+            errors.append(error)
+        finally:
+            connections.close_all()
+
+    writers = [threading.Thread(target=worker, args=(n,)) for n in range(threads_n)]
+    sealers = [threading.Thread(target=sealer, args=(wait,)) for wait in (True, False)]
+    sealers.append(threading.Thread(target=verifier))
+    for thread in writers + sealers:
         thread.start()
-    for thread in threads:
+    for thread in writers:
         thread.join()
-    assert not errors
+    writing.clear()
+    for thread in sealers:
+        thread.join()
+    assert not errors, errors[0]
+    assert sum(sealed) > 0 and checks  # the sealers and the verifier did run while the writers wrote
+    audit_seal()
     seqs = sorted(Event.objects.filter(task=task).values_list("seq", flat=True))
     assert seqs == list(range(1, len(seqs) + 1))  # no fork: each seq once, no gap
     # task created, items registered, the notes, the cancels (and the task's settling, if recorded)
     written = Event.objects.filter(task=task).exclude(kind="task_settled").count()
     assert written == 1 + len(items) + threads_n * per_thread + len(items)
+    assert EventChain.objects.get(task_id=task.pk).seq == len(seqs)
     ok, report = _verify()
     assert ok, report
+    assert "Not sealed yet: none" in report
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.postgres
+def test_an_event_that_commits_after_a_later_one_was_sealed_is_chained_after_it():
+    """Ids are taken at insert, chains are sealed after commit: a transaction holding a lower id
+    can commit after a higher id was sealed. It is sealed next, at the end of the chain."""
+    task = make_task()
+    audit_seal()
+    inserted, release = threading.Event(), threading.Event()
+    early: list[int] = []
+    errors: list[BaseException] = []
+
+    def slow_writer() -> None:
+        try:
+            with transaction.atomic():
+                early.append(event_record(kind="note", actor="slow", task=task.pk, message="lower id").pk)
+                inserted.set()
+                assert release.wait(30)
+        except BaseException as error:
+            errors.append(error)
+            inserted.set()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=slow_writer)
+    thread.start()
+    assert inserted.wait(30)
+    late = event_record(kind="note", actor="fast", task=task.pk, message="higher id")
+    assert early and early[0] < late.pk
+    assert audit_seal() == 1  # only the committed one
+    release.set()
+    thread.join()
+    assert not errors, errors[0]
+    assert audit_seal() == 1
+    first = Event.objects.get(pk=late.pk)
+    second = Event.objects.get(pk=early[0])
+    assert second.seq == first.seq + 1
+    ok, report = _verify("--no-seal")
+    assert ok, report
+
+
+@pytest.mark.django_db
+@pytest.mark.postgres
+def test_the_seal_is_the_one_update_allowed_and_only_once():
+    task = make_task()
+    event = Event.objects.get(task=task)
+    bad_seal = "UPDATE stopdesk_event SET seq = 1, hash = repeat('a', 64), message = 'rewritten' WHERE id = %s"
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(bad_seal, [event.pk])  # a seal that also changes the content
+    audit_seal()
+    event = Event.objects.get(pk=event.pk)
+    assert event.seq == 1 and len(event.hash) == 64
+    reseal = "UPDATE stopdesk_event SET seq = 2, hash = repeat('b', 64) WHERE id = %s"
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(reseal, [event.pk])  # sealed already
+    assert Event.objects.get(pk=event.pk).hash == event.hash
+
+
+@pytest.mark.django_db
+@pytest.mark.postgres
+def test_audit_verify_reports_unsealed_events_apart_from_broken_links():
+    task = make_task()
+    audit_seal()
+    event_record(kind="note", actor="test", task=task, message="not sealed yet")
+    ok, report = _verify("--no-seal")
+    assert ok, report  # waiting for the sealer is not a broken link
+    assert "0 broken" in report
+    assert "Not sealed yet: 1 events, the oldest written" in report
+    ok, report = _verify()
+    assert ok, report
+    assert "sealed 1 new events" in report and "Not sealed yet: none" in report
+
+
+@pytest.mark.django_db
+@pytest.mark.postgres
+def test_a_sealed_event_edited_with_the_triggers_off_fails_verification():
+    task = make_task()
+    make_item(task)
+    audit_seal()
+    target = Event.objects.filter(task=task).order_by("seq").last()
+    assert target is not None and target.seq > 0
+    _tamper("UPDATE stopdesk_event SET data = '{\"amount\": 1}'::jsonb WHERE id = %s", [target.pk])
+    ok, report = _verify()
+    assert not ok
+    assert f"event {target.pk}" in report and "does not match its content" in report
+    # Passing it off as not sealed yet, so the sealer would chain the edit, leaves a gap.
+    _tamper("UPDATE stopdesk_event SET seq = 0, hash = '' WHERE id = %s", [target.pk])
+    ok, report = _verify()
+    assert not ok
+    assert f"task {task.pk}" in report
+
+
+@pytest.mark.django_db
+def test_the_beat_job_seals_a_bounded_batch():
+    from stopdesk.tasks import seal_audit_events
+
+    task = make_task()
+    make_item(task)
+    assert seal_audit_events() == Event.objects.filter(task=task).count()
+    assert not Event.objects.filter(seq=0).exists()
+    out = io.StringIO()
+    call_command("audit_seal", stdout=out)
+    assert "sealed 0 events; 0 not sealed yet" in out.getvalue()
+    with pytest.raises(CommandError, match="--batch 0"):
+        call_command("audit_seal", batch=0)
 
 
 @pytest.mark.slow
@@ -186,6 +339,9 @@ for sql in ("UPDATE stopdesk_event SET message = 'x'", "DELETE FROM stopdesk_eve
         print("refused:", error)
     else:
         print("accepted:", sql)
+from stopdesk.services.audit_seal import audit_seal
+print("unsealed:", Event.objects.get(task=task).seq)
+audit_seal()
 event = Event.objects.get(task=task)
 print("chained:", event.seq, len(event.hash))
 """
@@ -199,14 +355,15 @@ print("chained:", event.seq, len(event.hash))
     assert "accepted" not in out.stdout, out.stdout
     assert out.stdout.count("refused:") == 3, out.stdout
     assert "append-only" in out.stdout and "has audit events" in out.stdout
-    assert "chained: 1 64" in out.stdout
+    assert "unsealed: 0" in out.stdout and "chained: 1 64" in out.stdout
 
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.postgres
 def test_set_based_moves_over_the_same_tasks_at_once_neither_deadlock_nor_fork():
-    """Each statement appends to several tasks' chains; two at once must take the heads in one
-    order (by task), or each holds a head the other waits for."""
+    """Each statement moves items of several tasks and appends their events; two at once must take
+    the rows in one order (by task), or each holds a row the other waits for. The chains they
+    leave verify once sealed."""
     tasks = [make_task(f"t{n}") for n in range(6)]
     rounds = 10
     items = {t.pk: [make_item(t).pk for _ in range(rounds * 2)] for t in tasks}

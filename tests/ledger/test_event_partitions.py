@@ -4,17 +4,20 @@ chained, and a month archived without losing a chain or anything a reviewer stil
 import gzip
 import io
 import json
+import threading
+import time
 from datetime import UTC, date, datetime
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, connection, connections, transaction
 from django.test import Client
 from django.urls import reverse
 
 from stopdesk.models import Event, EventChain
+from stopdesk.services.audit_seal import audit_seal
 from stopdesk.services.events import event_record
-from stopdesk.services.partitions import event_partitions, event_partitions_ensure
+from stopdesk.services.partitions import ArchiveRefused, event_partitions, event_partitions_ensure, events_archive
 from stopdesk.states import ItemState as S
 from tests.factories import make_item, make_task
 
@@ -71,10 +74,11 @@ def test_every_partition_is_append_only_and_refuses_truncate():
         with connection.cursor() as cursor:
             cursor.execute("SELECT tgname FROM pg_trigger WHERE tgrelid = %s::regclass", [part.name])
             names = {row[0] for row in cursor.fetchall()}
-        assert {"stopdesk_event_append_only", "stopdesk_event_chain", "stopdesk_event_no_truncate"} <= names, part
+        assert {"stopdesk_event_append_only", "stopdesk_event_no_truncate"} <= names, part
+        assert not {"stopdesk_event_chain", "stopdesk_event_chain_flush"} & names, part  # sealed after commit
 
 
-def test_an_insert_straight_into_a_partition_is_chained_too():
+def test_an_insert_straight_into_a_partition_is_sealed_too():
     task = make_task()
     name = f"stopdesk_event_{date.today():%Y_%m}"
     with connection.cursor() as cursor:
@@ -83,6 +87,7 @@ def test_an_insert_straight_into_a_partition_is_chained_too():
             " VALUES (now(), %s, 'raw', 'sql', '', '', '', '{}')",
             [task.pk],
         )
+    assert audit_seal() == 2
     assert list(Event.objects.filter(task=task).order_by("seq").values_list("seq", flat=True)) == [1, 2]
     assert "0 broken" in _verify()
 
@@ -92,13 +97,14 @@ def test_archiving_a_month_keeps_the_chain_and_the_timeline(tmp_path, cast):
     task = make_task()  # its first event is this month; the notes below are back-dated
     old = [_past_event(task, minute=m) for m in range(3)]
     event_record(kind="later", actor="test", task=task)
-    assert "0 broken" in _verify()
+    assert "0 broken" in _verify()  # and sealed
+    old_seqs = list(Event.objects.filter(pk__in=[e.pk for e in old]).values_list("seq", flat=True))
     out = io.StringIO()
     call_command("events_archive", month=f"{PAST:%Y-%m}", to=tmp_path, stdout=out)
     assert "archived stopdesk_event_2025_03: 3 events" in out.getvalue()
     assert not Event.objects.filter(pk__in=[e.pk for e in old]).exists()
     chain = EventChain.objects.get(task_id=task.pk)
-    assert chain.anchor_seq == max(e.seq for e in old)
+    assert chain.anchor_seq == max(old_seqs) == 4
     assert "0 broken" in _verify()  # the live events check from the anchor
     with gzip.open(tmp_path / "stopdesk_event_2025_03.csv.gz", "rt") as export:
         lines = export.read().splitlines()
@@ -126,3 +132,75 @@ def test_archiving_refuses_a_month_a_review_still_needs(tmp_path):
 def test_archiving_refuses_this_month(tmp_path):
     with pytest.raises(CommandError, match="only past months"):
         call_command("events_archive", month=f"{date.today():%Y-%m}", to=tmp_path)
+
+
+def test_archiving_seals_the_month_first(tmp_path):
+    _ensure_past_month()
+    task = make_task()
+    audit_seal()
+    _past_event(task)  # committed, not sealed yet
+    call_command("events_archive", month=f"{PAST:%Y-%m}", to=tmp_path, stdout=io.StringIO())
+    with gzip.open(tmp_path / "stopdesk_event_2025_03.csv.gz", "rt") as export:
+        lines = export.read().splitlines()
+    assert len(lines) == 2 and lines[1].endswith(",2")  # sealed as the task's second event
+    assert EventChain.objects.get(task_id=task.pk).anchor_seq == 2
+    assert "0 broken" in _verify()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_archiving_drops_nothing_when_the_export_read_back_does_not_match(tmp_path):
+    """The export is damaged after it was written (here: cut to its first rows while the archive
+    waits for a chain head a reader holds); the archive reads it back, refuses, and the month
+    stays in the database with its chains as they were."""
+    _ensure_past_month()
+    task = make_task()
+    for minute in range(5):
+        _past_event(task, minute=minute)
+    audit_seal()
+    export = tmp_path / "stopdesk_event_2025_03.csv.gz"
+    outcome: list[BaseException | None] = []
+
+    def archive() -> None:
+        try:
+            events_archive(month=PAST, out_dir=tmp_path, today=date.today())
+            outcome.append(None)
+        except BaseException as error:
+            outcome.append(error)
+        finally:
+            connections.close_all()
+
+    holder = connections.create_connection("default")
+    try:
+        with holder.cursor() as cursor:
+            cursor.execute("BEGIN")
+            cursor.execute("SELECT 1 FROM stopdesk_eventchain WHERE task_id = %s FOR UPDATE", [task.pk])
+            thread = threading.Thread(target=archive)
+            thread.start()
+            deadline = time.monotonic() + 30
+            while True:  # the export is written and the archive waits for the head
+                with connection.cursor() as watch:  # not the holder's: its view is fixed for its transaction
+                    watch.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
+                        ["%UPDATE stopdesk_eventchain c SET anchor_seq%"],
+                    )
+                    waiting = watch.fetchone()[0]
+                if waiting and export.exists():
+                    break
+                assert time.monotonic() < deadline and thread.is_alive(), outcome
+                time.sleep(0.05)
+            with gzip.open(export, "rt") as written:
+                lines = written.read().splitlines()
+            assert len(lines) == 6
+            with gzip.open(export, "wt") as damaged:
+                damaged.write("\n".join(lines[:3]) + "\n")
+            cursor.execute("COMMIT")
+    finally:
+        holder.close()
+    thread.join(30)
+    assert len(outcome) == 1 and isinstance(outcome[0], ArchiveRefused), outcome
+    assert "differs from what was written" in str(outcome[0]) and "nothing was dropped" in str(outcome[0])
+    assert "stopdesk_event_2025_03" in {p.name for p in event_partitions()}
+    assert Event.objects.filter(task=task, kind="note").count() == 5
+    assert EventChain.objects.get(task_id=task.pk).anchor_seq == 0
+    assert not list(tmp_path.iterdir())  # the unverified export is not left to pass for an archive
+    assert "0 broken" in _verify()

@@ -18,16 +18,19 @@ from django.utils import timezone
 from reconcile.services.reconcile import _late_result
 from stopdesk.models import Event, WorkItem
 from stopdesk.services.errors import IllegalTransition
-from stopdesk.services.items import item_finish
+from stopdesk.services.items import item_finish, item_register
+from stopdesk.services.stop import task_request_stop
 from stopdesk.services.transitions import (
     NOW,
     Row,
     Schedule,
+    item_observed_started,
     item_transition,
     items_move,
     items_schedule,
 )
 from stopdesk.states import ItemState as S
+from stopdesk.states import Kind
 from tests.factories import make_item, make_task
 
 ROOT = Path(__file__).parents[2]
@@ -206,6 +209,22 @@ def _product_modules():
             yield path, ast.parse(path.read_text(), filename=str(path))
 
 
+def _sets_state(keyword: ast.keyword) -> bool:
+    """`state=...`, or `**{...: ..., "state": ...}` (also inside a conditional expression)."""
+    if keyword.arg is not None:
+        return keyword.arg == "state"
+    return any(
+        isinstance(node, ast.Dict) and any(isinstance(k, ast.Constant) and k.value == "state" for k in node.keys)
+        for node in ast.walk(keyword.value)
+    )
+
+
+def test_the_writer_check_sees_a_state_spread_into_a_create():
+    source = 'WorkItem.objects.create(task_id=1, **({"state": S.RUNNING} if observed else {}))'
+    (call,) = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call) and n.keywords]
+    assert [_sets_state(k) for k in call.keywords] == [False, True]
+
+
 def test_no_module_but_transitions_writes_an_item_state_or_an_event():
     found = []
     for path, tree in _product_modules():
@@ -220,7 +239,7 @@ def test_no_module_but_transitions_writes_an_item_state_or_an_event():
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
                 receiver = ast.unparse(node.func.value)
                 writes = node.func.attr in ("update", "create", "bulk_create", "update_or_create")
-                if writes and "WorkItem" in receiver and any(k.arg == "state" for k in node.keywords):
+                if writes and "WorkItem" in receiver and any(_sets_state(k) for k in node.keywords):
                     found.append(f"{path.name}:{node.lineno} writes WorkItem.state")
                 if node.func.attr in ("create", "bulk_create") and receiver.startswith("Event"):
                     found.append(f"{path.name}:{node.lineno} appends an Event")
@@ -272,3 +291,33 @@ def test_the_source_checks_can_fail():
     tree = ast.parse('if item.state == "running":\n    item.state = "queued"\n')
     compare = next(n for n in ast.walk(tree) if isinstance(n, ast.Compare))
     assert _names_a_state(compare.left) and _literal_states(compare.comparators[0]) == {"running"}
+
+
+@pytest.mark.django_db
+def test_work_found_running_after_stop_is_recorded_running_from_when_it_began():
+    task = make_task()
+    response = make_item(task, state=S.RUNNING, mechanism="openai")
+    task_request_stop(task_id=task.pk, actor="operator", dispatch=lambda ids: None)
+
+    launched = item_register(
+        task=task, parent=response, kind=Kind.REMOTE_TOOL, noun="hosted tool call", actor="t", observed=True
+    )
+
+    task.refresh_from_db()
+    response.refresh_from_db()
+    assert launched.state == S.RUNNING  # it ran: Stop after it began does not refuse it
+    assert launched.started_at == response.started_at < task.stop_requested_at
+    moves = list(Event.objects.filter(item=launched).order_by("id").values_list("kind", "from_state", "to_state"))
+    assert moves == [("item_registered", "", S.QUEUED), ("observed_started", S.QUEUED, S.RUNNING)]
+
+
+@pytest.mark.django_db
+def test_work_found_running_keeps_the_start_its_finder_knows():
+    task = make_task()
+    began = timezone.now() - timedelta(minutes=3)
+    launched = item_register(
+        task=task, kind=Kind.REMOTE_TOOL, noun="hosted tool call", actor="t", observed=True, started_at=began
+    )
+    assert (launched.state, launched.started_at) == (S.RUNNING, began)
+    with pytest.raises(IllegalTransition):
+        item_observed_started(item_id=launched.pk, actor="t", started_at=began)  # only from queued

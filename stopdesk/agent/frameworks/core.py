@@ -344,8 +344,9 @@ class StopdeskRun:
     # --- model requests ----------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def model_request(self, label: str = "") -> AsyncIterator[None]:
-        """Around one model request: a draft item. Refused (StopRequested) after Stop.
+    async def model_request(self, label: str = "") -> AsyncIterator[asyncio.Future[_Draft]]:
+        """Around one model request: a draft item. Refused (StopRequested) after Stop. Yields the
+        draft's item id to come (`draft_id`), under which what the response launched is recorded.
 
         The item is recorded (registered and passed through the boundary) while the request is out,
         off the caller's path. When the answer is back:
@@ -373,7 +374,7 @@ class StopdeskRun:
         outcome: tuple[str, str] = ("completed", "")
         used_early = False
         try:
-            yield
+            yield started
             if started.done() or self.stopped.is_set():
                 if (await asyncio.shield(started)).refused:
                     self.stop_seen()
@@ -399,13 +400,17 @@ class StopdeskRun:
             )
             started.set_result(_Draft(item_id))
         except StopRequested as exc:
-            # The boundary cancelled it: a draft never started.
+            # The boundary cancelled it: a draft never started; recorded, cancelled, still a parent.
             started.set_result(_Draft(getattr(exc, "item_id", None), refused=True))
         except BaseException as exc:
             started.set_result(_Draft(None))
             if not isinstance(exc, Exception):
                 raise
             log.exception("could not record %s", label)
+
+    async def draft_id(self, started: asyncio.Future[_Draft]) -> int | None:
+        """The draft's item id (also for a draft the boundary refused), or None if unrecorded."""
+        return (await asyncio.shield(started)).item_id
 
     async def _model_end(
         self, started: asyncio.Future[_Draft], status: str, detail: str, *, used_early: bool = False

@@ -40,12 +40,14 @@ class ToolDeclaration:
         return self.effect == "read_only"
 
     def as_detail(self) -> dict[str, Any]:
-        """What the ledger keeps, so the summary, the review queue and readiness can read it."""
+        """What the ledger keeps, so the summary, the review queue and readiness can read it
+        (`reconcile.readiness.declared_verdict` reads these keys from each call's `detail.tool`)."""
         out: dict[str, Any] = {"effect": self.effect, "declared": self.effect != "unknown" or self.external}
         if self.reversal:
             out["reversal"] = self.reversal
         if self.system:
             out["system"] = self.system
+            out["keyed"] = self.idempotency_key is not None
         return out
 
 

@@ -16,6 +16,10 @@ tool call is left without a result. `awrap_model_call` encloses each model reque
 node's error handling turns a tool's exception into a `ToolMessage(status="error")`, which is
 recorded failed. Stop cancels the asyncio task running `graph.ainvoke`, which cancels the tool
 tasks LangGraph is running.
+
+Tools served by an MCP server: `await mcp_tools(client)` over an open `mcp.Client` (the cancel
+reaches the call, and the SDK sends `notifications/cancelled`); each call is recorded as a remote
+tool with the server's annotations.
 """
 
 from __future__ import annotations
@@ -25,9 +29,11 @@ from typing import Any
 
 from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import ToolMessage
+from langchain_core.tools import StructuredTool
 
 from stopdesk.agent.frameworks.core import CURRENT, STOPPED_RESULT, StopdeskRun
 from stopdesk.agent.frameworks.declare import ToolDeclaration, declaration_of
+from stopdesk.agent.frameworks.mcp_tools import METADATA_KEY, RemoteTool, mcp_declaration, remote_tools
 
 FRAMEWORK = "langgraph"
 
@@ -63,14 +69,47 @@ async def awrap_tool_call(
             run.note_failure(call_id, RuntimeError(str(message.content)[:200]), answer=message)
         return message
 
+    declarations = declarations or {}
+    remote = (getattr(request.tool, "metadata", None) or {}).get(METADATA_KEY)
+    if remote is not None and call["name"] not in declarations:
+        # Served by an MCP server (`mcp_tools`): a remote tool with the server's annotations.
+        declared, kind, extra = mcp_declaration(call["name"], remote["annotations"]), "remote_tool", {"mcp": remote}
+    else:
+        declared, kind, extra = _declaration(request, declarations), "", None
     return await run.tool_call(
         call_id=call_id,
         name=call["name"],
         arguments=dict(call.get("args") or {}),
         body=body,
-        declaration=_declaration(request, declarations or {}),
+        declaration=declared,
+        kind=kind,
+        extra=extra,
         stopped_result=ToolMessage(content=STOPPED_RESULT, tool_call_id=call_id, name=call["name"], status="error"),
     )
+
+
+async def mcp_tools(client: Any, *, server: str = "") -> list[StructuredTool]:
+    """The tools an open `mcp.Client` serves, as LangChain tools (for `create_agent` or a
+    `ToolNode`). Each call goes through that client in the tool node's task, so Stop cancels it
+    with `notifications/cancelled`; the wrapper records it as a remote tool with its annotations.
+    A server's `isError` answer raises, and the tool node turns it into an error ToolMessage."""
+    return [
+        StructuredTool.from_function(
+            coroutine=_body(remote),
+            name=remote.name,
+            description=remote.description or remote.name,
+            args_schema=remote.input_schema,
+            metadata={METADATA_KEY: remote.facts},
+        )
+        for remote in await remote_tools(client, server=server)
+    ]
+
+
+def _body(remote: RemoteTool) -> Callable[..., Awaitable[str]]:
+    async def call(**arguments: Any) -> str:
+        return await remote.text(arguments)
+
+    return call
 
 
 class StopdeskMiddleware(AgentMiddleware):  # type: ignore[type-arg]

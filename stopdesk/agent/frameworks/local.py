@@ -5,13 +5,16 @@
   PostgreSQL one statement, so one round trip (and one commit) on the tool's path;
 - `finish(...)`: as LocalRuntime's, but a running item's plain result is one statement (anything
   else, such as a late result, takes the general path);
-- `task_stopped(task_id)`: one indexed read, for watching Stop without building the task's detail.
+- `task_stopped(task_id)`: one indexed read, for watching Stop without building the task's detail;
+- `record_launched(item_id, calls)`: tool calls a model response ran itself, as children of the
+  response's item (the service the OpenAI adapter's read-back uses, so each call once).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
+from reconcile.services.launched import response_launched_record
 from stopdesk.agent import schemas
 from stopdesk.agent.runtime import LocalRuntime, _id
 from stopdesk.client.errors import NotFound, StopRequested
@@ -59,3 +62,7 @@ class FrameworkRuntime(LocalRuntime):
 
     def task_stopped(self, task_id: int) -> bool:
         return self._tasks().filter(pk=task_id, stop_requested_at__isnull=False).exists()
+
+    def record_launched(self, item_id: int, calls: list[dict[str, Any]]) -> list[int]:
+        self._check_item(item_id)  # scoped, as every item call
+        return response_launched_record(item_id=item_id, calls=calls, actor=self.actor)

@@ -15,19 +15,23 @@ model's call id, so the wrapper puts the boundary right before the body. A tool'
 the wrapper (the body runs from a copy whose failure policy is "raise"), so a failed call is
 recorded failed, and the tool's own formatter then answers the model. Model requests go through a
 `Model` wrapper (`get_response` / `stream_response`), which also sees hosted `mcp_call` items the
-provider ran and records them as remote tools. Stop cancels the asyncio task of `Runner.run`, or
+provider ran (a `HostedMCPTool`) and records them as children of the request's item, also when
+the answer arrives after Stop (`hosted.py`). A request that offers hosted MCP tools can act on the
+provider's side, so it passes the boundary before it is sent, where a plain draft is recorded
+while it is out. Stop cancels the asyncio task of `Runner.run`, or
 calls `RunResultStreaming.cancel(mode="immediate")` for a streamed run.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from agents import Agent, FunctionTool, Runner, function_tool
+from agents import Agent, FunctionTool, HostedMCPTool, Runner, function_tool
 from agents.models.interface import Model
 from agents.result import RunResult, RunResultStreaming
 from agents.tool import resolve_function_tool_failure_error_function, set_function_tool_failure_error_function
@@ -35,6 +39,7 @@ from agents.tool import resolve_function_tool_failure_error_function, set_functi
 from stopdesk.agent.frameworks.core import CURRENT, StopdeskRun
 from stopdesk.agent.frameworks.declare import UNDECLARED, ToolDeclaration, declaration_of, declare
 from stopdesk.agent.frameworks.hosted import record_hosted_calls
+from stopdesk.client.errors import StopRequested
 
 FRAMEWORK = "openai-agents"
 
@@ -130,9 +135,12 @@ class StopdeskModel(Model):
         run = CURRENT.get()
         if run is None:
             return await self.inner.get_response(*args, **kwargs)
-        async with run.model_request():
+        async with run.model_request() as draft:
+            if _launches_hosted(args, kwargs):
+                await _pass_before_sending(run, draft)
             response = await self.inner.get_response(*args, **kwargs)
-        _record_hosted(run, response.output)
+            # Before the boundary's verdict on the answer: a discarded answer's calls still ran.
+            record_hosted_calls(run, response.output, draft)
         return response
 
     async def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:  # type: ignore[override]
@@ -141,10 +149,17 @@ class StopdeskModel(Model):
             async for event in self.inner.stream_response(*args, **kwargs):
                 yield event
             return
-        async with run.model_request():
+        async with run.model_request() as draft:
+            if _launches_hosted(args, kwargs):
+                await _pass_before_sending(run, draft)
             async for event in self.inner.stream_response(*args, **kwargs):
-                if getattr(event, "type", "") == "response.completed":
-                    _record_hosted(run, getattr(event, "response").output)  # noqa: B009 - narrows the union
+                kind = getattr(event, "type", "")
+                # Each hosted call as soon as its item is done, so a stream cut short by Stop keeps
+                # the calls it already reported; the completed response repeats them (recorded once).
+                if kind == "response.output_item.done":
+                    record_hosted_calls(run, [getattr(event, "item")], draft)  # noqa: B009 - narrows the union
+                elif kind == "response.completed":
+                    record_hosted_calls(run, getattr(event, "response").output, draft)  # noqa: B009
                 yield event
 
     async def close(self) -> None:
@@ -202,9 +217,18 @@ async def run_agent(
         return await run.run(consume())
 
 
-def _record_hosted(run: StopdeskRun, output: list[Any]) -> None:
-    calls = [item.model_dump() if hasattr(item, "model_dump") else dict(item) for item in output]
-    record_hosted_calls(run, [c for c in calls if c.get("type") == "mcp_call"])
+def _launches_hosted(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether the request offers hosted MCP tools (`tools`, the Model interface's 4th argument)."""
+    tools = kwargs.get("tools", args[3] if len(args) > 3 else [])
+    return any(isinstance(tool, HostedMCPTool) for tool in tools or [])
+
+
+async def _pass_before_sending(run: StopdeskRun, draft: asyncio.Future[Any]) -> None:
+    """A request that may run tools on the provider's side is an action, not a draft: it waits for
+    its item to pass the boundary before it is sent (a draft's is written while it is out)."""
+    if (await asyncio.shield(draft)).refused:
+        run.stop_seen()
+        raise StopRequested(f"Task {run.task_id} was stopped; the request was not sent.", task=run.task_id)
 
 
 def _arguments(payload: str) -> dict[str, Any]:

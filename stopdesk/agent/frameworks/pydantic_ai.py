@@ -15,6 +15,11 @@ tool_def, args, handler)` encloses the tool's whole execution and may answer wit
 `wrap_model_request(ctx, request_context, handler)` encloses each model request. Stop fires a
 `CancellationToken` passed to `agent.run(..., cancellation_token=)`: pydantic-ai cancels its own
 run task, drains in-flight tool tasks and raises `RunCancelled`, which becomes `RunStopped` here.
+
+Tools served by an MCP server: `await mcp_toolset(client)` over an open `mcp.Client` (the run's
+cancel reaches the call, and the SDK sends `notifications/cancelled`); each call is recorded as a
+remote tool with the server's annotations. Tools of pydantic-ai's own `MCPToolset` (it needs
+`fastmcp`) are recognised by the annotations in their metadata and recorded the same way.
 """
 
 from __future__ import annotations
@@ -23,11 +28,18 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic_ai import CancellationToken, RunCancelled
+from pydantic_ai import CancellationToken, FunctionToolset, RunCancelled, Tool
 from pydantic_ai.capabilities import AbstractCapability
 
 from stopdesk.agent.frameworks.core import CURRENT, StopdeskRun
 from stopdesk.agent.frameworks.declare import ToolDeclaration, declaration_of
+from stopdesk.agent.frameworks.mcp_tools import (
+    METADATA_KEY,
+    RemoteTool,
+    mcp_declaration,
+    remote_facts,
+    remote_tools,
+)
 
 FRAMEWORK = "pydantic-ai"
 
@@ -47,12 +59,24 @@ class StopdeskCapability(AbstractCapability[Any]):
         run = CURRENT.get()
         if run is None:
             return await handler(args)
+        remote = _remote(tool_def)
+        if remote is not None and call.tool_name not in self.declarations:
+            # Served by an MCP server: a remote tool with the server's annotations.
+            declared, kind, extra = (
+                mcp_declaration(call.tool_name, remote["annotations"]),
+                "remote_tool",
+                {"mcp": remote},
+            )
+        else:
+            declared, kind, extra = self.declarations.get(call.tool_name, declaration_of(None)), "", None
         return await run.tool_call(
             call_id=call.tool_call_id,
             name=call.tool_name,
             arguments=dict(args) if isinstance(args, dict) else {"args": str(args)},
             body=lambda: handler(args),
-            declaration=self.declarations.get(call.tool_name, declaration_of(None)),
+            declaration=declared,
+            kind=kind,
+            extra=extra,
         )
 
     async def wrap_model_request(self, ctx: Any, *, request_context: Any, handler: Any) -> Any:
@@ -61,6 +85,36 @@ class StopdeskCapability(AbstractCapability[Any]):
             return await handler(request_context)
         async with run.model_request():
             return await handler(request_context)
+
+
+def _remote(tool_def: Any) -> dict[str, Any] | None:
+    """The MCP facts of a tool: ours (`mcp_toolset`), or pydantic-ai's own `MCPToolset`, whose
+    tool definitions carry the server's annotations in their metadata."""
+    metadata = getattr(tool_def, "metadata", None) or {}
+    if METADATA_KEY in metadata:
+        return dict(metadata[METADATA_KEY])
+    if "annotations" in metadata:
+        return remote_facts("", tool_def.name, metadata.get("annotations"))
+    return None
+
+
+async def mcp_toolset(client: Any, *, server: str = "") -> FunctionToolset[Any]:
+    """The tools an open `mcp.Client` serves, as a pydantic-ai toolset (`Agent(toolsets=[...])`).
+    Each call goes through that client in the run's task, so Stop cancels it with
+    `notifications/cancelled`; the capability records it as a remote tool with its annotations."""
+    tools = []
+    for remote in await remote_tools(client, server=server):
+        tool = Tool.from_schema(_body(remote), remote.name, remote.description, remote.input_schema)
+        tool.metadata = {METADATA_KEY: remote.facts}
+        tools.append(tool)
+    return FunctionToolset(tools)
+
+
+def _body(remote: RemoteTool) -> Callable[..., Any]:
+    async def call(**arguments: Any) -> str:
+        return await remote.text(arguments)
+
+    return call
 
 
 async def run_agent(

@@ -8,8 +8,9 @@
   the from-state in its WHERE) and `items_schedule` (next check and progress, guarded by the
   state the caller decided on; not a move, so no event);
 - `boundary`: `item_start` and `item_submit`, the cancellation boundary (one statement on
-  PostgreSQL that checks Stop and moves the item, with its event), and `item_register_pass`, a new
-  child registered and passed through it in one statement (a framework's tool call);
+  PostgreSQL that checks Stop and moves the item, with its event), `item_register_pass`, a new
+  child registered and passed through it in one statement (a framework's tool call), and
+  `item_observed_started` for work found already running outside it (with the time it began);
 - `settled`: the task's `settled_at` that follows from its items' states, with its event, written
   after the move that settled the last item commits.
 
@@ -18,7 +19,13 @@ string literals, and the columns a move may set besides the state are `FIELDS`. 
 (statements built for it) and SQLite (portable twins) are tested.
 """
 
-from stopdesk.services.transitions.boundary import Refused, item_register_pass, item_start, item_submit
+from stopdesk.services.transitions.boundary import (
+    Refused,
+    item_observed_started,
+    item_register_pass,
+    item_start,
+    item_submit,
+)
 from stopdesk.services.transitions.sets import NOW, Row, Schedule, items_move, items_schedule
 from stopdesk.services.transitions.single import (
     FIELDS,
@@ -37,6 +44,7 @@ __all__ = [
     "item_close_running",
     "item_late_result",
     "item_late_result_record",
+    "item_observed_started",
     "item_register_pass",
     "item_start",
     "item_submit",

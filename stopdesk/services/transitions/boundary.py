@@ -7,10 +7,10 @@ earlier than stop_requested_at), or waits for the stop to commit and then sees i
 window in which a start reads "not stopped" and commits after the stop.
 
 Why not a SHARE lock, which would let starts of one task overlap: share lockers can keep joining a
-lock that a waiting Stop needs exclusively, and with the audit chain (each start also appends to its
-task's chain) a burst of starts kept Stop waiting about a second, until the burst was over. With
-one mode for all, PostgreSQL queues Stop behind only the starts already waiting; the chain
-serialises a task's starts anyway.
+lock that a waiting Stop needs exclusively, and a burst of starts kept Stop waiting about a second,
+until the burst was over. With one mode for all, PostgreSQL queues Stop behind only the starts
+already waiting. A task's starts take turns on the row for their one statement each (the audit
+chain is sealed after commit, so nothing else holds them up until commit).
 
 SQLite (the zero-setup local run) takes its write lock at BEGIN (transaction_mode IMMEDIATE), so a
 read-then-write inside one transaction is serialised against Stop the same way.
@@ -19,7 +19,7 @@ read-then-write inside one transaction is serialised against Stop the same way.
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -200,6 +200,30 @@ def item_submit(
     if not idempotency_key:
         raise ValueError("An external action needs an idempotency key, so its result can be looked up.")
     _pass(item_id=item_id, actor=actor, worker=worker, lease_seconds=lease_seconds, submit=True, key=idempotency_key)
+
+
+def item_observed_started(*, item_id: int, actor: str, started_at: datetime, message: str = "") -> None:
+    """Record that queued work had already started without asking the boundary: work found
+    running elsewhere (a tool a model response called on the provider's side, seen in its
+    output). Not a pass of the boundary, so a Stop that came meanwhile does not refuse it: it ran.
+    `started_at` is when it began, as well as it is known, never the time it was found."""
+    with transaction.atomic():
+        item = WorkItem.objects.select_for_update().get(pk=item_id)
+        if item.state != S.QUEUED:
+            raise IllegalTransition(item.pk, item.state, S.RUNNING)
+        item.state = S.RUNNING
+        item.started_at = started_at
+        item.updated_at = timezone.now()
+        item.save(update_fields=["state", "started_at", "updated_at"])
+        event_record(
+            kind="observed_started",
+            actor=actor,
+            item=item,
+            from_state=S.QUEUED,
+            to_state=S.RUNNING,
+            message=message or "Found already running outside the boundary.",
+            data={"started_at": started_at.isoformat()},
+        )
 
 
 def _pass(*, item_id: int, actor: str, worker: str, lease_seconds: int | None, submit: bool, key: str) -> None:

@@ -132,7 +132,7 @@ def _move_postgres(selection, from_states, to_state, columns, actor, kind, messa
         events AS (
             INSERT INTO stopdesk_event (at, task_id, item_id, kind, actor, from_state, to_state, message, data)
             SELECT updated_at, task_id, id, %s, %s, COALESCE(%s::text, state), state, %s, {data_sql} FROM moved
-            -- By task: the audit chain's trigger locks each task's head once, always in one order.
+            -- By task: a task's events get consecutive ids, the order the audit sealer chains them in.
             ORDER BY task_id, id
         )
         SELECT {"id" if return_ids else "count(*)"} FROM moved

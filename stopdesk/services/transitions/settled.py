@@ -63,7 +63,7 @@ def tasks_settle(*, task_ids: Iterable[int] | None = None, items_where: Q | None
                 f"""WITH settled AS ({update})
                 INSERT INTO stopdesk_event (at, task_id, item_id, kind, actor, from_state, to_state, message, data)
                 SELECT settled_at, id, NULL, 'task_settled', %s, '', '', %s, '{{}}'::jsonb FROM settled
-                ORDER BY id  -- the audit chain's heads locked in one order, as the moves do
+                ORDER BY id  -- ids in task order, as the moves write theirs
                 RETURNING task_id""",
                 [*params, ACTOR, MESSAGE],
             )
