@@ -15,6 +15,7 @@ from stopdesk.agent.frameworks.core import StopdeskRun
 from stopdesk.agent.frameworks.local import FrameworkRuntime
 from stopdesk.client.errors import NotFound, StopRequested
 from stopdesk.models import Event, Runtime, Task, WorkItem
+from stopdesk.services.audit_seal import audit_seal
 from stopdesk.services.items import item_register
 from stopdesk.services.transitions import item_start
 from stopdesk.states import ItemState as S
@@ -52,7 +53,8 @@ def test_registering_a_started_call_is_one_statement_and_writes_what_register_th
     assert lean.state == S.RUNNING and lean.worker == "agent-1"
     assert lean.started_at is not None and lean.lease_until > lean.started_at and lean.submitted_at is None
     assert events_of(item_id) == events_of(general.pk)
-    # The audit chain covers the new events like any others.
+    # The audit chain covers the new events like any others, once sealed after commit.
+    audit_seal()
     chained = Event.objects.filter(item_id=item_id).values_list("seq", "hash")
     assert all(seq > 0 and len(digest) == 64 for seq, digest in chained)
 
