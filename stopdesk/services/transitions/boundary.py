@@ -37,10 +37,9 @@ S = ItemState
 
 _BOUNDARY_SQL = """
 WITH t AS (
-    SELECT id, stop_requested_at IS NOT NULL AS stopped
+    SELECT id, stopdesk_gate(id) AS stopped
     FROM stopdesk_task
     WHERE id = (SELECT task_id FROM stopdesk_workitem WHERE id = %(item)s)
-    FOR NO KEY UPDATE
 ),
 old AS (SELECT id, state FROM stopdesk_workitem WHERE id = %(item)s),
 u AS (
@@ -80,10 +79,12 @@ SELECT state FROM u
 # portable path, which records the item and its refusal. A task outside the runtime's scope
 # matches no row.
 _REGISTER_AND_START_SQL = """
-WITH t AS (
-    SELECT id, stop_requested_at IS NOT NULL AS stopped, settled_at IS NOT NULL AS settled
+WITH g AS (SELECT stopdesk_gate(%(task)s::bigint) AS stopped),
+t AS (
+    SELECT id, (SELECT stopped FROM g) AS stopped, settled_at IS NOT NULL AS settled
     FROM stopdesk_task
     WHERE id = %(task)s AND (%(runtime)s::bigint IS NULL OR runtime_id = %(runtime)s::bigint)
+      AND (SELECT stopped FROM g) IS NOT NULL
     FOR NO KEY UPDATE
 ),
 n AS (SELECT t.id AS task_id, t.settled, clock_timestamp() AS at FROM t WHERE NOT t.stopped),
