@@ -7,7 +7,9 @@ The pass, in order:
 2. make the remote calls concurrently, outside any transaction (threads: the adapters are
    synchronous and share one connection pool per endpoint);
 3. record every answer on its attempt (one UPDATE);
-4. let the engine decide each item on the state we read, then apply the plans grouped: one
+4. let the engine decide each item on the state we read; record the tool calls each response
+   launched itself, found in a final read-back, as its children (every response's calls in one
+   transaction, before the responses move, as `item_apply` does); then apply the plans grouped: one
    `items_move` per (from, to, kind, outcome, message), which checks the from-state in its WHERE
    and writes each item's evidence and its audit event in the same statement, and one UPDATE for
    the items that only get a next check, again only where the state is still the one we read.
@@ -33,6 +35,7 @@ from django.utils import timezone
 
 from reconcile.mechanisms import registry
 from reconcile.mechanisms.base import ItemRef, Mechanism, Observation
+from reconcile.services.launched import responses_launched_record
 from reconcile.services.reconcile import (
     ACTOR,
     Decision,
@@ -159,8 +162,20 @@ def _apply_all(work: list[_Work], actor: str) -> list[Result]:
         else:
             one_by_one.append(w)  # not a move the ledger allows from here: item_apply says why
 
+    alone = {w.item.pk for w in one_by_one}  # item_apply records their launched calls itself
+    refused = _launched_record([w for w in work if w.item.pk not in alone], actor)
+    if refused:
+        for rows in moves.values():
+            for item_id in refused & rows.keys():
+                del rows[item_id]
+        for item_id in refused & checks.keys():
+            del checks[item_id]
+        one_by_one.extend(by_id[item_id] for item_id in refused)
+
     results: list[Result] = []
     for (from_state, to_state, kind, outcome, message, _), rows in moves.items():
+        if not rows:
+            continue
         try:
             moved = items_move(
                 where=Q(),
@@ -196,6 +211,25 @@ def _apply_all(work: list[_Work], actor: str) -> list[Result]:
     for w in sorted(one_by_one, key=lambda w: w.item.pk):
         results.append(_apply_one(w, actor))
     return results
+
+
+def _launched_record(work: list[_Work], actor: str) -> set[int]:
+    """As `item_apply` does, before the responses' own moves: the tool calls each response launched
+    itself, once its read-back is final, recorded as its children (set-based). Returns the items
+    whose calls could not be recorded, for the one-item path, which records them again."""
+    calls = {
+        w.item.pk: w.observation.detail["tool_calls"]
+        for w in work
+        if w.observation is not None and w.observation.final and w.observation.detail.get("tool_calls")
+    }
+    if not calls:
+        return set()
+    try:
+        responses_launched_record(calls=calls, actor=actor)
+    except Exception:
+        log.exception("recording the tool calls %d response(s) launched failed; applying one by one", len(calls))
+        return set(calls)
+    return set()
 
 
 def _apply_one(w: _Work, actor: str) -> Result:

@@ -129,7 +129,10 @@ def run_scenario(party, url, django_capture_on_commit_callbacks, *, batched: boo
     party.finish(items["ignores_cancel"].handle, "completed")  # the run it ignored the cancel for ends
     time.sleep(1.1)  # past flip_after_s: the flipping response now reads completed
     for item in items.values():
-        sweep_until_settled(clock, item)
+        # Each item's schedule on its own copy of the clock: sweeping one item's checks must not
+        # move the clock past another's (how far it moves depends on when the watched cancels
+        # were recorded, in real time), or the number of retries before the deadline would differ.
+        sweep_until_settled(Clock(clock.now), item)
     for item in items.values():
         item.refresh_from_db()
     return items
