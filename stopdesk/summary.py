@@ -96,6 +96,7 @@ def compose(rows: list[dict[str, Any]], effects: list[dict[str, Any]], *, stoppe
     never_started: Counter[_Group] = Counter()
     late: dict[str, Counter[_Group]] = {S.COMPLETED: Counter(), S.FAILED: Counter(), S.CANCELLED: Counter()}
     reconciled = 0
+    crossed = 0
     for row in rows:
         group = _Group(row["noun"], row["noun_plural"] or pluralize(row["noun"]))
         n, started = row["n"], row.get("started", row["n"])
@@ -104,6 +105,9 @@ def compose(rows: list[dict[str, Any]], effects: list[dict[str, Any]], *, stoppe
         outcome = latest_outcome(row["state"], reported)
         if reported and reported != row["state"] and outcome in late:
             late[outcome][group] += n
+            if row["state"] == S.CANCELLED:
+                # Recorded cancelled (by Stop or the boundary), yet it ran: Stop met work in flight.
+                crossed += n
         elif outcome == S.CANCELLED and row["kind"] == Kind.MODEL_REQUEST:
             discarded[group] += n
         elif outcome == S.CANCELLED:
@@ -124,6 +128,7 @@ def compose(rows: list[dict[str, Any]], effects: list[dict[str, Any]], *, stoppe
             + late[S.CANCELLED].total()
             + unsettled
             + by_outcome[S.UNCERTAIN].total()
+            + crossed
         )
         sentences.append("Stopped new work." if had_work else "Stop requested; nothing was left to stop.")
     elif total == 0:

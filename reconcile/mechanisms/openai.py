@@ -1,4 +1,5 @@
-"""OpenAI background responses, through the official `openai` SDK.
+"""OpenAI background responses: created through the official `openai` SDK, cancelled and read back
+with the wire protocol's two documented calls.
 
 - create: background=True, max_retries=0 (an SDK retry after a timeout can start a second run that
   can never be found again: there is no list endpoint), metadata linking back to the item, and the
@@ -6,6 +7,11 @@
 - cancel: POST /responses/{id}/cancel once, then always retrieve. 400/404/409 on cancel mean "look
   it up". A `cancelled` is watched for a while: it has been seen to turn `completed`.
 - timeouts, connection errors and 5xx are retried with backoff by the engine until the deadline.
+- cancel and read-back are two plain requests (`httpx`, one pooled client per endpoint, with the
+  same bearer auth and no retries; 404 is "unknown", other 4xx/5xx a status, transport errors
+  unreachable, as with the SDK's exceptions). The SDK's request pipeline (an options model per call, header merging, URL
+  building) and its Response model were more than half of a call's CPU, which is what bounds a
+  canceller's throughput when one process cancels thousands of responses.
 - the read-back also lists the tool calls the response launched itself (`launched_tool_calls`):
   hosted `mcp_call`s, code interpreter, searches, function calls awaiting the application.
   Cancelling the response does not undo them, so the services record each one under the
@@ -17,7 +23,9 @@ from __future__ import annotations
 import os
 import threading
 from typing import Any
+from urllib.parse import quote
 
+import httpx
 import openai as sdk
 
 from reconcile.mechanisms.base import Capability, ItemRef, Mechanism, MechanismSettings, Observation, Seen
@@ -33,7 +41,9 @@ STATUS = {
 LOOK_IT_UP = (400, 404, 409)
 
 _clients: dict[tuple[str | None, str | None, float], sdk.OpenAI] = {}
+_http_clients: dict[tuple[str, str, float], httpx.Client] = {}
 _clients_lock = threading.Lock()
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
 
 def _forget_parent_clients() -> None:
@@ -42,6 +52,7 @@ def _forget_parent_clients() -> None:
     inherit the lock in whatever state another thread of the parent left it."""
     global _clients_lock
     _clients.clear()
+    _http_clients.clear()
     _clients_lock = threading.Lock()
 
 
@@ -60,6 +71,29 @@ def client_for(*, base_url: str | None = None, api_key: str | None = None, timeo
         if client is None:
             client = sdk.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout_s)
             _clients[key] = client
+        return client
+
+
+def http_client_for(
+    *, base_url: str | None = None, api_key: str | None = None, timeout_s: float = 10.0
+) -> httpx.Client:
+    """The pooled HTTP client the cancel and the read-back use, one per endpoint: the same
+    endpoint and key as `client_for`, the same bearer auth, no retries (the engine retries)."""
+    base_url = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
+    api_key = api_key or os.environ.get("OPENAI_API_KEY") or "sk-none"
+    key = (base_url, api_key, timeout_s)
+    with _clients_lock:
+        client = _http_clients.get(key)
+        if client is None:
+            client = httpx.Client(
+                base_url=base_url.rstrip("/") + "/",
+                headers={"Authorization": f"Bearer {api_key}", "Accept": "application/json"},
+                timeout=timeout_s,
+                # As many keep-alive connections as a canceller has calls in flight (the SDK's
+                # default pool keeps 100).
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=100),
+            )
+            _http_clients[key] = client
         return client
 
 
@@ -137,31 +171,30 @@ class OpenAIResponses(Mechanism):
         concurrency=32,
     )
 
-    def _client(self, item: ItemRef) -> sdk.OpenAI:
+    def _http(self, item: ItemRef) -> httpx.Client:
         base_url = (item.detail.get("openai") or {}).get("base_url") or self.settings.options.get("base_url")
-        return client_for(
+        return http_client_for(
             base_url=base_url, api_key=self.settings.options.get("api_key"), timeout_s=self.settings.call_timeout_s
         )
 
     def cancel(self, item: ItemRef) -> Observation:
         if not item.handle:
             return self.inspect(item)
-        client = self._client(item)
         cancel_answer: dict[str, Any]
         answered = False
         try:
-            # Raw: the read-back below decides, so the cancel's body is never used, and parsing it
-            # into a Response was about a quarter of the call's CPU. Error statuses still raise.
-            client.responses.with_raw_response.cancel(item.handle)
-            cancel_answer, answered = {"cancel": "accepted"}, True
-        except sdk.APIStatusError as exc:
-            if exc.status_code not in LOOK_IT_UP:
-                cancel_answer = {"cancel": f"HTTP {exc.status_code}"}
+            # The read-back below decides, so the cancel's body is never read.
+            status = self._http(item).post(f"responses/{quote(item.handle, safe='')}/cancel").status_code
+        except httpx.HTTPError as exc:
+            cancel_answer = {"cancel": _transport_error(exc)}
+        else:
+            if status < 400:
+                cancel_answer, answered = {"cancel": "accepted"}, True
+            elif status not in LOOK_IT_UP:
+                cancel_answer = {"cancel": f"HTTP {status}"}
             else:
                 # Already final, unknown, or conflicting: the read-back below says which.
-                cancel_answer, answered = {"cancel": f"HTTP {exc.status_code}; looked it up"}, exc.status_code != 409
-        except sdk.APIConnectionError as exc:  # includes APITimeoutError
-            cancel_answer = {"cancel": type(exc).__name__}
+                cancel_answer, answered = {"cancel": f"HTTP {status}; looked it up"}, status != 409
         read_back = self.inspect(item)
         detail = {**read_back.detail, **cancel_answer}
         if read_back.seen == Seen.RUNNING and not answered:
@@ -177,17 +210,23 @@ class OpenAIResponses(Mechanism):
                 message="Create never answered, so the response id is unknown, and responses cannot be listed.",
             )
         try:
-            # Raw, and read as JSON: four fields are all we use, and building the SDK's Response
-            # model from the body was a quarter of the call's CPU, which is what bounds a
-            # canceller's throughput. The request itself (auth, timeouts, no retries, error
-            # statuses raised as the SDK's exceptions) is the SDK's as before.
-            response = self._client(item).responses.with_raw_response.retrieve(item.handle).http_response.json()
-        except sdk.NotFoundError:
-            return Observation(
-                Seen.UNKNOWABLE, remote_status="HTTP 404", message="The response is unknown or past its retention."
-            )
-        except sdk.APIStatusError as exc:
-            return Observation(Seen.UNREACHABLE, remote_status=f"HTTP {exc.status_code}")
-        except sdk.APIConnectionError as exc:
-            return Observation(Seen.UNREACHABLE, remote_status=type(exc).__name__)
+            answer = self._http(item).get(f"responses/{quote(item.handle, safe='')}")
+            if answer.status_code == 404:
+                return Observation(
+                    Seen.UNKNOWABLE, remote_status="HTTP 404", message="The response is unknown or past its retention."
+                )
+            if answer.status_code >= 400:
+                return Observation(Seen.UNREACHABLE, remote_status=f"HTTP {answer.status_code}")
+            response = answer.json()
+        except httpx.HTTPError as exc:
+            return Observation(Seen.UNREACHABLE, remote_status=_transport_error(exc))
+        except ValueError:  # not JSON: a proxy's error page, a truncated body
+            return Observation(Seen.UNREACHABLE, remote_status="unreadable answer")
+        if not isinstance(response, dict):
+            return Observation(Seen.UNREACHABLE, remote_status="unreadable answer")
         return observe(response)
+
+
+def _transport_error(exc: httpx.HTTPError) -> str:
+    """A transport failure in the SDK's words, so the evidence reads the same as for a create."""
+    return "APITimeoutError" if isinstance(exc, httpx.TimeoutException) else "APIConnectionError"

@@ -3,11 +3,16 @@ work done set-based, so a stop over thousands of items costs a handful of statem
 ten round trips per item.
 
 The pass, in order:
-1. load every item (one query) and record every attempt (one INSERT), committed before any call;
-2. make the remote calls concurrently, outside any transaction (threads: the adapters are
-   synchronous and share one connection pool per endpoint);
-3. record every answer on its attempt (one UPDATE);
-4. let the engine decide each item on the state we read, then apply the plans grouped: one
+1. load every item (one query);
+2. in slices of a few rounds of calls: record the slice's attempts (one INSERT), committed before
+   any of its calls, and hand its calls to the pool, which makes them concurrently, outside any
+   transaction (threads: the adapters are synchronous and share one connection pool per
+   endpoint); while the pool works on that slice, the previous slice's answers are recorded
+   (steps 3-4), so the database work overlaps the calls instead of following them;
+3. record every answer of the slice on its attempt (one UPDATE);
+4. let the engine decide each item on the state we read; record the tool calls each response
+   launched itself, found in a final read-back, as its children (every response's calls in one
+   transaction, before the responses move, as `item_apply` does); then apply the plans grouped: one
    `items_move` per (from, to, kind, outcome, message), which checks the from-state in its WHERE
    and writes each item's evidence and its audit event in the same statement, and one UPDATE for
    the items that only get a next check, again only where the state is still the one we read.
@@ -21,8 +26,8 @@ reads it again and decides again: theirs stands.
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
+from collections import defaultdict, deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -33,6 +38,7 @@ from django.utils import timezone
 
 from reconcile.mechanisms import registry
 from reconcile.mechanisms.base import ItemRef, Mechanism, Observation
+from reconcile.services.launched import responses_launched_record
 from reconcile.services.reconcile import (
     ACTOR,
     Decision,
@@ -69,7 +75,6 @@ def items_reconcile_batch(
     """Reconcile items the caller has claimed, at most `concurrency` remote calls at once. `now`
     fixes the clock for every decision (tests); by default each item is decided at the moment its
     answer came back."""
-    started = now or timezone.now()
     items = list(WorkItem.objects.filter(pk__in=item_ids).order_by("pk"))
     results: list[Result] = []
     settled: list[int] = []
@@ -86,21 +91,33 @@ def items_reconcile_batch(
     if not work:
         return results
 
-    attempts = CancellationAttempt.objects.bulk_create(
-        CancellationAttempt(item=w.item, mechanism=w.mechanism.name, action=w.action, sent_at=started) for w in work
-    )
-    for w, attempt in zip(work, attempts, strict=True):
-        w.attempt_id = attempt.pk
-
     def call(w: _Work) -> None:
         w.observation = observe(w.mechanism, ItemRef.of(w.item), w.action)
         w.observed_at = now or timezone.now()
 
+    # In slices, so the database work of one slice overlaps the calls of the next: a slice's
+    # attempts are recorded (committed) before its calls are handed to the pool, and its answers
+    # are recorded and applied while the pool works on the next slice's calls.
+    size = max(64, 4 * concurrency)
+    slices = [work[n : n + size] for n in range(0, len(work), size)]
+    out: deque[tuple[list[_Work], list[Future[None]]]] = deque()
     with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(work))), thread_name_prefix="cancel") as pool:
-        list(pool.map(call, work))
+        for part in slices:
+            _attempts_open(part, now)
+            out.append((part, [pool.submit(call, w) for w in part]))
+            if len(out) > 1:
+                results.extend(_answers_apply(*out.popleft(), actor=actor))
+        while out:
+            results.extend(_answers_apply(*out.popleft(), actor=actor))
+    return results
 
-    _attempts_close(work)
-    for w in work:
+
+def _answers_apply(part: list[_Work], calls: list[Future[None]], *, actor: str) -> list[Result]:
+    """Once a slice's calls are all back: its attempts closed, the engine's decisions, applied."""
+    for future in calls:
+        future.result()
+    _attempts_close(part)
+    for w in part:
         assert w.observation is not None and w.observed_at is not None
         w.decision = decide(
             item=w.item,
@@ -110,8 +127,7 @@ def items_reconcile_batch(
             action=w.action,
             attempt_id=w.attempt_id,
         )
-    results.extend(_apply_all(work, actor))
-    return results
+    return _apply_all(part, actor)
 
 
 # --- applying the plans --------------------------------------------------------------------------
@@ -159,8 +175,20 @@ def _apply_all(work: list[_Work], actor: str) -> list[Result]:
         else:
             one_by_one.append(w)  # not a move the ledger allows from here: item_apply says why
 
+    alone = {w.item.pk for w in one_by_one}  # item_apply records their launched calls itself
+    refused = _launched_record([w for w in work if w.item.pk not in alone], actor)
+    if refused:
+        for rows in moves.values():
+            for item_id in refused & rows.keys():
+                del rows[item_id]
+        for item_id in refused & checks.keys():
+            del checks[item_id]
+        one_by_one.extend(by_id[item_id] for item_id in refused)
+
     results: list[Result] = []
     for (from_state, to_state, kind, outcome, message, _), rows in moves.items():
+        if not rows:
+            continue
         try:
             moved = items_move(
                 where=Q(),
@@ -198,6 +226,25 @@ def _apply_all(work: list[_Work], actor: str) -> list[Result]:
     return results
 
 
+def _launched_record(work: list[_Work], actor: str) -> set[int]:
+    """As `item_apply` does, before the responses' own moves: the tool calls each response launched
+    itself, once its read-back is final, recorded as its children (set-based). Returns the items
+    whose calls could not be recorded, for the one-item path, which records them again."""
+    calls = {
+        w.item.pk: w.observation.detail["tool_calls"]
+        for w in work
+        if w.observation is not None and w.observation.final and w.observation.detail.get("tool_calls")
+    }
+    if not calls:
+        return set()
+    try:
+        responses_launched_record(calls=calls, actor=actor)
+    except Exception:
+        log.exception("recording the tool calls %d response(s) launched failed; applying one by one", len(calls))
+        return set(calls)
+    return set()
+
+
 def _apply_one(w: _Work, actor: str) -> Result:
     assert w.observation is not None and w.observed_at is not None
     try:
@@ -231,6 +278,17 @@ def _schedule_many(checks: dict[int, _Work]) -> set[int]:
 
 
 # --- attempts --------------------------------------------------------------------------------------
+
+
+def _attempts_open(work: list[_Work], now: datetime | None) -> None:
+    """Record an attempt per item (one INSERT), before any of their calls is made."""
+    sent_at = now or timezone.now()
+    attempts = CancellationAttempt.objects.bulk_create(
+        CancellationAttempt(item=w.item, mechanism=w.mechanism.name, action=w.action, sent_at=sent_at) for w in work
+    )
+    for w, attempt in zip(work, attempts, strict=True):
+        w.attempt_id = attempt.pk
+
 
 _CLOSE_SQL = """
 UPDATE stopdesk_cancellationattempt a

@@ -1,5 +1,6 @@
 import pytest
 
+from stopdesk.services.items import item_finish, item_register
 from stopdesk.services.stop import task_request_stop
 from stopdesk.states import ItemState as S
 from stopdesk.states import Kind
@@ -138,3 +139,18 @@ def test_a_started_worker_cancelled_by_stop_stopped_before_it_finished():
     _stop(task)
     settle(worker.pk, S.CANCELLED)
     assert task_summary(task) == "Stopped new work. One export stopped before it finished."
+
+
+def test_a_draft_refused_at_the_boundary_whose_answer_was_used_is_work_stop_met():
+    # The answer came back before Stop was known to the agent, which used it; the draft's record,
+    # written after Stop committed, was refused. The ledger keeps the completion as a late result.
+    task = make_task()
+    task_request_stop(task_id=task.pk, actor="test", dispatch=lambda ids: None)
+    draft = item_register(task=task.pk, actor="agent", kind=Kind.MODEL_REQUEST, noun="draft", mechanism="manual")
+    assert draft.state == S.CANCELLED
+    item_finish(item_id=draft.pk, succeeded=True, actor="agent", outcome="the agent used the answer")
+    task.refresh_from_db()
+
+    assert task_summary(task) == (
+        "Stopped new work. One draft completed; a late report contradicts its record: review required."
+    )
