@@ -144,7 +144,8 @@ def test_the_batched_canceller_records_what_each_response_launched(openai_party,
     assert child.evidence["launched_by"] == WorkItem.objects.get(pk=items[0].pk).handle
     # Registered and settled with their events, as the one-item path records them.
     assert list(Event.objects.filter(item=child).values_list("kind", "to_state")) == [
-        ("item_registered", S.RUNNING),
+        ("item_registered", S.QUEUED),
+        ("observed_started", S.RUNNING),
         ("reconciled", S.UNCERTAIN),
     ]
     assert "hosted tool calls with unknown outcome; review required." in task_summary(task)
