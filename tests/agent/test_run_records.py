@@ -11,7 +11,7 @@ import pytest
 from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
-from stopdesk.agent.frameworks.core import StopdeskRun
+from stopdesk.agent.frameworks.core import RunStopped, StopdeskRun
 from stopdesk.agent.frameworks.local import FrameworkRuntime
 from stopdesk.client.errors import NotFound, StopRequested
 from stopdesk.models import Event, Runtime, Task, WorkItem
@@ -152,11 +152,11 @@ def test_an_answer_used_before_its_record_was_refused_is_a_late_result_never_dis
             connections.close_all()
 
     thread = threading.Thread(target=operator)
-    thread.start()
-    assert locked.wait(10)
 
     async def agent() -> str:
         async with StopdeskRun(runtime, task.id, framework="plain", watch=never) as run:
+            thread.start()  # the run's own item is recorded; now Stop takes the task row
+            assert await asyncio.to_thread(locked.wait, 10)
             async with run.model_request():
                 await asyncio.sleep(0.05)  # the model answers; the record still waits
             answered.set()  # no StopRequested: the answer was handed over
@@ -165,7 +165,7 @@ def test_an_answer_used_before_its_record_was_refused_is_a_late_result_never_dis
     assert asyncio.run(agent()) == "Acme has 12 employees."
     thread.join(10)
 
-    (draft,) = WorkItem.objects.filter(task_id=task.id)
+    (draft,) = WorkItem.objects.filter(task_id=task.id, kind="model_request")
     assert (draft.kind, draft.state, draft.started_at) == ("model_request", S.CANCELLED, None)
     assert draft.needs_review and draft.evidence["late_result"]["reported"] == S.COMPLETED
     summary = task_summary(Task.objects.get(pk=task.id))
@@ -174,15 +174,47 @@ def test_an_answer_used_before_its_record_was_refused_is_a_late_result_never_dis
 
 def test_an_answer_whose_record_was_refused_first_is_discarded(runtime):
     task = runtime.create_task("Look Acme up")
-    runtime.request_stop(task.id)
 
     async def agent() -> None:
-        async with StopdeskRun(runtime, task.id, framework="plain", watch=never) as run, run.model_request():
-            await asyncio.sleep(0.5)  # the model thinks; the record is refused meanwhile
+        async with StopdeskRun(runtime, task.id, framework="plain", watch=never) as run:
+            await asyncio.to_thread(_stop, runtime, task.id)  # the run does not hear it (watch=never)
+            async with run.model_request():
+                await asyncio.sleep(0.5)  # the model thinks; the record is refused meanwhile
 
     with pytest.raises(StopRequested):
         asyncio.run(agent())
 
-    (draft,) = WorkItem.objects.filter(task_id=task.id)
+    (draft,) = WorkItem.objects.filter(task_id=task.id, kind="model_request")
     assert (draft.state, draft.needs_review) == (S.CANCELLED, False)
-    assert task_summary(Task.objects.get(pk=task.id)) == "Stopped new work. One draft discarded."
+    assert task_summary(Task.objects.get(pk=task.id)) == (
+        "Stopped new work. One draft discarded. One agent run stopped before it finished."
+    )
+
+
+def test_a_run_entered_after_stop_is_refused_and_its_item_says_so(runtime):
+    task = runtime.create_task("Look Acme up")
+    runtime.request_stop(task.id)
+    entered = []
+
+    async def agent() -> None:
+        async with StopdeskRun(runtime, task.id, framework="plain", agent="helper", watch=never):
+            entered.append(True)
+
+    with pytest.raises(RunStopped):
+        asyncio.run(agent())
+
+    assert entered == []
+    (the_run,) = WorkItem.objects.filter(task_id=task.id)
+    assert (the_run.noun, the_run.label, the_run.state, the_run.started_at) == (
+        "agent run",
+        "plain helper",
+        S.CANCELLED,
+        None,
+    )
+
+
+def _stop(runtime: Any, task_id: int) -> None:
+    try:
+        runtime.request_stop(task_id)
+    finally:
+        connections.close_all()
