@@ -134,6 +134,48 @@ def test_a_result_is_one_statement_and_a_result_for_a_settled_item_stays_a_late_
     assert late.evidence["late_result"]["reported"] == S.COMPLETED
 
 
+def test_a_result_under_an_open_run_is_one_round_trip_and_the_task_settles_when_the_run_does(runtime):
+    task = runtime.create_task("Look Acme up")
+    the_run = runtime.register_started(task.id, **{**TOOL, "noun": "agent run", "handle": ""})
+    first = runtime.register_started(task.id, **TOOL)
+    late = runtime.register_started(task.id, **{**TOOL, "handle": "call_2"})
+
+    with CaptureQueriesContext(connection) as queries:
+        runtime.finish_fast(first, status="completed", detail="12 employees", open_item=the_run)
+
+    assert len(queries) == 1  # the run is open: the task cannot settle, so nothing to check
+    assert WorkItem.objects.get(pk=first).state == S.COMPLETED
+    # The run settles before its last result is written (it ended before its writes did): that
+    # result sees the run settled and checks the task itself.
+    runtime.finish_fast(the_run, status="completed")
+    assert Task.objects.get(pk=task.id).settled_at is None  # `late` still running
+    runtime.finish_fast(late, status="completed", detail="done", open_item=the_run)
+    assert Task.objects.get(pk=task.id).settled_at is not None
+    assert Event.objects.filter(task_id=task.id, kind="task_settled").count() == 1
+
+
+def test_a_framework_run_settles_its_task_once(runtime):
+    task = runtime.create_task("Look Acme up")
+
+    async def agent() -> None:
+        async with StopdeskRun(runtime, task.id, framework="plain", watch=never) as run:
+            for n in range(3):
+                async with run.model_request():
+                    pass
+                await run.tool_call(call_id=f"call_{n}", name="lookup", arguments={}, body=_answer)
+
+    asyncio.run(agent())
+
+    assert {i.state for i in WorkItem.objects.filter(task_id=task.id)} == {S.COMPLETED}
+    kinds = list(Event.objects.filter(task_id=task.id, kind__in=["task_settled", "task_reopened"]).values_list("kind", flat=True))
+    assert kinds == ["task_settled"]  # not settled and reopened between turns
+    assert Task.objects.get(pk=task.id).settled_at is not None
+
+
+async def _answer() -> str:
+    return "12 employees"
+
+
 def test_an_answer_used_before_its_record_was_refused_is_a_late_result_never_discarded(runtime):
     """Stop commits while the model request's record waits for the task row: the answer is
     already in the agent's hands, so the refused draft carries the completion for review."""

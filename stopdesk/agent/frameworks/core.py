@@ -377,9 +377,17 @@ class StopdeskRun:
 
     async def _finish(self, item_id: int, *, status: str, detail: str) -> None:
         """A result, off the caller's path; nobody reads the answer, so a runtime that can skip
-        reading the item back (`finish_fast`) does."""
-        method = "finish_fast" if hasattr(self.runtime, "finish_fast") else "finish"
-        await self._call(method, item_id, status=status, detail=detail)
+        reading the item back (`finish_fast`) does, in one round trip while the run's own item
+        keeps the task unsettled."""
+        if not hasattr(self.runtime, "finish_fast"):
+            await self._call("finish", item_id, status=status, detail=detail)
+            return
+        held = self.item_id if item_id != self.item_id else None
+        await self._call("finish_fast", item_id, status=status, detail=detail, open_item=held)
+        if held is not None and self.item_id is None:
+            # The run's item was settled while this result was being written (the run ended
+            # before its writes did): its check may not have seen this result, so check again.
+            await self._call("task_settle_check", self.task_id)
 
     async def _settle_interrupted(self, flight: _InFlight, why: str) -> None:
         try:
