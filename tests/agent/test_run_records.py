@@ -167,7 +167,9 @@ def test_a_framework_run_settles_its_task_once(runtime):
     asyncio.run(agent())
 
     assert {i.state for i in WorkItem.objects.filter(task_id=task.id)} == {S.COMPLETED}
-    kinds = list(Event.objects.filter(task_id=task.id, kind__in=["task_settled", "task_reopened"]).values_list("kind", flat=True))
+    kinds = list(
+        Event.objects.filter(task_id=task.id, kind__in=["task_settled", "task_reopened"]).values_list("kind", flat=True)
+    )
     assert kinds == ["task_settled"]  # not settled and reopened between turns
     assert Task.objects.get(pk=task.id).settled_at is not None
 
