@@ -11,6 +11,7 @@ import pytest
 from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
+from reconcile.services.cancel import item_cancel
 from stopdesk.agent.frameworks.core import RunStopped, StopdeskRun
 from stopdesk.agent.frameworks.local import FrameworkRuntime
 from stopdesk.client.errors import NotFound, StopRequested
@@ -152,6 +153,37 @@ def test_a_result_under_an_open_run_is_one_round_trip_and_the_task_settles_when_
     runtime.finish_fast(late, status="completed", detail="done", open_item=the_run)
     assert Task.objects.get(pk=task.id).settled_at is not None
     assert Event.objects.filter(task_id=task.id, kind="task_settled").count() == 1
+
+
+def test_the_run_item_stop_met_is_settled_by_the_run_even_after_stops_job_left_it_awaiting(runtime):
+    task = runtime.create_task("Look Acme up")
+
+    async def agent() -> None:
+        async with StopdeskRun(runtime, task.id, framework="plain", watch=never) as run:
+            assert run.item_id is not None
+            # Stop, and the job Stop dispatches for the run's item (manual: it waits for a report).
+            state = await asyncio.to_thread(_stop_and_job, runtime, task.id, run.item_id)
+            assert state == S.AWAITING_RECONCILIATION
+            run.stop_seen()
+            raise RunStopped("stopped")
+
+    with pytest.raises(RunStopped):
+        asyncio.run(agent())
+
+    (the_run,) = WorkItem.objects.filter(task_id=task.id)
+    assert (the_run.state, the_run.outcome, the_run.needs_review) == (S.CANCELLED, "stopped before it finished", False)
+    assert Event.objects.filter(item_id=the_run.pk, to_state=S.CANCELLED).count() == 1
+    assert Task.objects.get(pk=task.id).settled_at is not None
+    assert task_summary(Task.objects.get(pk=task.id)) == "Stopped new work. One agent run stopped before it finished."
+
+
+def _stop_and_job(runtime: Any, task_id: int, item_id: int) -> str:
+    try:
+        runtime.request_stop(task_id)
+        item_cancel(item_id=item_id)
+        return str(WorkItem.objects.get(pk=item_id).state)
+    finally:
+        connections.close_all()
 
 
 def test_a_framework_run_settles_its_task_once(runtime):

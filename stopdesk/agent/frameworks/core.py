@@ -145,13 +145,19 @@ class StopdeskRun:
             elif isinstance(exc, RunStopped) or (
                 self.stopped.is_set() and isinstance(exc, (StopRequested, asyncio.CancelledError))
             ):
-                await self._call("cancel", item_id, detail=RUN_STOPPED)
+                await self._stopped(item_id, RUN_STOPPED)
             elif isinstance(exc, asyncio.CancelledError):
-                await self._call("cancel", item_id, detail="cancelled by the program running it")
+                await self._stopped(item_id, "cancelled by the program running it")
             else:
                 await self._finish(item_id, status="failed", detail=f"{type(exc).__name__}: {exc}"[:200])
         except Exception:
             log.exception("could not record the end of the %s run (item %s)", self.framework, item_id)
+
+    async def _stopped(self, item_id: int, detail: str) -> None:
+        # Stop's job for the run's ("manual") item may already have moved it to awaiting this
+        # report; `report_stopped` settles it from there too (`cancel` only from running).
+        method = "report_stopped" if hasattr(self.runtime, "report_stopped") else "cancel"
+        await self._call(method, item_id, detail=detail)
 
     async def _close_pools(self) -> None:
         for lane, pool in self._threads.items():

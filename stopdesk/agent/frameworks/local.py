@@ -5,6 +5,8 @@
   PostgreSQL one statement, so one round trip (and one commit) on the tool's path;
 - `finish(...)`: as LocalRuntime's, but a running item's plain result is one statement (anything
   else, such as a late result, takes the general path);
+- `report_stopped(item_id)`: the run's own item ended by Stop, cancelled also from awaiting
+  reconciliation (where Stop's job for a "manual" item leaves it, waiting for this report);
 - `task_settle_check(task_id)`: whether the task settled, for results written with `open_item`
   that may have committed after the run's item settled;
 - `task_stopped(task_id)`: one indexed read, for watching Stop without building the task's detail;
@@ -21,7 +23,7 @@ from stopdesk.agent import schemas
 from stopdesk.agent.runtime import LocalRuntime, _id
 from stopdesk.client.errors import NotFound, StopRequested
 from stopdesk.services.errors import TaskStopped
-from stopdesk.services.items import item_register_started
+from stopdesk.services.items import item_register_started, item_report_stopped
 from stopdesk.services.sql import is_postgres
 from stopdesk.services.transitions import item_close_running, task_settle_check
 from stopdesk.states import ItemState
@@ -69,6 +71,13 @@ class FrameworkRuntime(LocalRuntime):
         ):
             return
         self.finish(item_id, status=args.status, detail=args.detail)
+
+    def report_stopped(self, item_id: int, *, detail: str = "") -> None:
+        """The work stopped because of Stop: cancelled, also when Stop's job already left it
+        awaiting this report (a "manual" item); an item recorded otherwise keeps its outcome and
+        this becomes a late result."""
+        self._check_item(item_id)  # scoped, as every item call
+        item_report_stopped(item_id=_id(item_id, "item"), actor=self.actor, outcome=detail or "stopped between steps")
 
     def task_settle_check(self, task_id: int) -> None:
         """Whether the task settled (see `finish_fast`'s `open_item`)."""
