@@ -26,6 +26,7 @@ from stopdesk.services.transitions import (
     item_start,
     item_submit,
     item_transition,
+    task_gate_shared,
 )
 from stopdesk.services.transitions.settled import task_reopen
 from stopdesk.states import IN_FLIGHT, TERMINAL, UNSTARTED, ItemState, Kind
@@ -149,10 +150,13 @@ def item_register_started(
     if runtime_id is not None:
         tasks = tasks.filter(runtime_id=runtime_id)
     with transaction.atomic():
-        # The task row first, as the boundary does: registering may reopen a settled task (an
-        # UPDATE of that row) and the boundary then takes its share lock; two parallel tool calls
-        # taking them in the other order deadlocked. NO KEY UPDATE, as an UPDATE takes: it leaves
-        # the foreign-key checks of other writers' events (KEY SHARE) free.
+        # The gate first (the boundary below takes it again, which a holder may), then the task
+        # row: Stop takes them in that order, so a start holding the row while waiting for the
+        # gate behind Stop would deadlock with it. The row lock serialises registrations that may
+        # reopen a settled task (an UPDATE of that row); two parallel tool calls taking the row
+        # in different orders deadlocked. NO KEY UPDATE, as an UPDATE takes: it leaves the
+        # foreign-key checks of other writers' events (KEY SHARE) free.
+        task_gate_shared(task_id)
         if not list(tasks.select_for_update(no_key=True).values_list("pk", flat=True)):
             return None
         item = item_register(task=task_id, actor=actor, **register)

@@ -16,7 +16,7 @@ from stopdesk.models import StopRequest, Task, WorkItem
 from stopdesk.services.events import event_record
 from stopdesk.services.sql import ClockNow
 from stopdesk.services.stop_watch import stop_notify
-from stopdesk.services.transitions import NOW, items_move
+from stopdesk.services.transitions import NOW, items_move, task_gate_exclusive
 from stopdesk.states import IN_FLIGHT, ItemState
 
 S = ItemState
@@ -49,12 +49,14 @@ def task_request_stop(
 
 def _commit_stop_request(*, task_id: int, actor: str, by: Any, reason: str) -> tuple[StopRequest, bool]:
     with transaction.atomic():
-        # Lock the task row first: FOR NO KEY UPDATE waits for the start holding the boundary's
-        # lock (the same mode) to commit, and queues new ones behind this stop, while leaving foreign-key checks (KEY SHARE)
-        # from other transactions free, so a concurrent fan-out's event inserts cannot deadlock. Only then is the clock read, so every item that
-        # started has started_at < stop_requested_at. (An UPDATE alone would compute its SET
-        # before waiting on those share locks.) A concurrent second Stop waits here for the first
-        # to commit, then matches no row.
+        # The task's gate first, exclusive: it waits for the starts holding it (shared) to commit,
+        # and new starts queue behind it (transitions.gate). Then the task row, FOR NO KEY UPDATE,
+        # which leaves foreign-key checks (KEY SHARE) from other transactions free, so a
+        # concurrent fan-out's event inserts cannot deadlock. Only then is the clock read, so
+        # every item that started has started_at < stop_requested_at, and every start after this
+        # commits sees the stop. A concurrent second Stop waits at the gate for the first to
+        # commit, then matches no row.
+        task_gate_exclusive(task_id)
         list(Task.objects.select_for_update(no_key=True).filter(pk=task_id).values_list("pk"))
         won = Task.objects.filter(pk=task_id, stop_requested_at__isnull=True).update(stop_requested_at=ClockNow())
         if won:

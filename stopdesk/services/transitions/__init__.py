@@ -13,6 +13,8 @@
   PostgreSQL that checks Stop and moves the item, with its event), `item_register_pass`, a new
   child registered and passed through it in one statement (a framework's tool call), and
   `item_observed_started` for work found already running outside it (with the time it began);
+- `gate`: the per-task advisory lock that starts hold shared and Stop exclusive (PostgreSQL), so
+  a task's starts overlap and a waiting Stop is not starved;
 - `settled`: the task's `settled_at` that follows from its items' states, with its event, written
   after the move that settled the last item commits.
 
@@ -28,6 +30,7 @@ from stopdesk.services.transitions.boundary import (
     item_start,
     item_submit,
 )
+from stopdesk.services.transitions.gate import task_gate_exclusive, task_gate_shared
 from stopdesk.services.transitions.sets import NOW, Row, Schedule, items_move, items_schedule
 from stopdesk.services.transitions.single import (
     FIELDS,
@@ -54,5 +57,7 @@ __all__ = [
     "item_transition",
     "items_move",
     "items_schedule",
+    "task_gate_exclusive",
+    "task_gate_shared",
     "task_settle_check",
 ]

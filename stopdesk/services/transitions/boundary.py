@@ -1,16 +1,19 @@
 """The cancellation boundary: the one check before an item starts and before an external action
 is submitted. Part of `stopdesk.services.transitions`, the one place that writes an item's state.
 
-On PostgreSQL it is a single statement. It takes the same NO KEY UPDATE lock on the task row that
-Stop takes: a start either commits before the stop request can be written (so its started_at is
-earlier than stop_requested_at), or waits for the stop to commit and then sees it. There is no
-window in which a start reads "not stopped" and commits after the stop.
+On PostgreSQL it is a single statement. It passes the task's gate (`transitions.gate`): an
+advisory lock that starts hold shared and Stop takes exclusive before it reads the clock. So a
+start either commits before the stop request is written (its started_at is earlier than
+stop_requested_at), or waits for the stop to commit and then sees it: the gate and the stop check
+are one volatile function, `stopdesk_gate`, whose check runs with a fresh snapshot, taken after
+the wait (the statement's own snapshot, from before the wait, would still read "not stopped").
+There is no window in which a start reads "not stopped" and commits after the stop.
 
-Why not a SHARE lock, which would let starts of one task overlap: share lockers can keep joining a
-lock that a waiting Stop needs exclusively, and a burst of starts kept Stop waiting about a second,
-until the burst was over. With one mode for all, PostgreSQL queues Stop behind only the starts
-already waiting. A task's starts take turns on the row for their one statement each (the audit
-chain is sealed after commit, so nothing else holds them up until commit).
+The starts of one task overlap, each holding the gate shared until its commit (WAL flush
+included). A share lock on the task row would let them overlap too, but row locks have no
+queue: share lockers kept joining while a waiting Stop needed the row exclusively, and a burst of
+starts kept Stop waiting about a second. The lock manager queues a new shared request behind a
+waiting exclusive one, so Stop waits only for the starts already holding the gate.
 
 SQLite (the zero-setup local run) takes its write lock at BEGIN (transaction_mode IMMEDIATE), so a
 read-then-write inside one transaction is serialised against Stop the same way.
@@ -37,10 +40,9 @@ S = ItemState
 
 _BOUNDARY_SQL = """
 WITH t AS (
-    SELECT id, stop_requested_at IS NOT NULL AS stopped
+    SELECT id, stopdesk_gate(id) AS stopped
     FROM stopdesk_task
     WHERE id = (SELECT task_id FROM stopdesk_workitem WHERE id = %(item)s)
-    FOR NO KEY UPDATE
 ),
 old AS (SELECT id, state FROM stopdesk_workitem WHERE id = %(item)s),
 u AS (
@@ -74,16 +76,20 @@ SELECT state FROM u
 """
 
 
-# Register a child and pass the boundary in one statement (PostgreSQL): the task row locked as
-# above, the item inserted already running (or submitted), its two events appended, and a settled
+# Register a child and pass the boundary in one statement (PostgreSQL): the gate passed as above
+# (first: Stop takes the gate before the row), then the task row locked FOR NO KEY UPDATE, which
+# makes a settle that is writing settled_at finish first, so a settled task is seen and reopened
+# (and two registrations do not both reopen it), the item inserted already running (or submitted), its two events appended, and a settled
 # task reopened with its event. A stopped task gets nothing here: the caller then takes the
 # portable path, which records the item and its refusal. A task outside the runtime's scope
 # matches no row.
 _REGISTER_AND_START_SQL = """
-WITH t AS (
-    SELECT id, stop_requested_at IS NOT NULL AS stopped, settled_at IS NOT NULL AS settled
+WITH g AS (SELECT stopdesk_gate(%(task)s::bigint) AS stopped),
+t AS (
+    SELECT id, (SELECT stopped FROM g) AS stopped, settled_at IS NOT NULL AS settled
     FROM stopdesk_task
     WHERE id = %(task)s AND (%(runtime)s::bigint IS NULL OR runtime_id = %(runtime)s::bigint)
+      AND (SELECT stopped FROM g) IS NOT NULL
     FOR NO KEY UPDATE
 ),
 n AS (SELECT t.id AS task_id, t.settled, clock_timestamp() AS at FROM t WHERE NOT t.stopped),

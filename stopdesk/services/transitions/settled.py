@@ -10,8 +10,9 @@ again when that work settles.
 The check runs after the moving transaction commits, as one conditional UPDATE (with its audit
 events in the same statement on PostgreSQL): two transactions settling a task's last two items
 cannot both miss it (the later commit's check sees the earlier commit), only one of them writes
-it, and no task-row lock is taken while item rows are locked, so it cannot deadlock with the
-boundary (which locks the task first, then its item).
+it, and no task-row lock is taken while item rows are locked, so it cannot deadlock with a
+registration (which locks the task row first, then writes its item). It takes no gate
+(`transitions.gate`), so it never waits for Stop or the starts.
 """
 
 from __future__ import annotations

@@ -1,0 +1,156 @@
+"""The per-task gate between starts and Stop on PostgreSQL (stopdesk.services.transitions.gate),
+with real threads, each on its own connection: starts of one task overlap, Stop waits only for
+the starts holding the gate, a start arriving while Stop waits queues behind it and then sees
+the stop, and registrations, Stop and settling running together do not deadlock."""
+
+import threading
+import time
+
+import pytest
+from django.db import connection, connections, transaction
+
+from stopdesk.models import Task, WorkItem
+from stopdesk.services.errors import TaskStopped
+from stopdesk.services.items import item_finish, item_register_started
+from stopdesk.services.stop import task_request_stop
+from stopdesk.services.transitions import item_start
+from stopdesk.states import ItemState as S
+from stopdesk.states import Kind
+from tests.factories import make_item, make_task
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
+
+WAIT = 10  # seconds: a bound on liveness, never a speed figure
+
+
+class Worker(threading.Thread):
+    """Runs `fn` on its own connection; keeps its result or the exception it raised."""
+
+    def __init__(self, fn):
+        super().__init__(daemon=True)
+        self.fn, self.result, self.error = fn, None, None
+
+    def run(self):
+        try:
+            self.result = self.fn()
+        except BaseException as exc:  # handed to the test thread
+            self.error = exc
+        finally:
+            connections.close_all()
+
+    def outcome(self):
+        self.join(WAIT)
+        assert not self.is_alive(), "still blocked"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def _advisory_waiters() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
+        return cursor.fetchone()[0]
+
+
+def _until_waiting(count: int) -> None:
+    deadline = time.monotonic() + WAIT
+    while _advisory_waiters() < count:
+        assert time.monotonic() < deadline, f"never saw {count} waiting at the gate"
+        time.sleep(0.01)
+
+
+def test_starts_overlap_stop_waits_for_them_and_a_later_start_queues_behind_stop_and_sees_it():
+    task = make_task()
+    held, other, late = (make_item(task).pk for _ in range(3))
+    holding, release = threading.Event(), threading.Event()
+
+    def start_and_hold():
+        with transaction.atomic():
+            item_start(item_id=held, actor="a")
+            holding.set()
+            assert release.wait(WAIT)
+
+    holder = Worker(start_and_hold)
+    holder.start()
+    assert holding.wait(WAIT)
+    # A second start of the same task, while the first one's transaction holds the gate: not blocked.
+    second = Worker(lambda: item_start(item_id=other, actor="b"))
+    second.start()
+    second.outcome()
+    assert WorkItem.objects.get(pk=other).state == S.RUNNING
+
+    # Stop waits for the start still holding the gate.
+    stop = Worker(lambda: task_request_stop(task_id=task.pk, actor="user:op", dispatch=lambda ids: None))
+    stop.start()
+    _until_waiting(1)
+    assert Task.objects.get(pk=task.pk).stop_requested_at is None
+    # A start arriving now queues behind the waiting Stop (it would be granted alongside the holder).
+    third = Worker(lambda: item_start(item_id=late, actor="c"))
+    third.start()
+    _until_waiting(2)
+    assert stop.is_alive() and third.is_alive()
+
+    release.set()
+    holder.outcome()
+    outcome = stop.outcome()
+    # Its statement began before the stop committed, yet it saw the stop: refused, never started.
+    with pytest.raises(TaskStopped):
+        third.outcome()
+    stop_at = outcome.stop_request.requested_at
+    items = {item.pk: item for item in WorkItem.objects.filter(task=task)}
+    assert items[held].state == S.RUNNING and items[held].started_at < stop_at
+    assert items[other].state == S.RUNNING and items[other].started_at < stop_at
+    assert items[late].state == S.CANCELLED and items[late].started_at is None
+
+
+def test_registrations_stop_and_settling_together_do_not_deadlock():
+    """Both registration paths (one statement; with a parent, the gate then the task row), items
+    finishing (each settle check updates the task row), on a task that had settled, then Stop."""
+    threads, per_thread = 6, 40
+    task = make_task()
+    parent = make_item(task, state=S.COMPLETED)  # the task settles here
+    assert Task.objects.get(pk=task.pk).settled_at is not None
+    registered: list[int] = []
+    refused: list[int] = []
+    barrier = threading.Barrier(threads + 1)
+
+    def registrar(n):
+        def run():
+            barrier.wait()
+            for i in range(per_thread):
+                try:
+                    item_id = item_register_started(
+                        task_id=task.pk,
+                        actor="race",
+                        kind=Kind.LOCAL_WORKER,
+                        noun=f"call {n}.{i}",
+                        parent=parent.pk if (n + i) % 2 else None,
+                    )
+                    registered.append(item_id)
+                    if i % 3 == 0:
+                        item_finish(item_id=item_id, succeeded=True, actor="race")  # settles, maybe
+                except TaskStopped as stopped:
+                    refused.append(stopped.item_id)
+
+        return run
+
+    workers = [Worker(registrar(n)) for n in range(threads)]
+    for worker in workers:
+        worker.start()
+    barrier.wait()
+    while len(registered) < threads * per_thread // 3:
+        time.sleep(0.001)
+    outcome = task_request_stop(task_id=task.pk, actor="user:op", dispatch=lambda ids: None)
+    for worker in workers:
+        worker.outcome()  # a deadlock would raise here (PostgreSQL aborts one of the pair)
+
+    stop_at = outcome.stop_request.requested_at
+    rows = WorkItem.objects.filter(task=task).exclude(pk=parent.pk)
+    assert rows.count() == threads * per_thread
+    assert registered and refused
+    assert not rows.filter(started_at__gte=stop_at).exists()
+    assert set(rows.filter(state=S.CANCELLED).values_list("id", flat=True)) == set(refused)
+    assert not rows.filter(pk__in=refused, started_at__isnull=False).exists()
