@@ -275,6 +275,8 @@ def registration_check(*, mechanism: str, kind: str, detail: dict[str, Any] | No
     if mode == "off":
         return
     detail = detail or {}
+    if isinstance(detail.get("agent_run"), dict):
+        return  # a framework's run: its integration settles it; its calls are each judged here
     if isinstance(detail.get("tool"), dict) and "framework" in detail["tool"]:
         # A framework's tool call: judged by what the tool declares, not by the "manual" mechanism.
         verdict = declared_verdict(detail["tool"], http=detail.get("http"))

@@ -48,7 +48,10 @@ def test_the_example_runs_to_the_end(example, live_server, model):
     assert agent.returncode == 0, err
     lines = out.strip().splitlines()
     assert lines[-2] == "Acme has 12 employees; the report is ready."
-    assert lines[-1] == "Finished. Three drafts completed. Two lookups completed. One report completed."
+    assert (
+        lines[-1]
+        == "Finished. One agent run completed. Three drafts completed. Two lookups completed. One report completed."
+    )
 
 
 @pytest.mark.parametrize("example", EXAMPLES)
@@ -70,7 +73,8 @@ def test_the_example_stops_when_stop_is_pressed(example, live_server, model):
     assert lines[-2] == "stopped: the run ended and no tool ran after Stop"
     assert (
         lines[-1]
-        == "Stopped new work. One report stopped before it finished. Two drafts completed. Two lookups completed."
+        == "Stopped new work. One agent run stopped before it finished. One report stopped before it finished. "
+        "Two drafts completed. Two lookups completed."
     )
 
 

@@ -26,7 +26,12 @@ def items(task_id: int) -> list[WorkItem]:
 
 
 def tools_of(task_id: int) -> list[WorkItem]:
-    return [i for i in items(task_id) if i.kind != "model_request"]
+    return [i for i in items(task_id) if i.kind != "model_request" and i.noun != "agent run"]
+
+
+def run_item(task_id: int) -> WorkItem:
+    (item,) = [i for i in items(task_id) if i.noun == "agent run"]
+    return item
 
 
 async def never() -> None:
@@ -73,6 +78,11 @@ def test_a_full_run_records_every_tool_call_and_model_request(framework, model, 
 
     assert answer == "Acme has 12 employees."
     assert tools.calls == {"lookup": 1}
+    # The run is an item of its own, first, completed after its calls.
+    the_run = run_item(task.id)
+    assert (the_run.kind, the_run.state, the_run.label.split()[0]) == ("local_worker", S.COMPLETED, framework)
+    assert the_run == items(task.id)[0]
+    assert the_run.finished_at >= max(i.finished_at for i in items(task.id))
     rows = items(task.id)
     by_kind = {(i.kind, i.label, i.state) for i in rows}
     assert ("local_worker", "lookup", S.COMPLETED) in by_kind
@@ -110,6 +120,11 @@ def test_a_tool_that_raises_is_recorded_failed(framework, model, runtime):
 
     (tool,) = tools_of(task.id)
     assert (tool.state, tool.outcome) == (S.FAILED, "ValueError: no data for Acme")
+    the_run = run_item(task.id)
+    if framework in ("langgraph", "pydantic-ai"):
+        assert (the_run.state, the_run.outcome) == (S.FAILED, "ValueError: no data for Acme")
+    else:
+        assert the_run.state == S.COMPLETED
 
 
 def test_stop_before_a_tool_call_means_its_body_never_runs(framework, model, runtime):
@@ -144,15 +159,10 @@ def test_stop_before_a_tool_call_means_its_body_never_runs(framework, model, run
     assert len(party.model_log()) == 1  # the model never got a second turn
 
 
-def test_a_model_answer_that_arrives_after_stop_is_discarded_and_no_tool_is_called(framework, model, runtime):
+def test_a_run_entered_after_stop_is_refused_and_recorded(framework, model, runtime):
     party, url = model
     name = party.load_script(
-        Script.build(
-            "stopped-before",
-            # The model thinks long enough for the request's record to be refused first (an answer
-            # back before that is used, and recorded so: test_run_records).
-            [Turn(tool_calls=(ToolCall("lookup", {"q": "Acme"}),), delay_s=0.5), Turn(text="done")],
-        )
+        Script.build("stopped-before", [Turn(tool_calls=(ToolCall("lookup", {"q": "Acme"}),)), Turn(text="done")])
     )
     task = runtime.create_task("Look Acme up")
     runtime.request_stop(task.id, reason="changed my mind")
@@ -161,10 +171,11 @@ def test_a_model_answer_that_arrives_after_stop_is_discarded_and_no_tool_is_call
     with pytest.raises(RunStopped):
         run(framework, runtime, task.id, url, name, tools, watch=never)
 
-    assert tools.calls["lookup"] == 0 and tools_of(task.id) == []
-    (draft,) = items(task.id)
-    assert (draft.kind, draft.state) == ("model_request", S.CANCELLED)
-    assert task_summary(Task.objects.get(pk=task.id)) == "Stopped new work. One draft discarded."
+    # The boundary refused the run itself: the model was never asked, no tool was called.
+    assert party.model_log() == [] and tools.calls["lookup"] == 0
+    (the_run,) = items(task.id)
+    assert (the_run.noun, the_run.state, the_run.started_at) == ("agent run", S.CANCELLED, None)
+    assert task_summary(Task.objects.get(pk=task.id)) == "Stopped new work. One agent run cancelled before it started."
 
 
 def _set_when(event: threading.Event, condition: Any, within_s: float = 10.0) -> None:
@@ -198,6 +209,10 @@ def test_stop_during_a_slow_tool_cancels_it_and_its_cleanup_runs(framework, mode
     (tool,) = tools_of(task.id)
     assert tool.state == S.CANCELLED
     assert "interrupted by Stop" in tool.outcome
+    # The run's own item: in flight when Stop came, settled by the integration, not left to reconcile.
+    the_run = run_item(task.id)
+    assert (the_run.state, the_run.outcome) == (S.CANCELLED, "stopped before it finished")
+    assert the_run.cancel_requested_at is not None and not the_run.needs_review
 
 
 def test_the_run_hears_stop_by_push_not_by_the_fallback_poll(framework, model, runtime):
@@ -271,7 +286,10 @@ def test_stop_after_the_external_action_was_submitted_reconciles_the_record(fram
     assert lead.state == S.COMPLETED
     assert (record.system, record.record_id) == ("crm", crm_party.records()[0]["id"])
     # The lead landed and reconciliation found it: the summary says so rather than "cancelled".
-    assert task_summary(lead.task) == "Stopped new work. One lead created; review required. One draft completed."
+    assert task_summary(lead.task) == (
+        "Stopped new work. One agent run stopped before it finished. One lead created; review required. "
+        "One draft completed."
+    )
 
 
 def test_concurrent_tool_calls_in_one_turn_are_each_recorded_and_run_in_parallel(framework, model, runtime):
@@ -314,5 +332,6 @@ def test_the_stop_summary_of_a_framework_run(framework, model, runtime):
 
     summary = task_summary(Task.objects.get(pk=task.id))
     assert summary == (
-        "Stopped new work. One report stopped before it finished. Two drafts completed. One lookup completed."
+        "Stopped new work. One agent run stopped before it finished. One report stopped before it finished. "
+        "Two drafts completed. One lookup completed."
     )

@@ -109,18 +109,34 @@ def test_hosted_calls_in_an_answer_that_arrives_after_stop_are_recorded_under_th
 
 def test_a_request_offering_hosted_tools_is_not_sent_after_stop(streamed, model, runtime):
     party, url = model
-    name = party.load_script(Script.build("hosted-refused", SCRIPT))
+    name = party.load_script(
+        Script.build("hosted-refused", [Turn(tool_calls=(ToolCall("slow_report", {"name": "Acme"}),)), *SCRIPT])
+    )
     task = runtime.create_task("Add Acme")
-    # Stop before the run has heard it: a draft would go out and be discarded, but a request that
-    # can run tools on the provider's side waits for the boundary, which refuses it.
-    runtime.request_stop(task.id, reason="operator pressed Stop")
+    tools = Tools(slow_s=0.5)
 
+    def operator() -> None:
+        from django.db import connections
+
+        try:
+            if tools.started.wait(10):
+                runtime.request_stop(task.id, reason="operator pressed Stop")
+        finally:
+            connections.close_all()
+
+    # Stop commits during the first turn's tool, and the run never hears it (watch=never): a draft
+    # would go out and be discarded, but a request that can run tools on the provider's side waits
+    # for the boundary, which refuses it.
+    thread = threading.Thread(target=operator)
+    thread.start()
     with pytest.raises(RunStopped):
-        asyncio.run(_run(runtime, task.id, url, name, Tools(), watch=never, streamed=streamed))
+        asyncio.run(_run(runtime, task.id, url, name, tools, watch=never, streamed=streamed))
+    thread.join(5)
 
-    assert party.model_log() == []
-    (request,) = WorkItem.objects.filter(task_id=task.id)
-    assert (request.kind, request.state, request.started_at) == ("model_request", S.CANCELLED, None)
+    assert len(party.model_log()) == 1  # the second request was never sent
+    first, second = WorkItem.objects.filter(task_id=task.id, kind="model_request").order_by("id")
+    assert first.state == S.COMPLETED
+    assert (second.state, second.started_at) == (S.CANCELLED, None)
 
 
 def test_hosted_calls_of_a_full_run_are_children_of_their_request_each_once(streamed, model, runtime):

@@ -11,7 +11,8 @@ import pytest
 from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
-from stopdesk.agent.frameworks.core import StopdeskRun
+from reconcile.services.cancel import item_cancel
+from stopdesk.agent.frameworks.core import RunStopped, StopdeskRun
 from stopdesk.agent.frameworks.local import FrameworkRuntime
 from stopdesk.client.errors import NotFound, StopRequested
 from stopdesk.models import Event, Runtime, Task, WorkItem
@@ -134,6 +135,81 @@ def test_a_result_is_one_statement_and_a_result_for_a_settled_item_stays_a_late_
     assert late.evidence["late_result"]["reported"] == S.COMPLETED
 
 
+def test_a_result_under_an_open_run_is_one_round_trip_and_the_task_settles_when_the_run_does(runtime):
+    task = runtime.create_task("Look Acme up")
+    the_run = runtime.register_started(task.id, **{**TOOL, "noun": "agent run", "handle": ""})
+    first = runtime.register_started(task.id, **TOOL)
+    late = runtime.register_started(task.id, **{**TOOL, "handle": "call_2"})
+
+    with CaptureQueriesContext(connection) as queries:
+        runtime.finish_fast(first, status="completed", detail="12 employees", open_item=the_run)
+
+    assert len(queries) == 1  # the run is open: the task cannot settle, so nothing to check
+    assert WorkItem.objects.get(pk=first).state == S.COMPLETED
+    # The run settles before its last result is written (it ended before its writes did): that
+    # result sees the run settled and checks the task itself.
+    runtime.finish_fast(the_run, status="completed")
+    assert Task.objects.get(pk=task.id).settled_at is None  # `late` still running
+    runtime.finish_fast(late, status="completed", detail="done", open_item=the_run)
+    assert Task.objects.get(pk=task.id).settled_at is not None
+    assert Event.objects.filter(task_id=task.id, kind="task_settled").count() == 1
+
+
+def test_the_run_item_stop_met_is_settled_by_the_run_even_after_stops_job_left_it_awaiting(runtime):
+    task = runtime.create_task("Look Acme up")
+
+    async def agent() -> None:
+        async with StopdeskRun(runtime, task.id, framework="plain", watch=never) as run:
+            assert run.item_id is not None
+            # Stop, and the job Stop dispatches for the run's item (manual: it waits for a report).
+            state = await asyncio.to_thread(_stop_and_job, runtime, task.id, run.item_id)
+            assert state == S.AWAITING_RECONCILIATION
+            run.stop_seen()
+            raise RunStopped("stopped")
+
+    with pytest.raises(RunStopped):
+        asyncio.run(agent())
+
+    (the_run,) = WorkItem.objects.filter(task_id=task.id)
+    assert (the_run.state, the_run.outcome, the_run.needs_review) == (S.CANCELLED, "stopped before it finished", False)
+    assert Event.objects.filter(item_id=the_run.pk, to_state=S.CANCELLED).count() == 1
+    assert Task.objects.get(pk=task.id).settled_at is not None
+    assert task_summary(Task.objects.get(pk=task.id)) == "Stopped new work. One agent run stopped before it finished."
+
+
+def _stop_and_job(runtime: Any, task_id: int, item_id: int) -> str:
+    try:
+        runtime.request_stop(task_id)
+        item_cancel(item_id=item_id)
+        return str(WorkItem.objects.get(pk=item_id).state)
+    finally:
+        connections.close_all()
+
+
+def test_a_framework_run_settles_its_task_once(runtime):
+    task = runtime.create_task("Look Acme up")
+
+    async def agent() -> None:
+        async with StopdeskRun(runtime, task.id, framework="plain", watch=never) as run:
+            for n in range(3):
+                async with run.model_request():
+                    pass
+                await run.tool_call(call_id=f"call_{n}", name="lookup", arguments={}, body=_answer)
+
+    asyncio.run(agent())
+
+    assert {i.state for i in WorkItem.objects.filter(task_id=task.id)} == {S.COMPLETED}
+    kinds = list(
+        Event.objects.filter(task_id=task.id, kind__in=["task_settled", "task_reopened"]).values_list("kind", flat=True)
+    )
+    assert kinds == ["task_settled"]  # not settled and reopened between turns
+    assert Task.objects.get(pk=task.id).settled_at is not None
+
+
+async def _answer() -> str:
+    return "12 employees"
+
+
 def test_an_answer_used_before_its_record_was_refused_is_a_late_result_never_discarded(runtime):
     """Stop commits while the model request's record waits for the task row: the answer is
     already in the agent's hands, so the refused draft carries the completion for review."""
@@ -152,11 +228,11 @@ def test_an_answer_used_before_its_record_was_refused_is_a_late_result_never_dis
             connections.close_all()
 
     thread = threading.Thread(target=operator)
-    thread.start()
-    assert locked.wait(10)
 
     async def agent() -> str:
         async with StopdeskRun(runtime, task.id, framework="plain", watch=never) as run:
+            thread.start()  # the run's own item is recorded; now Stop takes the task row
+            assert await asyncio.to_thread(locked.wait, 10)
             async with run.model_request():
                 await asyncio.sleep(0.05)  # the model answers; the record still waits
             answered.set()  # no StopRequested: the answer was handed over
@@ -165,7 +241,7 @@ def test_an_answer_used_before_its_record_was_refused_is_a_late_result_never_dis
     assert asyncio.run(agent()) == "Acme has 12 employees."
     thread.join(10)
 
-    (draft,) = WorkItem.objects.filter(task_id=task.id)
+    (draft,) = WorkItem.objects.filter(task_id=task.id, kind="model_request")
     assert (draft.kind, draft.state, draft.started_at) == ("model_request", S.CANCELLED, None)
     assert draft.needs_review and draft.evidence["late_result"]["reported"] == S.COMPLETED
     summary = task_summary(Task.objects.get(pk=task.id))
@@ -174,15 +250,47 @@ def test_an_answer_used_before_its_record_was_refused_is_a_late_result_never_dis
 
 def test_an_answer_whose_record_was_refused_first_is_discarded(runtime):
     task = runtime.create_task("Look Acme up")
-    runtime.request_stop(task.id)
 
     async def agent() -> None:
-        async with StopdeskRun(runtime, task.id, framework="plain", watch=never) as run, run.model_request():
-            await asyncio.sleep(0.5)  # the model thinks; the record is refused meanwhile
+        async with StopdeskRun(runtime, task.id, framework="plain", watch=never) as run:
+            await asyncio.to_thread(_stop, runtime, task.id)  # the run does not hear it (watch=never)
+            async with run.model_request():
+                await asyncio.sleep(0.5)  # the model thinks; the record is refused meanwhile
 
     with pytest.raises(StopRequested):
         asyncio.run(agent())
 
-    (draft,) = WorkItem.objects.filter(task_id=task.id)
+    (draft,) = WorkItem.objects.filter(task_id=task.id, kind="model_request")
     assert (draft.state, draft.needs_review) == (S.CANCELLED, False)
-    assert task_summary(Task.objects.get(pk=task.id)) == "Stopped new work. One draft discarded."
+    assert task_summary(Task.objects.get(pk=task.id)) == (
+        "Stopped new work. One draft discarded. One agent run stopped before it finished."
+    )
+
+
+def test_a_run_entered_after_stop_is_refused_and_its_item_says_so(runtime):
+    task = runtime.create_task("Look Acme up")
+    runtime.request_stop(task.id)
+    entered = []
+
+    async def agent() -> None:
+        async with StopdeskRun(runtime, task.id, framework="plain", agent="helper", watch=never):
+            entered.append(True)
+
+    with pytest.raises(RunStopped):
+        asyncio.run(agent())
+
+    assert entered == []
+    (the_run,) = WorkItem.objects.filter(task_id=task.id)
+    assert (the_run.noun, the_run.label, the_run.state, the_run.started_at) == (
+        "agent run",
+        "plain helper",
+        S.CANCELLED,
+        None,
+    )
+
+
+def _stop(runtime: Any, task_id: int) -> None:
+    try:
+        runtime.request_stop(task_id)
+    finally:
+        connections.close_all()

@@ -5,6 +5,13 @@ each tool call (with the framework's call id) and `model_request()` around each 
 run watches Stop and, when it comes, triggers the framework's own cancel (registered with
 `on_stop`) and records what was in flight.
 
+The run itself is an item ("agent run", registered through the boundary when the run is entered,
+so a run entered after Stop is refused with RunStopped), settled when the run ends: completed,
+failed, or cancelled when Stop ended it (the integration reports that itself, within its bounded
+cleanup, as for the tool calls in flight). Tool calls and model requests are items of the task
+beside it; while the run's item is open the task is not settled, so it does not settle and reopen
+between turns.
+
 Per tool call, on the caller's path: register the child item and pass the boundary (`start`, or
 `submit` with the idempotency key for a declared external action; one round trip where the runtime
 offers `register_started`), then the body. The result is written afterwards off the caller's path
@@ -61,6 +68,7 @@ class StopdeskRun:
         task_id: int,
         *,
         framework: str,
+        agent: str = "",
         worker: str = "",
         cleanup_s: float = 5.0,
         watch: StopWatch | None = None,
@@ -69,6 +77,8 @@ class StopdeskRun:
         self.runtime = runtime
         self.task_id = task_id
         self.framework = framework
+        self.agent = agent
+        self.item_id: int | None = None  # the run's own item, while it is open
         self.worker = worker or f"{framework}-agent"
         self.cleanup_s = cleanup_s
         self.stopped = asyncio.Event()
@@ -89,20 +99,70 @@ class StopdeskRun:
     # --- the run's life ---------------------------------------------------------------------
 
     async def __aenter__(self) -> StopdeskRun:
+        # The run is an item of its own, open while the run is: a run entered after Stop is
+        # refused (and recorded so), and the task cannot settle between turns.
+        try:
+            self.item_id = await self._register_started(
+                submit_key="",
+                kind="local_worker",
+                noun="agent run",
+                mechanism="manual",
+                label=f"{self.framework} {self.agent}".strip(),
+                detail={"agent_run": {"framework": self.framework, "agent": self.agent}},
+            )
+        except StopRequested as exc:
+            await self._close_pools()
+            raise RunStopped(f"Task {self.task_id} was stopped before the run began.") from exc
+        except BaseException:
+            await self._close_pools()
+            raise
         self._token = CURRENT.set(self)
         self._watcher = asyncio.create_task(self._watch_then_stop(), name="stopdesk-stop-watch")
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         if self._watcher is not None:
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watcher
-        await self.flush()
+        try:
+            await self.flush()
+            await self._settle_run(exc)
+        finally:
+            await self._close_pools()
+            if self._token is not None:
+                CURRENT.reset(self._token)
+
+    async def _settle_run(self, exc: BaseException | None) -> None:
+        """The run's item, after its calls' records: completed on a normal end, cancelled when
+        Stop (or the program running it) ended it, failed on an error."""
+        if self.item_id is None:
+            return
+        item_id, self.item_id = self.item_id, None
+        try:
+            if exc is None:
+                await self._finish(item_id, status="completed", detail="")
+            elif isinstance(exc, RunStopped) or (
+                self.stopped.is_set() and isinstance(exc, (StopRequested, asyncio.CancelledError))
+            ):
+                await self._stopped(item_id, RUN_STOPPED)
+            elif isinstance(exc, asyncio.CancelledError):
+                await self._stopped(item_id, "cancelled by the program running it")
+            else:
+                await self._finish(item_id, status="failed", detail=f"{type(exc).__name__}: {exc}"[:200])
+        except Exception:
+            log.exception("could not record the end of the %s run (item %s)", self.framework, item_id)
+
+    async def _stopped(self, item_id: int, detail: str) -> None:
+        # Stop's job for the run's ("manual") item may already have moved it to awaiting this
+        # report; `report_stopped` settles it from there too (`cancel` only from running).
+        method = "report_stopped" if hasattr(self.runtime, "report_stopped") else "cancel"
+        await self._call(method, item_id, detail=detail)
+
+    async def _close_pools(self) -> None:
         for lane, pool in self._threads.items():
             await _close_pool_connections(pool, LANE_THREADS[lane])
-        if self._token is not None:
-            CURRENT.reset(self._token)
+        self._threads.clear()
 
     def on_stop(self, callback: Callable[[], Any]) -> None:
         """Register the framework's cancel; called once, when Stop arrives."""
@@ -323,9 +383,17 @@ class StopdeskRun:
 
     async def _finish(self, item_id: int, *, status: str, detail: str) -> None:
         """A result, off the caller's path; nobody reads the answer, so a runtime that can skip
-        reading the item back (`finish_fast`) does."""
-        method = "finish_fast" if hasattr(self.runtime, "finish_fast") else "finish"
-        await self._call(method, item_id, status=status, detail=detail)
+        reading the item back (`finish_fast`) does, in one round trip while the run's own item
+        keeps the task unsettled."""
+        if not hasattr(self.runtime, "finish_fast"):
+            await self._call("finish", item_id, status=status, detail=detail)
+            return
+        held = self.item_id if item_id != self.item_id else None
+        await self._call("finish_fast", item_id, status=status, detail=detail, open_item=held)
+        if held is not None and self.item_id is None:
+            # The run's item was settled while this result was being written (the run ended
+            # before its writes did): its check may not have seen this result, so check again.
+            await self._call("task_settle_check", self.task_id)
 
     async def _settle_interrupted(self, flight: _InFlight, why: str) -> None:
         try:
@@ -473,6 +541,7 @@ class _Draft:
     refused: bool = False
 
 
+RUN_STOPPED = "stopped before it finished"
 USED_AFTER_REFUSAL = "the answer came back before Stop was known here, and the agent used it"
 DEADLOCK_RETRIES = 3
 LANE_THREADS = {"writes": 4, "watch": 1}

@@ -143,6 +143,12 @@ async def run_agent(
 ) -> Any:
     """`graph.ainvoke(input)` under `task_id`; Stop cancels the graph's task (RunStopped)."""
     async with StopdeskRun(
-        runtime, task_id, framework=FRAMEWORK, cleanup_s=cleanup_s, watch=watch, poll_s=poll_s
+        runtime,
+        task_id,
+        framework=FRAMEWORK,
+        agent=str(getattr(graph, "name", "") or ""),
+        cleanup_s=cleanup_s,
+        watch=watch,
+        poll_s=poll_s,
     ) as run:
         return await run.run(graph.ainvoke(input, **invoke_kwargs))

@@ -5,6 +5,10 @@
   PostgreSQL one statement, so one round trip (and one commit) on the tool's path;
 - `finish(...)`: as LocalRuntime's, but a running item's plain result is one statement (anything
   else, such as a late result, takes the general path);
+- `report_stopped(item_id)`: the run's own item ended by Stop, cancelled also from awaiting
+  reconciliation (where Stop's job for a "manual" item leaves it, waiting for this report);
+- `task_settle_check(task_id)`: whether the task settled, for results written with `open_item`
+  that may have committed after the run's item settled;
 - `task_stopped(task_id)`: one indexed read, for watching Stop without building the task's detail;
 - `record_launched(item_id, calls)`: tool calls a model response ran itself, as children of the
   response's item (the service the OpenAI adapter's read-back uses, so each call once).
@@ -19,9 +23,9 @@ from stopdesk.agent import schemas
 from stopdesk.agent.runtime import LocalRuntime, _id
 from stopdesk.client.errors import NotFound, StopRequested
 from stopdesk.services.errors import TaskStopped
-from stopdesk.services.items import item_register_started
+from stopdesk.services.items import item_register_started, item_report_stopped
 from stopdesk.services.sql import is_postgres
-from stopdesk.services.transitions import item_close_running
+from stopdesk.services.transitions import item_close_running, task_settle_check
 from stopdesk.states import ItemState
 
 
@@ -45,10 +49,17 @@ class FrameworkRuntime(LocalRuntime):
         return item_id
 
     def finish_fast(
-        self, item_id: int, *, status: Literal["completed", "failed"] | str = "completed", detail: str = ""
+        self,
+        item_id: int,
+        *,
+        status: Literal["completed", "failed"] | str = "completed",
+        detail: str = "",
+        open_item: int | None = None,
     ) -> None:
         """`finish` without the answer: a running item's result in one statement; any other case
-        (a late result, an item Stop settled, a database without that statement) as `finish`."""
+        (a late result, an item Stop settled, a database without that statement) as `finish`.
+        `open_item`: the caller's item that keeps the task unsettled (its run), so the task's
+        settle check is skipped while that item is open."""
         args = schemas.Finish.parse({"status": status, "detail": detail})
         if is_postgres() and item_close_running(
             item_id=_id(item_id, "item"),
@@ -56,9 +67,21 @@ class FrameworkRuntime(LocalRuntime):
             actor=self.actor,
             outcome=args.detail,
             runtime_id=self.runtime.pk if self.runtime is not None else None,
+            open_item=open_item,
         ):
             return
         self.finish(item_id, status=args.status, detail=args.detail)
+
+    def report_stopped(self, item_id: int, *, detail: str = "") -> None:
+        """The work stopped because of Stop: cancelled, also when Stop's job already left it
+        awaiting this report (a "manual" item); an item recorded otherwise keeps its outcome and
+        this becomes a late result."""
+        self._check_item(item_id)  # scoped, as every item call
+        item_report_stopped(item_id=_id(item_id, "item"), actor=self.actor, outcome=detail or "stopped between steps")
+
+    def task_settle_check(self, task_id: int) -> None:
+        """Whether the task settled (see `finish_fast`'s `open_item`)."""
+        task_settle_check(task_id=self._task(task_id).pk)
 
     def task_stopped(self, task_id: int) -> bool:
         return self._tasks().filter(pk=task_id, stop_requested_at__isnull=False).exists()

@@ -201,7 +201,7 @@ async def run_agent(
     """Run `agent` under `task_id`: the ledger sees every call, and Stop ends the run (RunStopped)."""
     agent = instrument(agent)
     async with StopdeskRun(
-        runtime, task_id, framework=FRAMEWORK, cleanup_s=cleanup_s, watch=watch, poll_s=poll_s
+        runtime, task_id, framework=FRAMEWORK, agent=agent.name, cleanup_s=cleanup_s, watch=watch, poll_s=poll_s
     ) as run:
         if not streamed:
             return await run.run(Runner.run(agent, input, **runner_kwargs))

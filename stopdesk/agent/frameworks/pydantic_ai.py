@@ -135,7 +135,7 @@ async def run_agent(
     capability.declarations.update(declarations or {})
     token = CancellationToken()
     async with StopdeskRun(
-        runtime, task_id, framework=FRAMEWORK, cleanup_s=cleanup_s, watch=watch, poll_s=poll_s
+        runtime, task_id, framework=FRAMEWORK, agent=agent.name or "", cleanup_s=cleanup_s, watch=watch, poll_s=poll_s
     ) as run:
         work = agent.run(
             prompt,

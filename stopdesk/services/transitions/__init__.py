@@ -3,7 +3,9 @@
 - `single`: `item_transition` (one item: lock, check the move, write the allowed fields, append
   the event through `stopdesk.services.events.event_record`), `item_late_result` (a result
   that contradicts a recorded outcome: evidence, review flag and event, state untouched) and
-  `item_close_running` (a running item's result and its event in one statement);
+  `item_close_running` (a running item's result and its event in one statement; with the settle
+  check skipped while an item the caller holds open keeps the task unsettled) and
+  `task_settle_check`;
 - `sets`: `items_move` (any number of items in one statement with their events, checked against
   the from-state in its WHERE) and `items_schedule` (next check and progress, guarded by the
   state the caller decided on; not a move, so no event);
@@ -36,6 +38,7 @@ from stopdesk.services.transitions.single import (
     item_late_result,
     item_late_result_record,
     item_transition,
+    task_settle_check,
 )
 
 __all__ = [
@@ -56,4 +59,5 @@ __all__ = [
     "items_schedule",
     "task_gate_exclusive",
     "task_gate_shared",
+    "task_settle_check",
 ]

@@ -13,7 +13,7 @@ from stopdesk.models import WorkItem
 from stopdesk.services.errors import IllegalTransition
 from stopdesk.services.events import event_record
 from stopdesk.services.sql import server_side_cursor
-from stopdesk.services.transitions.settled import task_settle_after_commit
+from stopdesk.services.transitions.settled import UNSETTLED, task_settle_after_commit, tasks_settle
 from stopdesk.states import SETTLED, TERMINAL, ItemState, can_move
 
 S = ItemState
@@ -116,7 +116,9 @@ def item_late_result_record(
 
 # A running item's result in one statement (PostgreSQL): the move and its event, under autocommit
 # one round trip. Only from running, which may move to either result; anything else (a late result,
-# an item Stop already settled) matches no row and the caller takes the general path.
+# an item Stop already settled) matches no row and the caller takes the general path. The same
+# statement reads whether the item the caller holds open (`open_item`) is still unsettled: then the
+# task cannot settle with this result, and the settle check (a second round trip) is skipped.
 _CLOSE_RUNNING_SQL = """
 WITH u AS (
     UPDATE stopdesk_workitem w SET state = %(to)s::text, updated_at = n.at, finished_at = n.at, outcome = %(outcome)s::text
@@ -132,16 +134,31 @@ e AS (
            %(outcome)s::text, '{}'::jsonb
     FROM u
 )
-SELECT task_id FROM u
+SELECT u.task_id, EXISTS (
+    SELECT 1 FROM stopdesk_workitem h
+    WHERE h.id = %(open)s::bigint AND h.id <> u.id AND h.task_id = u.task_id AND h.state = ANY(%(unsettled)s::text[])
+) FROM u
 """
 
 
 def item_close_running(
-    *, item_id: int, succeeded: bool, actor: str, outcome: str = "", runtime_id: int | None = None
+    *,
+    item_id: int,
+    succeeded: bool,
+    actor: str,
+    outcome: str = "",
+    runtime_id: int | None = None,
+    open_item: int | None = None,
 ) -> bool:
     """Record the result of a running item (of the runtime `runtime_id`, when given) in one
     statement. Returns False, having written nothing, when the item is not running (or not there):
-    the caller then reports through `item_finish`, which knows late results. PostgreSQL only."""
+    the caller then reports through `item_finish`, which knows late results. PostgreSQL only.
+
+    `open_item`: an item of the same task that the caller holds open and settles itself later
+    (through a move that checks whether the task settled), such as a framework's run around its
+    tool calls. While it is unsettled the task cannot settle, so this result is one round trip.
+    A caller that settles `open_item` while such a result may still be committing checks the
+    task afterwards (`task_settle_check`)."""
     to_state = S.COMPLETED if succeeded else S.FAILED
     assert can_move(S.RUNNING, to_state) and to_state in SETTLED
     params = {
@@ -151,11 +168,20 @@ def item_close_running(
         "actor": actor,
         "runtime": runtime_id,
         "running": S.RUNNING.value,
+        "open": open_item,
+        "unsettled": [s.value for s in UNSETTLED],
     }
     with server_side_cursor() as cursor:
         cursor.execute(_CLOSE_RUNNING_SQL, params)
         row = cursor.fetchone()
     if row is None:
         return False
-    task_settle_after_commit(task_id=row[0])
+    task_id, held_open = row
+    if not held_open:
+        task_settle_after_commit(task_id=task_id)
     return True
+
+
+def task_settle_check(*, task_id: int) -> bool:
+    """Whether the task settled: written now (with its event) if every item has settled."""
+    return bool(tasks_settle(task_ids=[task_id]))
