@@ -1,7 +1,7 @@
 """An OpenAI Agents SDK agent whose every tool call and model request is in stopdesk, and which
 stops when you press Stop on its task page.
 
-    pip install "stopdesk[openai-agents]"
+    pip install ".[openai-agents]"
     STOPDESK_URL=http://127.0.0.1:8000 STOPDESK_TOKEN=sd_... \
     OPENAI_BASE_URL=http://127.0.0.1:<sandbox openai port>/v1 python docs/examples/openai_agents_agent.py
 

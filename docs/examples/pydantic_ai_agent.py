@@ -1,7 +1,7 @@
 """A pydantic-ai agent whose every tool call and model request is in stopdesk, and which stops when
 you press Stop on its task page.
 
-    pip install "stopdesk[pydantic-ai]"
+    pip install ".[pydantic-ai]"
     STOPDESK_URL=http://127.0.0.1:8000 STOPDESK_TOKEN=sd_... \
     OPENAI_BASE_URL=http://127.0.0.1:<sandbox openai port>/v1 python docs/examples/pydantic_ai_agent.py
 
