@@ -48,6 +48,16 @@ def task_request_stop(
 
 
 def _commit_stop_request(*, task_id: int, actor: str, by: Any, reason: str) -> tuple[StopRequest, bool]:
+    # A committed stop is never taken back, so a later Stop that sees one need not queue at the gate.
+    if not Task.objects.filter(pk=task_id, stop_requested_at__isnull=False).exists():
+        won = _commit_stop_first(task_id=task_id, actor=actor, by=by, reason=reason)
+        if won is not None:
+            return won, True
+    return _count_duplicate_stop(task_id=task_id, actor=actor, reason=reason), False
+
+
+def _commit_stop_first(*, task_id: int, actor: str, by: Any, reason: str) -> StopRequest | None:
+    """The stop request, if this call is the first; None if a stop had already committed."""
     with transaction.atomic():
         # The task's gate first, exclusive: it waits for the starts holding it (shared) to commit,
         # and new starts queue behind it (transitions.gate). Then the task row, FOR NO KEY UPDATE,
@@ -55,7 +65,7 @@ def _commit_stop_request(*, task_id: int, actor: str, by: Any, reason: str) -> t
         # concurrent fan-out's event inserts cannot deadlock. Only then is the clock read, so
         # every item that started has started_at < stop_requested_at, and every start after this
         # commits sees the stop. A concurrent second Stop waits at the gate for the first to
-        # commit, then matches no row.
+        # commit, then matches no row and lets go of both before counting itself as a duplicate.
         task_gate_exclusive(task_id)
         list(Task.objects.select_for_update(no_key=True).filter(pk=task_id).values_list("pk"))
         won = Task.objects.filter(pk=task_id, stop_requested_at__isnull=True).update(stop_requested_at=ClockNow())
@@ -68,12 +78,21 @@ def _commit_stop_request(*, task_id: int, actor: str, by: Any, reason: str) -> t
             event_record(kind="stop_requested", actor=actor, task=task, message=reason or "Stop requested.")
             # Delivered by PostgreSQL when this transaction commits, and only then.
             stop_notify(task_id=task_id, requested_at=task.stop_requested_at)
-            return stop_request, True
+            return stop_request
         if not Task.objects.filter(pk=task_id).exists():
             raise Task.DoesNotExist(f"Task {task_id} does not exist.")
+        return None
+
+
+def _count_duplicate_stop(*, task_id: int, actor: str, reason: str) -> StopRequest:
+    """A stop after the first, in a transaction of its own holding neither the gate nor the task
+    row: the count waits for the stop request's row, which the first stop's fan-out holds while
+    it moves the items, and a result being written for one of them may be waiting for the task
+    row. Holding the task row here closed that circle (a deadlock)."""
+    with transaction.atomic():
         StopRequest.objects.filter(task_id=task_id).update(duplicates=F("duplicates") + 1)
         event_record(kind="stop_duplicate", actor=actor, task=task_id, message=reason or "Stop requested again.")
-        return StopRequest.objects.get(task_id=task_id), False
+        return StopRequest.objects.get(task_id=task_id)
 
 
 def stop_fanout(*, stop_request_id: int, actor: str, dispatch: Callable[[list[int]], None] | None = None) -> list[int]:

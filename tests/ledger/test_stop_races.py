@@ -1,11 +1,12 @@
 """Stop racing real concurrent work on PostgreSQL: threads with their own connections."""
 
 import threading
+import time
 
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 
-from stopdesk.models import Event, StopRequest, WorkItem
+from stopdesk.models import Event, StopRequest, Task, WorkItem
 from stopdesk.services.errors import IllegalTransition, TaskStopped
 from stopdesk.services.stop import task_request_stop
 from stopdesk.services.transitions import item_start
@@ -179,3 +180,66 @@ def test_an_item_registered_while_the_stop_committed_is_settled_by_the_resumer()
     raced.refresh_from_db()
     assert raced.state == S.CANCELLED
     assert Event.objects.filter(item=raced, kind="stop_cancelled", to_state=S.CANCELLED).count() == 1
+
+
+def _lock_waiters() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND datname = current_database()"
+        )
+        return cursor.fetchone()[0]
+
+
+def test_a_second_stop_waiting_on_the_first_ones_fanout_holds_no_task_row_lock():
+    """The duplicate-Stop deadlock: the first Stop's fan-out holds the stop request and waits for
+    an item row that a result writer holds; that writer next needs the task row (the settle). A
+    second Stop counting itself must wait for the stop request without holding the task row."""
+    task = make_task()
+    item = make_item(task, state=S.RUNNING)
+    writer_has_row, writer_done = threading.Event(), threading.Event()
+    outcomes, errors = [], []
+
+    @_in_thread
+    def result_writer():
+        # A result write in progress: its transaction holds the item row.
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SELECT 1 FROM stopdesk_workitem WHERE id = %s FOR UPDATE", [item.pk])
+            writer_has_row.set()
+            writer_done.wait(30)
+
+    @_in_thread
+    def stop(who):
+        try:
+            outcomes.append(task_request_stop(task_id=task.pk, actor=f"user:{who}", dispatch=lambda ids: None))
+        except Exception as exc:  # handed to the test thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=result_writer)]
+    threads[0].start()
+    assert writer_has_row.wait(10)
+    threads.append(threading.Thread(target=stop, args=("first",)))
+    threads[1].start()
+    deadline = time.monotonic() + 10
+    while not Task.objects.filter(pk=task.pk, stop_requested_at__isnull=False).exists() or _lock_waiters() < 1:
+        assert time.monotonic() < deadline, "the first Stop's fan-out never waited for the item row"
+        time.sleep(0.01)
+    threads.append(threading.Thread(target=stop, args=("second",)))
+    threads[2].start()
+    while _lock_waiters() < 2:
+        assert time.monotonic() < deadline, "the second Stop never waited for the stop request"
+        time.sleep(0.01)
+    try:
+        # What the writer's settle does next: the task row. Free, or the three would deadlock.
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SET LOCAL lock_timeout = '2s'")
+            cursor.execute("SELECT 1 FROM stopdesk_task WHERE id = %s FOR NO KEY UPDATE", [task.pk])
+    finally:
+        writer_done.set()
+        for t in threads:
+            t.join(30)
+    assert not errors
+    assert sorted(o.created for o in outcomes) == [False, True]
+    assert len({o.stop_request.pk for o in outcomes}) == 1
+    assert StopRequest.objects.get(task=task).duplicates == 1
+    assert WorkItem.objects.get(pk=item.pk).cancel_requested_at is not None
