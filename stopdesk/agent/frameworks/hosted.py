@@ -6,9 +6,10 @@ No application hook saw them execute, and cancelling the response does not undo 
 of the model request's item, however the run ends: an answer the boundary discards after Stop
 still had its calls run. In-process and over HTTP the records go through the same service as the
 OpenAI adapter's read-back after a cancel (`record_launched`), keyed by call id under the
-response's item, so a call seen twice (a streamed item, then the completed response; a read-back) is recorded once:
-completed or failed as the provider reports, settled if read-only, otherwise uncertain with the
-review deadline, from when the request went out (not when it was found).
+response's item, so a call seen twice (a streamed item, then the completed response; a
+read-back) is recorded once: completed or failed as the provider reports, settled if read-only,
+otherwise uncertain with the review deadline, from when the request went out (not when it was
+found).
 """
 
 from __future__ import annotations
