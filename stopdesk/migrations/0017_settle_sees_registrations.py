@@ -3,9 +3,11 @@ answers whether the task has work in one of the given states, and if it seems to
 the task row and asks again with a fresh snapshot. A settle statement's own snapshot is taken
 before it waits for the row, so it cannot see an item that a registration holding the row commits
 meanwhile; this function, called per row, can. Its declared cost makes the planner call it after
-the statement's cheap checks. PostgreSQL only: SQLite serialises writers at BEGIN."""
+the statement's cheap checks. PostgreSQL only: SQLite serialises writers at BEGIN.
 
-from django.db import migrations
+And the settle sweep's index: the tasks not settled yet."""
+
+from django.db import migrations, models
 
 BUSY_FUNCTION = """
 CREATE OR REPLACE FUNCTION stopdesk_task_busy(task bigint, open_states text[]) RETURNS boolean
@@ -39,4 +41,10 @@ class Migration(migrations.Migration):
         ("stopdesk", "0016_i15gate_task_gate"),
     ]
 
-    operations = [migrations.RunPython(forward, backward)]
+    operations = [
+        migrations.RunPython(forward, backward),
+        migrations.AddIndex(
+            model_name="task",
+            index=models.Index(condition=models.Q(("settled_at__isnull", True)), fields=["id"], name="task_unsettled"),
+        ),
+    ]

@@ -197,3 +197,35 @@ def test_a_settle_waiting_for_a_registration_sees_its_new_item():
     assert not task.events.filter(kind="task_settled").exists()
     item_finish(item_id=new_item[0], succeeded=True, actor="race")
     assert Task.objects.get(pk=task.pk).settled_at is not None
+
+
+def test_a_task_whose_settle_checks_raced_is_settled_by_the_sweep():
+    """A tool result under the run's open item skips the settle check (the run is open); someone
+    else settles the run meanwhile, and its check runs before the result commits. Each saw the
+    other's item open, so neither settled the task; the periodic sweep does."""
+    from stopdesk.services.transitions import item_close_running, tasks_settle_sweep
+
+    task = make_task()
+    run = item_register_started(task_id=task.pk, actor="race", kind=Kind.LOCAL_WORKER, noun="agent run")
+    call = item_register_started(task_id=task.pk, actor="race", kind=Kind.LOCAL_WORKER, noun="call")
+    written, release = threading.Event(), threading.Event()
+
+    def result_under_the_open_run():
+        with transaction.atomic():  # the result's commit is held back until `release`
+            assert item_close_running(item_id=call, succeeded=True, actor="race", open_item=run)
+            written.set()
+            assert release.wait(WAIT)
+
+    result = Worker(result_under_the_open_run)
+    result.start()
+    assert written.wait(WAIT)
+    item_finish(item_id=run, succeeded=True, actor="reviewer")  # its settle check sees `call` running
+    release.set()
+    result.outcome()
+
+    assert set(WorkItem.objects.filter(task=task).values_list("state", flat=True)) == {S.COMPLETED}
+    assert Task.objects.get(pk=task.pk).settled_at is None  # the race, as it happens
+    assert tasks_settle_sweep() == [task.pk]
+    assert Task.objects.get(pk=task.pk).settled_at is not None
+    assert task.events.filter(kind="task_settled").count() == 1
+    assert tasks_settle_sweep() == []

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from django.db import connection, transaction
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from stopdesk.models import Event, Task, WorkItem
@@ -90,6 +90,22 @@ def tasks_settle(*, task_ids: Iterable[int] | None = None, items_where: Q | None
                 ]
             )
     return [row[0] for row in written]
+
+
+def tasks_settle_sweep(*, limit: int = 500) -> list[int]:
+    """The safety net for the settle checks that run after a commit: a process that died between
+    its commit and its check, or two writers that each saw the other's item still open (a result
+    under a run's open item while someone else settles the run). Writes settled_at on up to
+    `limit` tasks whose items have all settled. Reads only the tasks not settled yet (an index of
+    its own), so its cost follows the live tasks, not the history."""
+    candidates = (
+        Task.objects.filter(settled_at__isnull=True)
+        .filter(Exists(WorkItem.objects.filter(task_id=OuterRef("pk"))))
+        .exclude(Exists(WorkItem.objects.filter(task_id=OuterRef("pk"), state__in=UNSETTLED)))
+        .order_by("pk")
+        .values_list("pk", flat=True)[:limit]
+    )
+    return tasks_settle(task_ids=list(candidates))
 
 
 def task_settle_after_commit(*, task_id: int) -> None:
