@@ -185,8 +185,7 @@ def test_an_item_registered_while_the_stop_committed_is_settled_by_the_resumer()
 def _lock_waiters() -> int:
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-            " AND datname = current_database()"
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
         )
         return cursor.fetchone()[0]
 
