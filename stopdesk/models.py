@@ -123,6 +123,10 @@ class WorkItem(models.Model):
                 condition=Q(state=ItemState.UNCERTAIN.value),
                 name="item_uncertain_deadline",
             ),
+            # The review queue's oldest entry (min updated_at of the uncertain items), one probe.
+            models.Index(
+                fields=["updated_at"], condition=Q(state=ItemState.UNCERTAIN.value), name="item_uncertain_since"
+            ),
             # The overdue sweep: unflagged uncertain items only, so flagged ones are not read again.
             models.Index(
                 fields=["investigate_by"],

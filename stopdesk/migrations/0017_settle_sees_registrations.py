@@ -5,7 +5,8 @@ before it waits for the row, so it cannot see an item that a registration holdin
 meanwhile; this function, called per row, can. Its declared cost makes the planner call it after
 the statement's cheap checks. PostgreSQL only: SQLite serialises writers at BEGIN.
 
-And the settle sweep's index: the tasks not settled yet."""
+And two partial indexes: the settle sweep's (the tasks not settled yet) and the review queue's
+oldest uncertain item."""
 
 from django.db import migrations, models
 
@@ -46,5 +47,11 @@ class Migration(migrations.Migration):
         migrations.AddIndex(
             model_name="task",
             index=models.Index(condition=models.Q(("settled_at__isnull", True)), fields=["id"], name="task_unsettled"),
+        ),
+        migrations.AddIndex(
+            model_name="workitem",
+            index=models.Index(
+                condition=models.Q(("state", "uncertain")), fields=["updated_at"], name="item_uncertain_since"
+            ),
         ),
     ]

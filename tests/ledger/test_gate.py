@@ -17,6 +17,7 @@ from stopdesk.services.transitions import item_start
 from stopdesk.states import ItemState as S
 from stopdesk.states import Kind
 from tests.factories import make_item, make_task
+from tests.pg_waits import lock_waiters
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 
@@ -156,14 +157,6 @@ def test_registrations_stop_and_settling_together_do_not_deadlock():
     assert not rows.filter(pk__in=refused, started_at__isnull=False).exists()
 
 
-def _lock_waiters() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
-        )
-        return cursor.fetchone()[0]
-
-
 def test_a_settle_waiting_for_a_registration_sees_its_new_item():
     """A registration holds the task row until it commits its new item; a settle for the task's
     last other item, whose statement began meanwhile, waits for that row. It must then see the new
@@ -185,7 +178,7 @@ def test_a_settle_waiting_for_a_registration_sees_its_new_item():
     closer = Worker(lambda: item_finish(item_id=last.pk, succeeded=True, actor="race"))  # settles after commit
     closer.start()
     deadline = time.monotonic() + WAIT
-    while _lock_waiters() < 1:  # the settle's UPDATE, waiting for the task row
+    while lock_waiters() < 1:  # the settle's UPDATE, waiting for the task row
         assert time.monotonic() < deadline, "the settle never waited for the registration"
         time.sleep(0.01)
     release.set()
