@@ -49,9 +49,7 @@ def item_claim(*, item_id: int, now: datetime | None = None) -> bool:
     """Claim one item if it is due (or was never scheduled). A conditional UPDATE: exactly one
     caller wins; the claim pushes next_check_at past the work, so nobody else picks it up."""
     now = now or timezone.now()
-    won = WorkItem.objects.filter(
-        Q(next_check_at__isnull=True) | Q(next_check_at__lte=now), pk=item_id, state__in=SWEPT
-    ).update(next_check_at=now + timedelta(seconds=claim_seconds()), check_count=F("check_count") + 1)
+    won = WorkItem.objects.filter(_due(now), pk=item_id, state__in=SWEPT).update(next_check_at=now + timedelta(seconds=claim_seconds()), check_count=F("check_count") + 1)
     return won == 1
 
 
@@ -64,14 +62,29 @@ def items_claim(*, item_ids: list[int], now: datetime | None = None, hold_s: flo
     for start in range(0, len(item_ids), 1000):
         chunk = item_ids[start : start + 1000]
         with transaction.atomic():
+            # NO KEY: a row another transaction only references (an event or an attempt being
+            # inserted for the item holds it FOR KEY SHARE) is not skipped; a row a writer holds
+            # is, and stays due: `items_due` finds it for the caller to try again.
             due = list(
-                WorkItem.objects.select_for_update(skip_locked=True)
-                .filter(Q(next_check_at__isnull=True) | Q(next_check_at__lte=now), pk__in=chunk, state__in=SWEPT)
+                WorkItem.objects.select_for_update(skip_locked=True, no_key=True)
+                .filter(_due(now), pk__in=chunk, state__in=SWEPT)
                 .values_list("id", flat=True)
             )
             WorkItem.objects.filter(pk__in=due).update(next_check_at=until, check_count=F("check_count") + 1)
         won.extend(due)
     return sorted(won)
+
+
+def items_due(*, item_ids: list[int], now: datetime | None = None) -> list[int]:
+    """The given items a claim would take now if no one held their rows: after `items_claim`,
+    the ones it skipped because another transaction held them at that moment (nobody claimed
+    them; they are still due)."""
+    now = now or timezone.now()
+    return sorted(WorkItem.objects.filter(_due(now), pk__in=item_ids, state__in=SWEPT).values_list("id", flat=True))
+
+
+def _due(now: datetime) -> Q:
+    return Q(next_check_at__isnull=True) | Q(next_check_at__lte=now)
 
 
 _CLAIM_SQL = """
@@ -81,7 +94,7 @@ WHERE id IN (
     WHERE state = ANY(%(states)s) AND next_check_at <= %(now)s
     ORDER BY next_check_at, id
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 )
 RETURNING id
 """
