@@ -49,7 +49,9 @@ def item_claim(*, item_id: int, now: datetime | None = None) -> bool:
     """Claim one item if it is due (or was never scheduled). A conditional UPDATE: exactly one
     caller wins; the claim pushes next_check_at past the work, so nobody else picks it up."""
     now = now or timezone.now()
-    won = WorkItem.objects.filter(_due(now), pk=item_id, state__in=SWEPT).update(next_check_at=now + timedelta(seconds=claim_seconds()), check_count=F("check_count") + 1)
+    won = WorkItem.objects.filter(_due(now), pk=item_id, state__in=SWEPT).update(
+        next_check_at=now + timedelta(seconds=claim_seconds()), check_count=F("check_count") + 1
+    )
     return won == 1
 
 
