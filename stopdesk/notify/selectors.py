@@ -84,9 +84,10 @@ def audit_backlog(*, now: datetime | None = None, cap: int = UNSEALED_CAP) -> Au
 
 
 def _as_datetime(value: datetime | str) -> datetime:
-    """PostgreSQL returns datetimes; SQLite returns raw SQL aggregates as text (UTC)."""
+    """PostgreSQL returns datetimes; SQLite returns raw SQL aggregates as text, and a raw column
+    as a naive datetime (both UTC)."""
     if isinstance(value, datetime):
-        return value
+        return value if timezone.is_aware(value) else value.replace(tzinfo=UTC)
     parsed = parse_datetime(value)
     if parsed is None:
         raise ValueError(f"not a timestamp: {value!r}")
