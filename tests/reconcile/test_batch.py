@@ -234,7 +234,6 @@ def test_two_batch_cancellers_at_once_process_each_item_once(fast, openai_party,
         assert _state(item) == S.CANCELLED
 
 
-
 @pytest.mark.parametrize("lock", ["FOR UPDATE", "FOR KEY SHARE"])
 def test_an_item_whose_row_a_writer_holds_at_the_claim_is_still_cancelled_by_the_batch(
     fast, openai_party, django_capture_on_commit_callbacks, lock
@@ -276,6 +275,7 @@ def test_an_item_whose_row_a_writer_holds_at_the_claim_is_still_cancelled_by_the
         assert party.counts.count("cancel", item.handle) == 1
         assert CancellationAttempt.objects.filter(item=item).count() == 1
 
+
 def test_the_batch_costs_a_handful_of_statements_whatever_the_item_count(
     fast, openai_party, django_capture_on_commit_callbacks, django_assert_max_num_queries
 ):
@@ -302,9 +302,7 @@ def eager() -> Any:
     app.conf.task_always_eager = before
 
 
-def test_stop_over_many_items_of_one_mechanism_sends_them_to_the_batched_canceller(
-    fast, settings, openai_party, eager
-):
+def test_stop_over_many_items_of_one_mechanism_sends_them_to_the_batched_canceller(fast, settings, openai_party, eager):
     # Every call must answer for every item to settle in this one pass: 0.5 s (`fast`) is within
     # reach of a loaded machine's slowest call (32 threads and the stand-in share one process), and
     # a read-back that times out leaves its item running, rightly, with a retry scheduled.
