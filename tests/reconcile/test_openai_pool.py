@@ -17,7 +17,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from reconcile.mechanisms.openai import client_for, http_client_for
+import httpx
+
+from reconcile.mechanisms.openai import client_for, http_client_for, plain_endpoint_for
 
 # The stand-in's server (uvicorn) closes a connection idle for 5 s, counted from its answer. The
 # client counts from when it has read the answer and let go of the connection: on a loaded machine
@@ -42,6 +44,7 @@ class IdleClosingServer(socketserver.ThreadingTCPServer):
         self.connections = 0
         self.answered = 0
         self.closed_on_arrival = 0
+        self.heads: list[bytes] = []
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -59,6 +62,7 @@ class _Handler(socketserver.BaseRequestHandler):
                     return
                 buffer += chunk
             head, _, buffer = buffer.partition(b"\r\n\r\n")
+            self.server.heads.append(head)
             length = next(
                 (
                     int(line.split(b":")[1])
@@ -109,3 +113,63 @@ def test_the_sdk_client_creates_go_through_does_not_reuse_a_connection_the_serve
     # With the SDK's retries off (as for a create), a request sent into the close is an error.
     assert client.responses.retrieve("resp_pool").status == "cancelled"
     assert (server.answered, server.closed_on_arrival, server.connections) == (2, 0, 2)
+
+
+def test_the_cancel_and_read_back_path_does_not_reuse_a_connection_the_server_is_closing(idle_closing_server):
+    # The adapter's cancel and read-back go straight to the client's transport: the same pool.
+    server, url = idle_closing_server
+    endpoint = plain_endpoint_for(base_url=url, api_key="sk-plain", timeout_s=5.0)
+    assert endpoint.send("POST", "responses/resp_pool/cancel").status_code == 200
+    time.sleep(PAUSE_S)
+    assert endpoint.send("GET", "responses/resp_pool").json()["status"] == "cancelled"
+    assert (server.answered, server.closed_on_arrival, server.connections) == (2, 0, 2)
+    cancel, read_back = (head.lower().split(b"\r\n") for head in server.heads)
+    assert cancel[0] == b"post /v1/responses/resp_pool/cancel http/1.1"
+    assert read_back[0] == b"get /v1/responses/resp_pool http/1.1"
+    for lines in (cancel, read_back):
+        assert b"authorization: bearer sk-plain" in lines
+        assert f"host: 127.0.0.1:{server.server_address[1]}".encode() in lines
+    assert b"content-length: 0" in cancel
+
+
+class SilentServer(socketserver.ThreadingTCPServer):
+    """Accepts connections and reads requests, and never answers."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Silent)
+
+
+class _Silent(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        while self.request.recv(65536):
+            pass
+
+
+def test_the_cancel_and_read_back_path_keeps_the_clients_timeout():
+    server = SilentServer()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        endpoint = plain_endpoint_for(
+            base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", api_key="sk-silent", timeout_s=0.5
+        )
+        raised: list[BaseException] = []
+
+        def read_back() -> None:
+            try:
+                endpoint.send("GET", "responses/resp_silent")
+            except BaseException as exc:
+                raised.append(exc)
+
+        caller = threading.Thread(target=read_back, daemon=True)
+        started = time.monotonic()
+        caller.start()
+        caller.join(timeout=10)
+        assert not caller.is_alive(), "the read-back waited past its timeout"
+        assert len(raised) == 1 and isinstance(raised[0], httpx.ReadTimeout)
+        assert time.monotonic() - started < 5
+    finally:
+        server.shutdown()
+        server.server_close()
