@@ -15,9 +15,8 @@ import threading
 import time
 from collections.abc import Iterator
 
-import pytest
-
 import httpx
+import pytest
 
 from reconcile.mechanisms.openai import client_for, http_client_for, plain_endpoint_for
 
