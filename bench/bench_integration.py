@@ -116,7 +116,7 @@ RUNTIME_CALLS = (
     "task_settle_check",
     "watch_stop",
     "task_stopped",
-    "commits_wait_for_flush",
+    "thread_prepare",
 )
 
 

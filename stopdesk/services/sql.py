@@ -1,5 +1,7 @@
 """Small database helpers shared by the services."""
 
+import select
+import time
 from typing import Any
 
 from django.db import connection
@@ -33,6 +35,29 @@ def server_side_cursor() -> Any:
     raw = psycopg.Cursor(connection.connection)
     # django-stubs type these as taking a CursorWrapper; Django passes them the driver's cursor.
     return connection.make_debug_cursor(raw) if connection.queries_logged else connection.make_cursor(raw)  # type: ignore[arg-type]
+
+
+def thread_connection_ready(*, wait_for_flush: bool = True) -> None:
+    """Before a call on a long-lived thread that sees no requests (Django checks connections per
+    request): a connection that failed or outlived CONN_MAX_AGE is checked and replaced if unusable,
+    and one the server closed while it sat idle (its socket has something to read: the server's
+    goodbye) is replaced, so the call does not fail on it; neither costs a round trip. Then
+    `commits_wait_for_flush(wait_for_flush)`."""
+    raw = connection.connection
+    if raw is not None:
+        if connection.errors_occurred or (connection.close_at is not None and time.monotonic() >= connection.close_at):
+            connection.close_if_unusable_or_obsolete()
+        elif _readable(raw):
+            connection.close()
+    commits_wait_for_flush(wait_for_flush)
+
+
+def _readable(raw: Any) -> bool:
+    try:
+        ready, _, _ = select.select([raw.fileno()], [], [], 0)
+    except (OSError, ValueError, AttributeError):
+        return True  # no usable socket: replace the connection
+    return bool(ready)
 
 
 def commits_wait_for_flush(wait: bool) -> None:

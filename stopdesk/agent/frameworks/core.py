@@ -23,7 +23,7 @@ Stop is refused in memory.
 What waits for the disk: the boundary (a tool call's registration, the run's item, a request
 that can act on the provider's side), what the Stop path records (cancelled, uncertain) and the
 run's end commit only once PostgreSQL has flushed them. A result (a tool call's, a draft's) and a
-draft's record do not wait for the flush (`commits_wait_for_flush`, where the runtime offers it),
+draft's record do not wait for the flush (`thread_prepare`, where the runtime offers it),
 so the next tool call's boundary does not queue behind their flushes. A crash of the database
 server may lose such a commit: a tool call then stays running, which the reaper makes uncertain,
 never settled wrongly; a draft had no effect outside. Any commit that waits flushes every commit
@@ -46,7 +46,6 @@ import logging
 import os
 import sys
 import threading
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -511,11 +510,11 @@ class StopdeskRun:
         if inspect.iscoroutinefunction(fn):
             return await fn(*args, **kwargs)
         pool = _lane(lane)
-        flush = getattr(self.runtime, "commits_wait_for_flush", None)
+        prepare = getattr(self.runtime, "thread_prepare", None)
         for attempt in range(DEADLOCK_RETRIES + 1):
             try:
                 return await asyncio.get_running_loop().run_in_executor(
-                    pool, lambda: _in_lane(fn, flush, lane != "results", args, kwargs)
+                    pool, lambda: _in_lane(fn, prepare, lane != "results", args, kwargs)
                 )
             except Exception as exc:
                 # PostgreSQL chose this write as a deadlock victim and rolled it back whole; the
@@ -552,12 +551,9 @@ RUN_STOPPED = "stopped before it finished"
 USED_AFTER_REFUSAL = "the answer came back before Stop was known here, and the agent used it"
 DEADLOCK_RETRIES = 3
 LANE_THREADS = {"writes": 4, "results": 4, "watch": 2}
-# A connection that sat idle this long is checked before use, as Django checks one per request.
-IDLE_CHECK_S = 10.0
 
 _lanes: dict[str, ThreadPoolExecutor] = {}
 _lanes_lock = threading.Lock()
-_thread = threading.local()
 
 
 def _lane(name: str) -> ThreadPoolExecutor:
@@ -570,37 +566,19 @@ def _lane(name: str) -> ThreadPoolExecutor:
 
 def _in_lane(
     fn: Callable[..., Any],
-    flush: Callable[[bool], None] | None,
-    wait: bool,
+    prepare: Callable[[bool], None] | None,
+    wait_for_flush: bool,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
-    _connection_checked()
-    if flush is not None:
-        flush(wait)
+    # These threads see no requests: their connection is checked here, as Django checks one per request.
+    if prepare is not None:
+        prepare(wait_for_flush)
+    elif "django.db" in sys.modules:
+        from django.db import close_old_connections
+
+        close_old_connections()
     return fn(*args, **kwargs)
-
-
-def _connection_checked() -> None:
-    """These threads see no requests, so Django's per-request connection care happens here: a
-    connection that failed, outlived CONN_MAX_AGE or sat idle is checked, and replaced if unusable,
-    before the call uses it."""
-    if "django.db" not in sys.modules:
-        return
-    from django.db import connection
-
-    now = time.monotonic()
-    idle = now - getattr(_thread, "used", now)
-    _thread.used = now
-    if connection.connection is None:
-        return
-    if (
-        connection.errors_occurred
-        or idle > IDLE_CHECK_S
-        or (connection.close_at is not None and now >= connection.close_at)
-    ):
-        connection.close_if_unusable_or_obsolete()
-        connection.close_if_health_check_failed()
 
 
 def close_connections() -> None:

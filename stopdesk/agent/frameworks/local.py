@@ -12,8 +12,9 @@
 - `task_stopped(task_id)`: one indexed read, for watching Stop without building the task's detail;
 - `record_launched(item_id, calls)`: tool calls a model response ran itself, as children of the
   response's item (the service the OpenAI adapter's read-back uses, so each call once);
-- `commits_wait_for_flush(wait)`: whether the calling thread's commits wait for the disk flush,
-  set by the run's threads before each call (see `StopdeskRun` for which writes do not wait).
+- `thread_prepare(wait_for_flush)`: called by the run's threads before each call: the thread's
+  connection checked as Django checks one per request, and whether its commits wait for the disk
+  flush (see `StopdeskRun` for which writes do not wait).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from stopdesk.agent.runtime import LocalRuntime, _id
 from stopdesk.client.errors import NotFound, StopRequested
 from stopdesk.services.errors import TaskStopped
 from stopdesk.services.items import item_register_started, item_report_stopped
-from stopdesk.services.sql import commits_wait_for_flush, is_postgres
+from stopdesk.services.sql import is_postgres, thread_connection_ready
 from stopdesk.services.transitions import item_close_running, task_settle_check
 from stopdesk.states import ItemState
 
@@ -88,9 +89,9 @@ class FrameworkRuntime(LocalRuntime):
     def task_stopped(self, task_id: int) -> bool:
         return self._tasks().filter(pk=task_id, stop_requested_at__isnull=False).exists()
 
-    def commits_wait_for_flush(self, wait: bool) -> None:
-        """Whether this thread's commits wait until the database has flushed them to disk."""
-        commits_wait_for_flush(wait)
+    def thread_prepare(self, wait_for_flush: bool) -> None:
+        """This thread's connection, checked, and whether its commits wait for the disk flush."""
+        thread_connection_ready(wait_for_flush=wait_for_flush)
 
     def record_launched(self, item_id: int, calls: list[dict[str, Any]]) -> list[int]:
         self._check_item(item_id)  # scoped, as every item call
