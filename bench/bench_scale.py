@@ -173,12 +173,14 @@ def _sweeps() -> list[Figure]:
     from reconcile.services.compensation import compensations_sweep
     from reconcile.services.reconcile import items_claim_due, items_flag_overdue
     from stopdesk.services.reaper import items_reap_stale
+    from stopdesk.services.transitions import tasks_settle_sweep
 
     sweeps = {
         "claim_due": lambda: len(items_claim_due(limit=200)),
         "reap_stale": items_reap_stale,
         "flag_overdue": items_flag_overdue,
         "compensations": lambda: sum(map(len, compensations_sweep(enqueue=lambda _id: None).values())),
+        "settle_tasks": lambda: len(tasks_settle_sweep()),
     }
     figures = []
     for name, sweep in sweeps.items():

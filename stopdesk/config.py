@@ -166,6 +166,8 @@ MECHANISM_TIMINGS = {
     "DEADLINE_SECONDS": "deadline_s",  # from the cancel request to `uncertain`
     "CALL_TIMEOUT_SECONDS": "call_timeout_s",  # one remote call
     "WATCH_SECONDS": "recheck_after_cancelled_s",  # keep watching a `cancelled` for a flip
+    "WATCH_FIRST_SECONDS": "watch_first_s",  # the watch's first read-back after the cancel
+    "WATCH_GROWTH": "watch_growth",  # each later read-back's interval, times the one before
 }
 _TIMING = re.compile(r"STOPDESK_([A-Z0-9]+)_(" + "|".join(MECHANISM_TIMINGS) + r")")
 
@@ -176,8 +178,9 @@ def timing_variable(mechanism: str, field_name: str) -> str:
 
 
 def mechanism_timings() -> dict[str, dict[str, float]]:
-    """The STOPDESK_<MECHANISM>_{DEADLINE,CALL_TIMEOUT,WATCH}_SECONDS variables that are set, as
-    overrides for settings.STOPDESK_MECHANISMS. A watch window may be 0; the others must be > 0."""
+    """The STOPDESK_<MECHANISM>_{DEADLINE,CALL_TIMEOUT,WATCH,WATCH_FIRST}_SECONDS and
+    _WATCH_GROWTH variables that are set, as overrides for settings.STOPDESK_MECHANISMS. A watch
+    window may be 0, a growth must be at least 1 (a factor, not seconds); the others must be > 0."""
     found: dict[str, dict[str, float]] = {}
     for name in sorted(os.environ):
         match = _TIMING.fullmatch(name)
@@ -194,10 +197,16 @@ def mechanism_timings() -> dict[str, dict[str, float]]:
         except ValueError:
             value = math.nan
         if not math.isfinite(value):
-            raise ConfigError(f"{name}={raw!r} is not a number of seconds.")
-        if what == "WATCH_SECONDS" and value < 0:
+            unit = "a factor" if what == "WATCH_GROWTH" else "a number of seconds"
+            raise ConfigError(f"{name}={raw!r} is not {unit}.")
+        if what == "WATCH_GROWTH":
+            if value < 1:
+                raise ConfigError(
+                    f"{name}={raw} must be at least 1 (each read-back waits at least as long as the last)."
+                )
+        elif what == "WATCH_SECONDS" and value < 0:
             raise ConfigError(f"{name}={raw} must be at least 0.")
-        if what != "WATCH_SECONDS" and value <= 0:
+        elif what != "WATCH_SECONDS" and value <= 0:
             raise ConfigError(f"{name}={raw} must be more than 0.")
         found.setdefault(mechanism, {})[MECHANISM_TIMINGS[what]] = value
     return found

@@ -59,8 +59,12 @@ class Task(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
-        # Serves the task list and the admin's ordering (-created_at, -id) with a LIMIT.
-        indexes = [models.Index(fields=["created_at", "id"], name="task_created")]
+        indexes = [
+            # Serves the task list and the admin's ordering (-created_at, -id) with a LIMIT.
+            models.Index(fields=["created_at", "id"], name="task_created"),
+            # The settle sweep's candidates: tasks not settled yet, however long the history.
+            models.Index(fields=["id"], condition=Q(settled_at__isnull=True), name="task_unsettled"),
+        ]
 
     def __str__(self) -> str:
         # With its id: several tasks often share a title (every demo run is "Invoice analysis").
@@ -118,6 +122,10 @@ class WorkItem(models.Model):
                 fields=["investigate_by", "id"],
                 condition=Q(state=ItemState.UNCERTAIN.value),
                 name="item_uncertain_deadline",
+            ),
+            # The review queue's oldest entry (min updated_at of the uncertain items), one probe.
+            models.Index(
+                fields=["updated_at"], condition=Q(state=ItemState.UNCERTAIN.value), name="item_uncertain_since"
             ),
             # The overdue sweep: unflagged uncertain items only, so flagged ones are not read again.
             models.Index(

@@ -208,6 +208,9 @@ CELERY_BEAT_SCHEDULE = {
     # The audit chain, sealed after commit: events written since the last run get their place
     # and hash (stopdesk/services/audit_seal.py). Until then they are listed as not sealed yet.
     "seal-audit-events": {"task": "stopdesk.seal_audit_events", "schedule": 5.0},
+    # Tasks whose items have all settled but whose settle check after commit never ran (the
+    # process died) or raced (stopdesk/services/transitions/settled.py).
+    "settle-tasks": {"task": "stopdesk.settle_tasks", "schedule": 60.0},
     # Bounded batch of items awaiting reconciliation or due for a re-check (reconcile/services).
     "reconcile-sweep": {"task": "reconcile.sweep", "schedule": 5.0},
     # Approved compensations whose job was lost are queued again; ones whose worker died mid-run

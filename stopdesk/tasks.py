@@ -8,6 +8,7 @@ from stopdesk.services.audit_seal import audit_seal
 from stopdesk.services.partitions import event_partitions_ensure
 from stopdesk.services.reaper import api_replays_purge, items_reap_stale
 from stopdesk.services.stop import stops_resume_fanout
+from stopdesk.services.transitions import tasks_settle_sweep
 
 
 @shared_task(name="stopdesk.reap_stale_items", time_limit=60, soft_time_limit=55)
@@ -34,6 +35,11 @@ def ensure_event_partitions() -> int:
 def seal_audit_events() -> int:
     # Bounded per run (the next run carries on); skipped while another sealer holds the lock.
     return audit_seal(max_batches=20) or 0
+
+
+@shared_task(name="stopdesk.settle_tasks", time_limit=120, soft_time_limit=110)
+def settle_tasks() -> int:
+    return len(tasks_settle_sweep())
 
 
 @worker_ready.connect

@@ -4,8 +4,9 @@ OTEL_TRACES_EXPORTER=otlp/console); OTEL_SDK_DISABLED=true wins. Without a provi
 here is the API's no-op span.
 
 What is traced: each runtime API request as a SERVER span whose parent is the caller's W3C
-`traceparent` (so the agent's own spans contain ours); Stop and each Celery job (reconciliation
-is `stopdesk.reconcile`) as child spans, the job's parent carried in its message headers; a
+`traceparent` (so the agent's own spans contain ours); Stop, whichever door it came through (the
+dashboard, the API, the in-process runtime), and each Celery job (reconciliation is
+`stopdesk.reconcile`) as child spans, the job's parent carried in its message headers; a
 boundary refusal and an item becoming uncertain as span events. Item attributes follow the GenAI
 conventions where they apply (`gen_ai.tool.name`, `gen_ai.tool.call.id`).
 """

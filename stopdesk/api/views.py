@@ -30,7 +30,7 @@ from stopdesk.client.errors import (
     StopdeskError,
     StopRequested,
 )
-from stopdesk.tracing import server_span, span_event, tracer
+from stopdesk.tracing import server_span, span_event
 
 log = logging.getLogger(__name__)
 
@@ -222,8 +222,7 @@ def register(sd: LocalRuntime, args: schemas.RegisterItem, key: str | None, task
 @endpoint("POST", "/tasks/{task_id}/stop", body=schemas.RequestStop, returns="StopInfo", replayable=False, atomic=False)
 def request_stop(sd: LocalRuntime, args: schemas.RequestStop, key: None, task_id: int) -> Any:
     """Request Stop. Idempotent: every call returns the task's one stop request (`created` only the first time)."""
-    with tracer.start_as_current_span("stopdesk.stop", attributes={"stopdesk.task.id": task_id}):
-        return sd.request_stop(task_id, reason=args.reason)
+    return sd.request_stop(task_id, reason=args.reason)  # traced as `stopdesk.stop` by the service
 
 
 @endpoint("GET", "/items/{item_id}", returns="ItemInfo")

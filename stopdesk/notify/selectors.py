@@ -11,16 +11,21 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from stopdesk.notify.models import Delivery
+from stopdesk.paging import CappedCount
 from stopdesk.states import ItemState
 
-# Uncertain items (partial index item_uncertain_deadline) and compensations waiting for a person
-# (index on state, proposed_at): counted and dated in one statement whatever the ledger's size.
+# Uncertain items (partial indexes item_uncertain_deadline and item_uncertain_since) and
+# compensations waiting for a person (index on state, proposed_at): counted and dated in one
+# statement. /metrics counts exactly (an index-only scan of the uncertain items); the pages count
+# at most `cap` + 1 rows, so their cost does not grow with the queue.
 QUEUE_SQL = """
 SELECT
-  (SELECT count(*) FROM stopdesk_workitem WHERE state = %(uncertain)s),
-  (SELECT count(*) FROM stopdesk_workitem WHERE state = %(uncertain)s AND investigate_by < %(now)s),
+  (SELECT count(*) FROM (SELECT 1 FROM stopdesk_workitem WHERE state = %(uncertain)s LIMIT %(cap)s) u),
+  (SELECT count(*) FROM (
+      SELECT 1 FROM stopdesk_workitem WHERE state = %(uncertain)s AND investigate_by < %(now)s LIMIT %(cap)s) p),
   (SELECT min(updated_at) FROM stopdesk_workitem WHERE state = %(uncertain)s),
-  (SELECT count(*) FROM reconcile_compensation WHERE state IN ('proposed', 'escalated')),
+  (SELECT count(*) FROM (
+      SELECT 1 FROM reconcile_compensation WHERE state IN ('proposed', 'escalated') LIMIT %(cap)s) c),
   (SELECT min(proposed_at) FROM reconcile_compensation WHERE state IN ('proposed', 'escalated'))
 """
 
@@ -38,16 +43,19 @@ class QueueFacts:
         return max(0.0, (self.now - self.oldest_at).total_seconds()) if self.oldest_at else 0.0
 
 
-def review_queue_facts(*, now: datetime | None = None) -> QueueFacts:
+def review_queue_facts(*, now: datetime | None = None, cap: int | None = None) -> QueueFacts:
+    """The queue's size and age. With `cap`, each count stops there (`CappedCount`, "10,000+")."""
     now = now or timezone.now()
     with connection.cursor() as cursor:
         # The state is a parameter (named in states.py only); Django binds it on the client, so the
         # planner still sees the partial index's literal.
-        cursor.execute(QUEUE_SQL, {"uncertain": ItemState.UNCERTAIN.value, "now": now})
+        limit = 2**62 if cap is None else cap + 1
+        cursor.execute(QUEUE_SQL, {"uncertain": ItemState.UNCERTAIN.value, "now": now, "cap": limit})
         uncertain, past, oldest_item, waiting, oldest_compensation = cursor.fetchone()
     found = (_as_datetime(t) for t in (oldest_item, oldest_compensation) if t is not None)
     oldest = min(found, default=None)
-    return QueueFacts(uncertain, past, waiting, oldest, now)
+    counts = [n if cap is None or n <= cap else CappedCount(cap) for n in (uncertain, past, waiting)]
+    return QueueFacts(counts[0], counts[1], counts[2], oldest, now)
 
 
 def _as_datetime(value: datetime | str) -> datetime:

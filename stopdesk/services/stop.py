@@ -18,6 +18,7 @@ from stopdesk.services.sql import ClockNow
 from stopdesk.services.stop_watch import stop_notify
 from stopdesk.services.transitions import NOW, items_move, task_gate_exclusive
 from stopdesk.states import IN_FLIGHT, ItemState
+from stopdesk.tracing import tracer
 
 S = ItemState
 
@@ -39,12 +40,17 @@ def task_request_stop(
 ) -> StopOutcome:
     """Idempotent. The first call commits the stop request in its own transaction before anything
     else happens; every later or concurrent call gets the same StopRequest and an audit event."""
-    stop_request, created = _commit_stop_request(task_id=task_id, actor=actor, by=by, reason=reason)
-    if not created:
-        return StopOutcome(stop_request, created=False)
-    ids = stop_fanout(stop_request_id=stop_request.pk, actor=actor, dispatch=dispatch)
-    stop_request.refresh_from_db()
-    return StopOutcome(stop_request, created=True, dispatched=tuple(ids))
+    # One span for every door to Stop (the dashboard, the runtime API, the in-process runtime);
+    # the cancellation jobs it queues are its children.
+    with tracer.start_as_current_span(
+        "stopdesk.stop", attributes={"stopdesk.task.id": task_id, "stopdesk.actor": actor}
+    ):
+        stop_request, created = _commit_stop_request(task_id=task_id, actor=actor, by=by, reason=reason)
+        if not created:
+            return StopOutcome(stop_request, created=False)
+        ids = stop_fanout(stop_request_id=stop_request.pk, actor=actor, dispatch=dispatch)
+        stop_request.refresh_from_db()
+        return StopOutcome(stop_request, created=True, dispatched=tuple(ids))
 
 
 def _commit_stop_request(*, task_id: int, actor: str, by: Any, reason: str) -> tuple[StopRequest, bool]:

@@ -34,6 +34,7 @@ from reconcile.services.review import (
 )
 from stopdesk import permissions as perms
 from stopdesk.notify.selectors import review_queue_facts
+from stopdesk.paging import ADMIN_CAP
 from stopdesk.services.errors import IllegalTransition
 from stopdesk.states import ItemState
 from stopdesk.views import HtmxHttpRequest
@@ -67,7 +68,7 @@ def _queue_context(request: HtmxHttpRequest, sections: dict, pages: dict) -> dic
         "s": sections,
         "pages": pages,
         "now": now(),
-        "facts": review_queue_facts(),
+        "facts": review_queue_facts(cap=ADMIN_CAP),
         "can_resolve": perms.can(user, perms.RESOLVE),
         "can_propose": perms.can(user, perms.PROPOSE),
         "can_approve": perms.can(user, perms.APPROVE),

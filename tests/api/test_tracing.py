@@ -121,3 +121,26 @@ def test_tracing_is_off_unless_the_standard_variables_turn_it_on():
     assert enabled_by_env({"OTEL_TRACES_EXPORTER": "otlp"})
     assert not enabled_by_env({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true"})
     assert not enabled_by_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "OTEL_TRACES_EXPORTER": "none"})
+
+
+def test_stop_from_the_dashboard_and_in_process_is_traced_too(spans, transactional_db, cast):
+    from django.contrib.auth.models import Group
+    from django.test import Client as PageClient
+
+    from stopdesk.agent.runtime import LocalRuntime
+    from stopdesk.permissions import roles_ensure
+    from tests.factories import make_task
+
+    roles_ensure()
+    cast["operator"].groups.add(Group.objects.get(name="operators"))
+    operator = PageClient()
+    operator.force_login(cast["operator"])
+    spans.clear()
+    dashboard_task, local_task = make_task(), make_task()
+    response = operator.post(f"/tasks/{dashboard_task.pk}/stop/", {"reason": "wrong customer"})
+    assert response.status_code in (200, 302), response.status_code
+    LocalRuntime(actor="agent:test").request_stop(local_task.pk, reason="done")
+    stops = [s for s in spans.get_finished_spans() if s.name == "stopdesk.stop"]
+    assert sorted((s.attributes["stopdesk.task.id"], s.attributes["stopdesk.actor"]) for s in stops) == sorted(
+        [(dashboard_task.pk, "user:operator"), (local_task.pk, "agent:test")]
+    )

@@ -17,6 +17,7 @@ from stopdesk.services.transitions import item_start
 from stopdesk.states import ItemState as S
 from stopdesk.states import Kind
 from tests.factories import make_item, make_task
+from tests.pg_waits import lock_waiters
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 
@@ -154,3 +155,70 @@ def test_registrations_stop_and_settling_together_do_not_deadlock():
     assert not rows.filter(started_at__gte=stop_at).exists()
     assert set(rows.filter(state=S.CANCELLED).values_list("id", flat=True)) == set(refused)
     assert not rows.filter(pk__in=refused, started_at__isnull=False).exists()
+
+
+def test_a_settle_waiting_for_a_registration_sees_its_new_item():
+    """A registration holds the task row until it commits its new item; a settle for the task's
+    last other item, whose statement began meanwhile, waits for that row. It must then see the new
+    item running and leave the task unsettled (its first snapshot could not see the item)."""
+    task = make_task()
+    last = make_item(task, state=S.RUNNING)
+    registered, release = threading.Event(), threading.Event()
+    new_item: list[int] = []
+
+    def registration():
+        with transaction.atomic():  # the registration's commit is held back until `release`
+            new_item.append(item_register_started(task_id=task.pk, actor="race", kind=Kind.LOCAL_WORKER, noun="call"))
+            registered.set()
+            assert release.wait(WAIT)
+
+    registrar = Worker(registration)
+    registrar.start()
+    assert registered.wait(WAIT)
+    closer = Worker(lambda: item_finish(item_id=last.pk, succeeded=True, actor="race"))  # settles after commit
+    closer.start()
+    deadline = time.monotonic() + WAIT
+    while lock_waiters() < 1:  # the settle's UPDATE, waiting for the task row
+        assert time.monotonic() < deadline, "the settle never waited for the registration"
+        time.sleep(0.01)
+    release.set()
+    registrar.outcome()
+    closer.outcome()
+
+    assert WorkItem.objects.get(pk=new_item[0]).state == S.RUNNING
+    assert Task.objects.get(pk=task.pk).settled_at is None
+    assert not task.events.filter(kind="task_settled").exists()
+    item_finish(item_id=new_item[0], succeeded=True, actor="race")
+    assert Task.objects.get(pk=task.pk).settled_at is not None
+
+
+def test_a_task_whose_settle_checks_raced_is_settled_by_the_sweep():
+    """A tool result under the run's open item skips the settle check (the run is open); someone
+    else settles the run meanwhile, and its check runs before the result commits. Each saw the
+    other's item open, so neither settled the task; the periodic sweep does."""
+    from stopdesk.services.transitions import item_close_running, tasks_settle_sweep
+
+    task = make_task()
+    run = item_register_started(task_id=task.pk, actor="race", kind=Kind.LOCAL_WORKER, noun="agent run")
+    call = item_register_started(task_id=task.pk, actor="race", kind=Kind.LOCAL_WORKER, noun="call")
+    written, release = threading.Event(), threading.Event()
+
+    def result_under_the_open_run():
+        with transaction.atomic():  # the result's commit is held back until `release`
+            assert item_close_running(item_id=call, succeeded=True, actor="race", open_item=run)
+            written.set()
+            assert release.wait(WAIT)
+
+    result = Worker(result_under_the_open_run)
+    result.start()
+    assert written.wait(WAIT)
+    item_finish(item_id=run, succeeded=True, actor="reviewer")  # its settle check sees `call` running
+    release.set()
+    result.outcome()
+
+    assert set(WorkItem.objects.filter(task=task).values_list("state", flat=True)) == {S.COMPLETED}
+    assert Task.objects.get(pk=task.pk).settled_at is None  # the race, as it happens
+    assert tasks_settle_sweep() == [task.pk]
+    assert Task.objects.get(pk=task.pk).settled_at is not None
+    assert task.events.filter(kind="task_settled").count() == 1
+    assert tasks_settle_sweep() == []

@@ -12,6 +12,7 @@ from stopdesk.services.stop import task_request_stop
 from stopdesk.services.transitions import item_start
 from stopdesk.states import ItemState as S
 from tests.factories import make_item, make_task
+from tests.pg_waits import lock_waiters
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 
@@ -182,15 +183,6 @@ def test_an_item_registered_while_the_stop_committed_is_settled_by_the_resumer()
     assert Event.objects.filter(item=raced, kind="stop_cancelled", to_state=S.CANCELLED).count() == 1
 
 
-def _lock_waiters() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-            " AND datname = current_database()"
-        )
-        return cursor.fetchone()[0]
-
-
 def test_a_second_stop_waiting_on_the_first_ones_fanout_holds_no_task_row_lock():
     """The duplicate-Stop deadlock: the first Stop's fan-out holds the stop request and waits for
     an item row that a result writer holds; that writer next needs the task row (the settle). A
@@ -221,12 +213,12 @@ def test_a_second_stop_waiting_on_the_first_ones_fanout_holds_no_task_row_lock()
     threads.append(threading.Thread(target=stop, args=("first",)))
     threads[1].start()
     deadline = time.monotonic() + 10
-    while not Task.objects.filter(pk=task.pk, stop_requested_at__isnull=False).exists() or _lock_waiters() < 1:
+    while not Task.objects.filter(pk=task.pk, stop_requested_at__isnull=False).exists() or lock_waiters() < 1:
         assert time.monotonic() < deadline, "the first Stop's fan-out never waited for the item row"
         time.sleep(0.01)
     threads.append(threading.Thread(target=stop, args=("second",)))
     threads[2].start()
-    while _lock_waiters() < 2:
+    while lock_waiters() < 2:
         assert time.monotonic() < deadline, "the second Stop never waited for the stop request"
         time.sleep(0.01)
     try:

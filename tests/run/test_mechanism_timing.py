@@ -1,5 +1,6 @@
 """Each mechanism's deadline, call timeout and watch window come from the environment
-(STOPDESK_<MECHANISM>_DEADLINE_SECONDS, _CALL_TIMEOUT_SECONDS, _WATCH_SECONDS), checked by `check`."""
+(STOPDESK_<MECHANISM>_DEADLINE_SECONDS, _CALL_TIMEOUT_SECONDS, _WATCH_SECONDS, and the watch's
+schedule: _WATCH_FIRST_SECONDS, _WATCH_GROWTH), checked by `check`."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from tests.run.test_config_errors import PREFIX, one_line
 
 READ = (
     "from reconcile.mechanisms.registry import mechanism_settings as m; s = m('openai'); h = m('http');"
-    "print(s.deadline_s, s.call_timeout_s, s.recheck_after_cancelled_s, h.deadline_s)"
+    "print(s.deadline_s, s.call_timeout_s, s.recheck_after_cancelled_s, h.deadline_s, s.watch_first_s, s.watch_growth,"
+    " h.watch_growth)"
 )
 
 
@@ -26,10 +28,13 @@ def test_the_environment_sets_a_mechanisms_deadline_timeout_and_watch_window(env
         STOPDESK_OPENAI_DEADLINE_SECONDS="120",
         STOPDESK_OPENAI_CALL_TIMEOUT_SECONDS="2.5",
         STOPDESK_OPENAI_WATCH_SECONDS="0",
+        STOPDESK_OPENAI_WATCH_FIRST_SECONDS="2",
+        STOPDESK_OPENAI_WATCH_GROWTH="1.5",
     )
     result = run(["manage.py", "shell", "-v", "0", "-c", READ], env)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["120.0", "2.5", "0.0", "600.0"]  # http keeps its own default
+    # http keeps its own defaults
+    assert result.stdout.split() == ["120.0", "2.5", "0.0", "600.0", "2.0", "1.5", "3.0"]
 
 
 @pytest.mark.parametrize(
@@ -40,6 +45,9 @@ def test_the_environment_sets_a_mechanisms_deadline_timeout_and_watch_window(env
         ("STOPDESK_HTTP_WATCH_SECONDS", "-5", "must be at least 0"),
         ("STOPDESK_CELERY_DEADLINE_SECONDS", "nan", "is not a number of seconds"),
         ("STOPDESK_OPNEAI_DEADLINE_SECONDS", "60", "no mechanism called 'opneai'"),
+        ("STOPDESK_OPENAI_WATCH_GROWTH", "0.5", "must be at least 1"),
+        ("STOPDESK_OPENAI_WATCH_GROWTH", "fast", "is not a factor"),
+        ("STOPDESK_MCP_WATCH_FIRST_SECONDS", "0", "must be more than 0"),
     ],
 )
 def test_a_bad_timing_is_one_line_naming_the_variable(env: dict[str, str], name: str, value: str, says: str) -> None:

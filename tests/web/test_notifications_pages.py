@@ -40,6 +40,20 @@ def test_the_queue_says_how_old_its_oldest_entry_is_and_how_many_deadlines_passe
     assert "<strong>2</strong> investigate-by deadlines passed" in page
 
 
+def test_the_queue_counts_stop_at_a_cap_and_say_so_and_metrics_count_exactly():
+    from stopdesk.notify.selectors import review_queue_facts
+
+    for _ in range(3):
+        _uncertain(-1)
+    capped = review_queue_facts(cap=2)
+    assert (str(capped.uncertain), str(capped.past_deadline), capped.waiting_compensations) == ("2+", "2+", 0)
+    exact = review_queue_facts()
+    assert (exact.uncertain, exact.past_deadline) == (3, 3)
+    assert review_queue_facts(cap=3).past_deadline == 3 and not hasattr(
+        review_queue_facts(cap=3).past_deadline, "capped"
+    )
+
+
 def test_the_deliveries_page_is_for_admins_and_lists_deliveries(as_user, roles):
     _uncertain(1)
     notifications_deliver(list(Notification.objects.values_list("id", flat=True)))

@@ -16,7 +16,8 @@
 - `gate`: the per-task advisory lock that starts hold shared and Stop exclusive (PostgreSQL), so
   a task's starts overlap and a waiting Stop is not starved;
 - `settled`: the task's `settled_at` that follows from its items' states, with its event, written
-  after the move that settled the last item commits.
+  after the move that settled the last item commits, and by a periodic sweep (`tasks_settle_sweep`)
+  for a check that never ran or raced.
 
 Every move is one of `stopdesk.states.TRANSITIONS`; states are named through `ItemState`, never as
 string literals, and the columns a move may set besides the state are `FIELDS`. Both PostgreSQL
@@ -32,6 +33,7 @@ from stopdesk.services.transitions.boundary import (
 )
 from stopdesk.services.transitions.gate import task_gate_exclusive, task_gate_shared
 from stopdesk.services.transitions.sets import NOW, Row, Schedule, items_move, items_schedule
+from stopdesk.services.transitions.settled import tasks_settle_sweep
 from stopdesk.services.transitions.single import (
     FIELDS,
     item_close_running,
@@ -60,4 +62,5 @@ __all__ = [
     "task_gate_exclusive",
     "task_gate_shared",
     "task_settle_check",
+    "tasks_settle_sweep",
 ]

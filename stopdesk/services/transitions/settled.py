@@ -12,7 +12,9 @@ events in the same statement on PostgreSQL): two transactions settling a task's 
 cannot both miss it (the later commit's check sees the earlier commit), only one of them writes
 it, and no task-row lock is taken while item rows are locked, so it cannot deadlock with a
 registration (which locks the task row first, then writes its item). It takes no gate
-(`transitions.gate`), so it never waits for Stop or the starts.
+(`transitions.gate`), so it never waits for Stop or the starts. A registration that held the
+task row while the UPDATE waited for it is seen by a second look with a fresh snapshot
+(`stopdesk_task_busy`, below).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from django.db import connection, transaction
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from stopdesk.models import Event, Task, WorkItem
@@ -37,11 +39,20 @@ _SETTLE_SQL = """
     UPDATE stopdesk_task SET settled_at = %s
     WHERE settled_at IS NULL AND id IN ({tasks})
       AND EXISTS (SELECT 1 FROM stopdesk_workitem w WHERE w.task_id = stopdesk_task.id)
-      AND NOT EXISTS (
-          SELECT 1 FROM stopdesk_workitem w WHERE w.task_id = stopdesk_task.id AND w.state IN (%s, %s, %s)
-      )
+      AND {unsettled_none}
     RETURNING id, settled_at
 """
+_OPEN_ITEMS = "SELECT 1 FROM stopdesk_workitem w WHERE w.task_id = stopdesk_task.id AND w.state IN (%s, %s, %s)"
+# The statement's snapshot is taken before it waits for a task row, and a registration holds that
+# row until it commits its new item, which an open-items check in the statement cannot see: the task would
+# read settled with new work running. `stopdesk_task_busy` (migration 0017) takes the row, then
+# looks again with a fresh snapshot, which includes every registration that held the row; a
+# registration after it waits for the row and reopens the task. It looks without the lock first,
+# so only a task whose items all look settled is locked.
+_UNSETTLED_NONE = {
+    "postgresql": "NOT stopdesk_task_busy(stopdesk_task.id, %s)",
+    "sqlite": f"NOT EXISTS ({_OPEN_ITEMS})",
+}
 
 
 def tasks_settle(*, task_ids: Iterable[int] | None = None, items_where: Q | None = None) -> list[int]:
@@ -54,11 +65,11 @@ def tasks_settle(*, task_ids: Iterable[int] | None = None, items_where: Q | None
         if not ids:
             return []
         tasks_sql, tasks_params = Task.objects.filter(pk__in=ids).values("pk").query.sql_with_params()
-    update = _SETTLE_SQL.format(tasks=tasks_sql)
-    now = timezone.now()
-    params = [now, *tasks_params, *UNSETTLED]
+    postgres = is_postgres()
+    update = _SETTLE_SQL.format(tasks=tasks_sql, unsettled_none=_UNSETTLED_NONE[connection.vendor])
+    params = [timezone.now(), *tasks_params, *([list(UNSETTLED)] if postgres else UNSETTLED)]
     with connection.cursor() as cursor:
-        if is_postgres():
+        if postgres:
             # The UPDATE and its events in one statement, as the set-based moves do.
             cursor.execute(
                 f"""WITH settled AS ({update})
@@ -79,6 +90,22 @@ def tasks_settle(*, task_ids: Iterable[int] | None = None, items_where: Q | None
                 ]
             )
     return [row[0] for row in written]
+
+
+def tasks_settle_sweep(*, limit: int = 500) -> list[int]:
+    """The safety net for the settle checks that run after a commit: a process that died between
+    its commit and its check, or two writers that each saw the other's item still open (a result
+    under a run's open item while someone else settles the run). Writes settled_at on up to
+    `limit` tasks whose items have all settled. Reads only the tasks not settled yet (an index of
+    its own), so its cost follows the live tasks, not the history."""
+    candidates = (
+        Task.objects.filter(settled_at__isnull=True)
+        .filter(Exists(WorkItem.objects.filter(task_id=OuterRef("pk"))))
+        .exclude(Exists(WorkItem.objects.filter(task_id=OuterRef("pk"), state__in=UNSETTLED)))
+        .order_by("pk")
+        .values_list("pk", flat=True)[:limit]
+    )
+    return tasks_settle(task_ids=list(candidates))
 
 
 def task_settle_after_commit(*, task_id: int) -> None:
