@@ -550,7 +550,9 @@ class _Draft:
 RUN_STOPPED = "stopped before it finished"
 USED_AFTER_REFUSAL = "the answer came back before Stop was known here, and the agent used it"
 DEADLOCK_RETRIES = 3
-LANE_THREADS = {"writes": 4, "results": 4, "watch": 2}
+# The process's, shared by its runs: a thread (and its connection) starts only when the others are
+# busy. "writes" is the boundary's, with room for parallel tool calls and several runs at once.
+LANE_THREADS = {"writes": 8, "results": 4, "watch": 2}
 
 _lanes: dict[str, ThreadPoolExecutor] = {}
 _lanes_lock = threading.Lock()
