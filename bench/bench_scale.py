@@ -180,7 +180,7 @@ def _sweeps() -> list[Figure]:
         "reap_stale": items_reap_stale,
         "flag_overdue": items_flag_overdue,
         "compensations": lambda: sum(map(len, compensations_sweep(enqueue=lambda _id: None).values())),
-        "settle_tasks": lambda: len(tasks_settle_sweep()),
+        "settle_tasks": lambda: len(tasks_settle_sweep()[0]),
     }
     figures = []
     for name, sweep in sweeps.items():

@@ -2,6 +2,7 @@
 
 from celery import shared_task
 from celery.signals import worker_ready
+from django.core.cache import cache
 from django.db import close_old_connections
 
 from stopdesk.services.audit_seal import audit_seal
@@ -37,9 +38,16 @@ def seal_audit_events() -> int:
     return audit_seal(max_batches=20) or 0
 
 
+SETTLE_CURSOR = "stopdesk:settle_tasks:after"
+
+
 @shared_task(name="stopdesk.settle_tasks", time_limit=120, soft_time_limit=110)
 def settle_tasks() -> int:
-    return len(tasks_settle_sweep())
+    # A window of the unsettled tasks a run, carrying on where the last one stopped (the cache is
+    # shared by the workers; losing the cursor only means starting again from the first task).
+    settled, after = tasks_settle_sweep(after=cache.get(SETTLE_CURSOR, 0))
+    cache.set(SETTLE_CURSOR, after, None)
+    return len(settled)
 
 
 @worker_ready.connect

@@ -29,7 +29,16 @@ from pydantic import BaseModel
 from stopdesk.agent import schemas
 from stopdesk.client.action import ExternalAction
 from stopdesk.client.errors import Conflict, IdempotencyKeyReused, InvalidRequest, NotFound, StopRequested
-from stopdesk.client.types import HeartbeatInfo, ItemInfo, RecordInfo, StopInfo, StopWatchInfo, TaskDetail, TaskInfo
+from stopdesk.client.types import (
+    HeartbeatInfo,
+    ItemInfo,
+    RecordInfo,
+    StartedInfo,
+    StopInfo,
+    StopWatchInfo,
+    TaskDetail,
+    TaskInfo,
+)
 from stopdesk.models import ApiIdempotency, ExternalRecord, Runtime, StopRequest, Task, WorkItem
 from stopdesk.services.errors import HandleConflict, IllegalTransition, TaskStopped, ToolNotReady, UnknownMechanism
 from stopdesk.services.items import (
@@ -444,7 +453,7 @@ class LocalRuntime:
         )
         return result
 
-    def _once[T: (TaskInfo, ItemInfo, RecordInfo)](
+    def _once[T: (TaskInfo, ItemInfo, RecordInfo, StartedInfo)](
         self, key: str | None, operation: str, kind: type[T], produce: Callable[[], T], args: BaseModel
     ) -> T:
         """With a request key, do the work once per (runtime, key, operation) and answer every

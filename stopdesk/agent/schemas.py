@@ -17,6 +17,7 @@ from stopdesk.states import Effect, Kind
 
 MAX_ID = 2**63 - 1
 MAX_JSON_DEPTH = 16
+MAX_LAUNCHED_CALLS = 200
 
 
 def _storable(value: str) -> str:
@@ -169,3 +170,46 @@ class Cancel(Body):
 
 class RequestStop(Body):
     reason: Text(2000) = ""  # type: ignore[valid-type]
+
+
+# The calls a framework run makes most (stopdesk.agent.frameworks.local.FrameworkRuntime), over HTTP.
+
+
+class RegisterStarted(RegisterItem):
+    submit_key: Text(200) = Field(  # type: ignore[valid-type]
+        "", description="Pass the boundary by submitting with this idempotency key (an external action); else start."
+    )
+    worker: Text(200) = ""  # type: ignore[valid-type]
+    lease_seconds: Lease | None = None
+
+
+class FinishFast(Body):
+    status: Literal["completed", "failed"]
+    detail: Text(200) = ""  # type: ignore[valid-type]
+    open_item: Id | None = Field(
+        None, description="An item of the same task the caller holds open (its run), so the task cannot settle now."
+    )
+
+
+class ReportStopped(Body):
+    detail: Text(200) = ""  # type: ignore[valid-type]
+
+
+class LaunchedCall(Body):
+    """One tool call a model response ran itself, as read from its output items."""
+
+    type: Text(64, 1)  # type: ignore[valid-type]
+    call_id: Text(200, 1)  # type: ignore[valid-type]
+    server_label: Text(200) = ""  # type: ignore[valid-type]
+    tool: Text(200) = ""  # type: ignore[valid-type]
+    status: Text(64) = ""  # type: ignore[valid-type]
+    error: Text(2000) | None = None  # type: ignore[valid-type]
+    read_only: bool = False
+
+
+class RecordLaunched(Body):
+    calls: list[LaunchedCall] = Field(min_length=1, max_length=MAX_LAUNCHED_CALLS)
+
+
+class SettleCheck(Body):
+    """No fields: the task is in the path."""

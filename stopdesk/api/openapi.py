@@ -13,7 +13,18 @@ from stopdesk.api.views import OPERATIONS
 from stopdesk.client import types
 
 REF = "#/components/schemas/{model}"
-ANSWERS = ("TaskInfo", "TaskDetail", "ItemInfo", "RecordInfo", "StopInfo", "HeartbeatInfo", "StopWatchInfo")
+ANSWERS = (
+    "TaskInfo",
+    "TaskDetail",
+    "ItemInfo",
+    "RecordInfo",
+    "StopInfo",
+    "HeartbeatInfo",
+    "StopWatchInfo",
+    "StartedInfo",
+    "ResultInfo",
+    "LaunchedInfo",
+)
 ERROR_TEXT = {
     400: "Malformed JSON, or a body that is not an object (error malformed_json).",
     401: "Missing, unknown or revoked token.",

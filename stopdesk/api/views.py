@@ -18,7 +18,8 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from stopdesk.agent import schemas
-from stopdesk.agent.runtime import LocalRuntime
+from stopdesk.agent.frameworks.local import FrameworkRuntime
+from stopdesk.agent.runtime import LocalRuntime, _ledger_errors, task_info
 from stopdesk.api.auth import authenticate
 from stopdesk.api.errors import error_response, server_error
 from stopdesk.client.errors import (
@@ -30,6 +31,8 @@ from stopdesk.client.errors import (
     StopdeskError,
     StopRequested,
 )
+from stopdesk.client.types import LaunchedInfo, ResultInfo, StartedInfo
+from stopdesk.models import WorkItem
 from stopdesk.tracing import server_span, span_event
 
 log = logging.getLogger(__name__)
@@ -130,7 +133,7 @@ def _serve(
     ids = {name: _path_id(value, name) for name, value in path_ids.items()}
     key = _request_key(request) if replayable else None
     args = body.parse(_read_json(request)) if body is not None else None
-    sd = LocalRuntime(runtime=runtime)
+    sd = FrameworkRuntime(runtime=runtime)
     if not atomic:
         return JsonResponse(fn(sd, args, key, **ids).to_json(), status=status)
     for attempt in (1, 2):
@@ -299,3 +302,67 @@ def mark_uncertain(sd: LocalRuntime, args: schemas.MarkUncertain, key: str | Non
 def cancel(sd: LocalRuntime, args: schemas.Cancel, key: str | None, item_id: int) -> Any:
     """The worker stopped between steps (after a heartbeat said Stop), or a queued item will not be dispatched."""
     return sd.cancel(item_id, detail=args.detail, request_key=key)
+
+
+# The calls a framework run makes most, each one request (see stopdesk.agent.frameworks.local).
+
+
+@endpoint(
+    "POST",
+    "/tasks/{task_id}/items/started",
+    body=schemas.RegisterStarted,
+    returns="StartedInfo",
+    status=201,
+    conflicts=True,
+)
+def register_started(sd: FrameworkRuntime, args: schemas.RegisterStarted, key: str | None, task_id: int) -> Any:
+    """Register a work item and pass the boundary in one request: started, or submitted with `submit_key` (an
+    external action). For work that starts the moment it is known (a framework's tool call or model request).
+    After Stop: 409 task_stopped naming the item, which is recorded, cancelled."""
+    fields = args.model_dump()
+    if args.parent is not None and not WorkItem.objects.filter(pk=args.parent, task_id=sd._task(task_id).pk).exists():
+        raise InvalidRequest("parent must be an item of the same task.", field="parent")
+
+    def produce() -> StartedInfo:
+        with _ledger_errors():
+            return StartedInfo(id=sd.register_started(task_id, **fields), task=task_id)
+
+    return sd._once(key, f"register_started:{task_id}", StartedInfo, produce, args)
+
+
+@endpoint(
+    "POST", "/items/{item_id}/result", body=schemas.FinishFast, returns="ResultInfo", conflicts=True, replayable=False
+)
+def finish_fast(sd: FrameworkRuntime, args: schemas.FinishFast, key: None, item_id: int) -> Any:
+    """Report completed or failed without reading the item back: a running item's result in one statement; any
+    other case as `finish` (a result for an item Stop settled is a late result). Safe to repeat: the same result
+    again changes nothing."""
+    sd.finish_fast(item_id, status=args.status, detail=args.detail, open_item=args.open_item)
+    return ResultInfo(item=item_id, status=args.status)
+
+
+@endpoint("POST", "/items/{item_id}/stopped", body=schemas.ReportStopped, returns="ItemInfo", replayable=False)
+def report_stopped(sd: FrameworkRuntime, args: schemas.ReportStopped, key: None, item_id: int) -> Any:
+    """The work stopped because of Stop: cancelled, also when Stop's job already left it awaiting this report (a
+    "manual" item) or uncertain; an item recorded otherwise keeps its outcome and this becomes a late result. Safe
+    to repeat."""
+    sd.report_stopped(item_id, detail=args.detail)
+    return sd.get_item(item_id)
+
+
+@endpoint("POST", "/items/{item_id}/launched", body=schemas.RecordLaunched, returns="LaunchedInfo", replayable=False)
+def record_launched(sd: FrameworkRuntime, args: schemas.RecordLaunched, key: None, item_id: int) -> Any:
+    """Tool calls a model response ran itself (hosted MCP calls, code interpreter, searches), recorded as children
+    of the response's item, each call id once: started when the response was, then completed or failed as the
+    provider reports, settled if read-only, otherwise uncertain with an investigate-by deadline. Safe to repeat: a
+    call already recorded is not recorded again (`created` lists only the new items)."""
+    calls = [call.model_dump() for call in args.calls]
+    return LaunchedInfo(item=item_id, created=sd.record_launched(item_id, calls))
+
+
+@endpoint("POST", "/tasks/{task_id}/settle", body=schemas.SettleCheck, returns="TaskInfo", replayable=False)
+def task_settle_check(sd: FrameworkRuntime, args: schemas.SettleCheck, key: None, task_id: int) -> Any:
+    """Settle the task now if every item has settled (for results sent with `open_item` that may have committed
+    after the run's item settled). Safe to repeat."""
+    sd.task_settle_check(task_id)
+    return task_info(sd._task(task_id))

@@ -8,7 +8,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from stopdesk.client.types import HeartbeatInfo, ItemInfo, RecordInfo, StopInfo, TaskDetail, TaskInfo
+from stopdesk.client.types import (
+    HeartbeatInfo,
+    ItemInfo,
+    LaunchedInfo,
+    RecordInfo,
+    ResultInfo,
+    StartedInfo,
+    StopInfo,
+    StopWatchInfo,
+    TaskDetail,
+    TaskInfo,
+)
 
 
 @dataclass(frozen=True)
@@ -93,3 +104,34 @@ def cancel(item_id: int, fields: dict[str, Any], key: str | None) -> Call[ItemIn
 def request_stop(task_id: int, reason: str) -> Call[StopInfo]:
     # Stop is idempotent by nature: every repeat returns the same stop request.
     return _post(f"/tasks/{int(task_id)}/stop", {"reason": reason}, StopInfo.from_json, None, keyed=False, safe=True)
+
+
+# The calls a framework run makes most, each one request. Only register_started carries a key: the
+# others are safe to repeat by nature (the same result, a report of the stop, a launched call
+# recorded by its call id, a settle check, a read).
+
+
+def register_started(task_id: int, fields: dict[str, Any], key: str | None) -> Call[int]:
+    return _post(f"/tasks/{int(task_id)}/items/started", fields, lambda body: int(StartedInfo.from_json(body).id), key)
+
+
+def finish_fast(item_id: int, fields: dict[str, Any]) -> Call[ResultInfo]:
+    return _post(f"/items/{int(item_id)}/result", fields, ResultInfo.from_json, None, keyed=False, safe=True)
+
+
+def report_stopped(item_id: int, fields: dict[str, Any]) -> Call[ItemInfo]:
+    return _post(f"/items/{int(item_id)}/stopped", fields, ItemInfo.from_json, None, keyed=False, safe=True)
+
+
+def record_launched(item_id: int, calls: list[dict[str, Any]]) -> Call[LaunchedInfo]:
+    body = {"calls": [_compact(call) for call in calls]}
+    return _post(f"/items/{int(item_id)}/launched", body, LaunchedInfo.from_json, None, keyed=False, safe=True)
+
+
+def task_settle_check(task_id: int) -> Call[TaskInfo]:
+    return _post(f"/tasks/{int(task_id)}/settle", {}, TaskInfo.from_json, None, keyed=False, safe=True)
+
+
+def task_stopped(task_id: int) -> Call[StopWatchInfo]:
+    # The stop watch with no wait: one indexed read, answered at once.
+    return Call("GET", f"/tasks/{int(task_id)}/stop/watch?timeout=0", None, StopWatchInfo.from_json, safe=True)

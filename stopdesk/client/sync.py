@@ -10,6 +10,7 @@ import httpx
 from stopdesk.client import calls
 from stopdesk.client.action import ExternalAction
 from stopdesk.client.calls import Call
+from stopdesk.client.calls import record_launched as launched_call
 from stopdesk.client.transport import api_base, backoff, headers_for, read_answer, should_retry
 from stopdesk.client.types import HeartbeatInfo, ItemInfo, RecordInfo, StopInfo, TaskDetail, TaskInfo
 from stopdesk.client.watch import POLL_S, StopWatch
@@ -180,6 +181,72 @@ class Client:
 
     def cancel(self, item_id: int, *, detail: str = "") -> ItemInfo:
         return self._run(calls.cancel(item_id, {"detail": detail}, None))
+
+    # The calls a framework run makes most (stopdesk.agent.frameworks.core), each one request, with
+    # the in-process FrameworkRuntime's names and arguments.
+    def register_started(
+        self,
+        task_id: int,
+        *,
+        kind: str,
+        noun: str,
+        submit_key: str = "",
+        worker: str | None = None,
+        lease_seconds: int | None = None,
+        noun_plural: str = "",
+        mechanism: str = "manual",
+        handle: str = "",
+        label: str = "",
+        parent: int | None = None,
+        idempotency_key: str = "",
+        detail: dict[str, Any] | None = None,
+        request_key: str | None = None,
+    ) -> int:
+        """Register a work item and pass the boundary (start, or submit with `submit_key`); returns
+        its id. Raises StopRequested after Stop (the item is recorded, cancelled)."""
+        fields = {
+            "kind": kind,
+            "noun": noun,
+            "submit_key": submit_key,
+            "worker": self.worker if worker is None else worker,
+            "lease_seconds": lease_seconds,
+            "noun_plural": noun_plural,
+            "mechanism": mechanism,
+            "handle": handle,
+            "label": label,
+            "parent": parent,
+            "idempotency_key": idempotency_key,
+            "detail": detail,
+        }
+        return self._run(calls.register_started(task_id, fields, request_key))
+
+    def finish_fast(
+        self,
+        item_id: int,
+        *,
+        status: Literal["completed", "failed"] | str = "completed",
+        detail: str = "",
+        open_item: int | None = None,
+    ) -> None:
+        """`finish` without reading the item back; `open_item` is the caller's own open item (its
+        run), which keeps the task from settling meanwhile."""
+        self._run(calls.finish_fast(item_id, {"status": status, "detail": detail, "open_item": open_item}))
+
+    def report_stopped(self, item_id: int, *, detail: str = "") -> ItemInfo:
+        """The work stopped because of Stop: cancelled, also when Stop's job already left it
+        awaiting this report."""
+        return self._run(calls.report_stopped(item_id, {"detail": detail}))
+
+    def record_launched(self, item_id: int, calls: list[dict[str, Any]]) -> list[int]:
+        """Tool calls a model response ran itself, as children of its item, each call id once;
+        returns the ids of the items created now."""
+        return (self._run(launched_call(item_id, calls))).created
+
+    def task_settle_check(self, task_id: int) -> TaskInfo:
+        return self._run(calls.task_settle_check(task_id))
+
+    def task_stopped(self, task_id: int) -> bool:
+        return (self._run(calls.task_stopped(task_id))).stopped
 
     def external_action(
         self,

@@ -158,3 +158,28 @@ class StopWatchInfo(_Json):
     stop_requested_at: datetime | None = None
 
     _datetimes = frozenset({"stop_requested_at"})
+
+
+@dataclass(frozen=True)
+class StartedInfo(_Json):
+    """A work item registered and through the boundary in one request (`register_started`)."""
+
+    id: int
+    task: int
+
+
+@dataclass(frozen=True)
+class ResultInfo(_Json):
+    """A result received (`finish_fast`): the item's answer is not read back."""
+
+    item: int
+    status: str
+
+
+@dataclass(frozen=True)
+class LaunchedInfo(_Json):
+    """The tool calls a model response launched, recorded under its item (`record_launched`):
+    the ids of the items created now; a call already recorded (by call id) is not recorded again."""
+
+    item: int
+    created: list[int] = field(default_factory=list)

@@ -95,6 +95,38 @@ ENDPOINTS = [
         state=S.RUNNING,
         illegal=S.COMPLETED,
     ),
+    # The calls a framework run makes most, one request each.
+    Endpoint(
+        "register_started",
+        "POST",
+        "/tasks/{task}/items/started",
+        {"kind": "local_worker", "noun": "lookup call", "handle": "call_1"},
+        status=201,
+        required="kind",
+    ),
+    Endpoint(
+        "finish_fast",
+        "POST",
+        "/items/{item}/result",
+        {"status": "completed", "detail": "done"},
+        state=S.RUNNING,
+        illegal=S.QUEUED,
+        required="status",
+    ),
+    Endpoint("report_stopped", "POST", "/items/{item}/stopped", {"detail": "stopped by Stop"}, state=S.RUNNING),
+    Endpoint(
+        "record_launched",
+        "POST",
+        "/items/{item}/launched",
+        {
+            "calls": [
+                {"type": "mcp_call", "call_id": "mcp_1", "server_label": "crm", "tool": "create", "status": "calling"}
+            ]
+        },
+        state=S.RUNNING,
+        required="calls",
+    ),
+    Endpoint("task_settle_check", "POST", "/tasks/{task}/settle"),
 ]
 POSTS = [e for e in ENDPOINTS if e.method == "POST"]
 WITH_IDS = [e for e in ENDPOINTS if "{" in e.path]

@@ -181,6 +181,11 @@ def test_the_openapi_document_is_served_and_names_every_endpoint(api):
         "cancel",
         "watch_stop",
         "record_handle",
+        "register_started",
+        "finish_fast",
+        "report_stopped",
+        "record_launched",
+        "task_settle_check",
     }
     assert doc["paths"]["/items/{item_id}/start"]["post"]["responses"]["409"]
     watch = doc["paths"]["/tasks/{task_id}/stop/watch"]["get"]

@@ -113,13 +113,33 @@ def test_a_tool_that_is_not_read_only_is_refused_on_a_users_server(users_mcp):
     assert _mcp.counts.count("tools/call") == 0
 
 
-def test_the_recorded_command_never_holds_the_api_key():
-    from reconcile.management.commands.stopdrill import _redacted
+def test_the_recorded_command_never_holds_the_api_key_or_a_path_outside_the_project(tmp_path):
+    from django.conf import settings
 
-    assert _redacted(["--crm-url", "u", "--openai-api-key", "sk-1", "--openai-api-key=sk-2"]) == [
+    from reconcile.management.commands.stopdrill import recorded_arguments
+
+    options = {
+        "mechanism": ["http"],
+        "crm_url": "u",
+        "openai_api_key": "sk-1",
+        "openai_model": "gpt-4o-mini",
+        "mcp_arguments": "{}",
+        "write_reliability": str(settings.BASE_DIR / "docs" / "RELIABILITY.md"),
+        "fault_results": str(tmp_path / "faults.xml"),
+    }
+    assert recorded_arguments(options) == [
+        "--mechanism",
+        "http",
         "--crm-url",
         "u",
         "--openai-api-key",
         "***",
-        "--openai-api-key=***",
+        "--write-reliability",
+        "--fault-results",
+        "faults.xml",
     ]
+    inside = {
+        "write_reliability": str(settings.BASE_DIR / "build" / "R.md"),
+        "fault_results": str(settings.BASE_DIR / "tests" / "x.xml"),
+    }
+    assert recorded_arguments(inside) == ["--write-reliability", "build/R.md", "--fault-results", "tests/x.xml"]

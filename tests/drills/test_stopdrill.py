@@ -78,6 +78,12 @@ def test_stopdrill_passes_and_writes_the_reliability_document(tmp_path, capsys):
     assert "Items lost: **0**" in text
     assert "Actions after the boundary: **0**" in text
     assert "stopdrill" in text and "| before_dispatch | http |" in text
+    # The command as it would be typed, with no path of this machine in it.
+    assert (
+        "python manage.py stopdrill --drill before_dispatch --mechanism http --write-reliability RELIABILITY.md`"
+        in text
+    )
+    assert str(tmp_path) not in text
     assert DrillRun.objects.get().passed is True
     assert "pass" in capsys.readouterr().out
 

@@ -218,7 +218,23 @@ def test_a_task_whose_settle_checks_raced_is_settled_by_the_sweep():
 
     assert set(WorkItem.objects.filter(task=task).values_list("state", flat=True)) == {S.COMPLETED}
     assert Task.objects.get(pk=task.pk).settled_at is None  # the race, as it happens
-    assert tasks_settle_sweep() == [task.pk]
+    assert tasks_settle_sweep() == ([task.pk], 0)
     assert Task.objects.get(pk=task.pk).settled_at is not None
     assert task.events.filter(kind="task_settled").count() == 1
-    assert tasks_settle_sweep() == []
+    assert tasks_settle_sweep() == ([], 0)
+
+
+def test_the_settle_sweep_reads_a_window_of_unsettled_tasks_and_carries_on_from_there():
+    from stopdesk.services.transitions import tasks_settle_sweep
+
+    tasks = [make_task() for _ in range(5)]
+    for task in tasks:
+        make_item(task, state=S.RUNNING)
+    missed = [tasks[1].pk, tasks[3].pk]
+    WorkItem.objects.filter(task_id__in=missed).update(state=S.COMPLETED)  # as if their checks never ran
+    settled, after = tasks_settle_sweep(scan=2)
+    assert (settled, after) == ([tasks[1].pk], tasks[1].pk)
+    settled, after = tasks_settle_sweep(after=after, scan=2)
+    assert (settled, after) == ([tasks[3].pk], tasks[3].pk)
+    assert tasks_settle_sweep(after=after, scan=2) == ([], 0)  # the end: the next run starts over
+    assert set(Task.objects.filter(settled_at__isnull=False).values_list("pk", flat=True)) == set(missed)

@@ -22,7 +22,6 @@ import logging
 import os
 import re
 import shlex
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,8 @@ from reconcile.drills.external import Integration
 from reconcile.drills.runner import Outcome, run_drills
 from reconcile.drills.table import table
 from stopdesk.management.ready import require_migrated_database
+
+DEFAULT_MODEL = "gpt-4o-mini"
 
 
 class Command(BaseCommand):
@@ -61,7 +62,7 @@ class Command(BaseCommand):
         own.add_argument("--crm-url", help="An HTTP API with the sandbox CRM's contract; test records are archived.")
         own.add_argument("--openai-base-url", help="Responses API base URL (default: OpenAI's).")
         own.add_argument("--openai-api-key", help="API key for the Responses API (never written to any file).")
-        own.add_argument("--openai-model", default="gpt-4o-mini", help="Model for the short test responses.")
+        own.add_argument("--openai-model", default=DEFAULT_MODEL, help="Model for the short test responses.")
         own.add_argument("--mcp-url", help="A streamable HTTP MCP server.")
         own.add_argument("--mcp-tool", help="A tool on it that is annotated read-only.")
         own.add_argument("--mcp-arguments", default="{}", help="JSON arguments for the tool call.")
@@ -92,7 +93,7 @@ class Command(BaseCommand):
                 for name in ("DATABASE_URL", "CELERY_BROKER_URL")
                 if os.environ.get(name)
             ]
-            command = shlex.join([*env, "python", "manage.py", "stopdrill", *_redacted(sys.argv[2:])])
+            command = shlex.join([*env, "python", "manage.py", "stopdrill", *recorded_arguments(options)])
             faults = Path(options["fault_results"]) if options["fault_results"] else None
             path = reliability.write(report, Path(options["write_reliability"]), command=command, fault_results=faults)
             self.stdout.write(f"Wrote {path}.")
@@ -122,19 +123,40 @@ class Command(BaseCommand):
         )
 
 
-def _redacted(argv: list[str]) -> list[str]:
-    """The command as typed, without the API key."""
+def recorded_arguments(options: dict[str, Any]) -> list[str]:
+    """The command's arguments as the document records them, rebuilt from the parsed options (so
+    also right under `call_command`): never the API key, and a file named by its path inside the
+    project, or by its name alone when it lies elsewhere on this machine."""
     out: list[str] = []
-    hide = False
-    for arg in argv:
-        if hide:
-            out.append("***")
-            hide = False
-        elif arg == "--openai-api-key":
-            out.append(arg)
-            hide = True
-        elif arg.startswith("--openai-api-key="):
-            out.append("--openai-api-key=***")
-        else:
-            out.append(arg)
+    for drill in options.get("drill") or []:
+        out += ["--drill", drill]
+    for mechanism in options.get("mechanism") or []:
+        out += ["--mechanism", mechanism]
+    out += [flag for flag, name in (("--no-store", "no_store"), ("--brief", "brief")) if options.get(name)]
+    for flag, name in (("--crm-url", "crm_url"), ("--openai-base-url", "openai_base_url")):
+        if options.get(name):
+            out += [flag, options[name]]
+    if options.get("openai_api_key"):
+        out += ["--openai-api-key", "***"]
+    if options.get("openai_model") and options["openai_model"] != DEFAULT_MODEL:
+        out += ["--openai-model", options["openai_model"]]
+    if options.get("mcp_url"):
+        out += ["--mcp-url", options["mcp_url"], "--mcp-tool", options.get("mcp_tool") or ""]
+        if (options.get("mcp_arguments") or "{}") != "{}":
+            out += ["--mcp-arguments", options["mcp_arguments"]]
+    if options.get("write_reliability"):
+        out.append("--write-reliability")
+        written = _project_path(options["write_reliability"])
+        if written != "docs/RELIABILITY.md":
+            out.append(written)
+    if options.get("fault_results"):
+        out += ["--fault-results", _project_path(options["fault_results"])]
     return out
+
+
+def _project_path(path: str) -> str:
+    resolved = Path(path).resolve()
+    try:
+        return resolved.relative_to(Path(settings.BASE_DIR).resolve()).as_posix()
+    except ValueError:
+        return resolved.name

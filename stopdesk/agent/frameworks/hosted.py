@@ -4,11 +4,12 @@ interpreter, searches).
 No application hook saw them execute, and cancelling the response does not undo them
 (mechanisms.md, "Hosted tools"), so they are recorded from the response's output items as children
 of the model request's item, however the run ends: an answer the boundary discards after Stop
-still had its calls run. In-process the records go through the same service as the OpenAI
-adapter's read-back after a cancel (`record_launched`), keyed by call id under the response's item,
-so a call seen twice (a streamed item, then the completed response; a read-back) is recorded once:
-completed or failed as the provider reports, settled if read-only, otherwise uncertain with the
-review deadline, from when the request went out (not when it was found).
+still had its calls run. In-process and over HTTP the records go through the same service as the
+OpenAI adapter's read-back after a cancel (`record_launched`), keyed by call id under the
+response's item, so a call seen twice (a streamed item, then the completed response; a
+read-back) is recorded once: completed or failed as the provider reports, settled if read-only,
+otherwise uncertain with the review deadline, from when the request went out (not when it was
+found).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ async def _record(run: Any, calls: list[dict[str, Any]], draft: asyncio.Future[A
 
 
 async def _record_one(run: Any, call: dict[str, Any], parent: int | None) -> None:
-    """A runtime without `record_launched` (the HTTP door): register and report through the
+    """A runtime without `record_launched` (a runtime of one's own): register and report through the
     plain item calls. After Stop the boundary refuses the start, so such a call is recorded
     cancelled with the stop; `record_launched` is the one that keeps it uncertain."""
     status = call["status"] or "completed"

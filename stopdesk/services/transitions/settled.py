@@ -92,20 +92,26 @@ def tasks_settle(*, task_ids: Iterable[int] | None = None, items_where: Q | None
     return [row[0] for row in written]
 
 
-def tasks_settle_sweep(*, limit: int = 500) -> list[int]:
+def tasks_settle_sweep(*, after: int = 0, scan: int = 2000) -> tuple[list[int], int]:
     """The safety net for the settle checks that run after a commit: a process that died between
     its commit and its check, or two writers that each saw the other's item still open (a result
-    under a run's open item while someone else settles the run). Writes settled_at on up to
-    `limit` tasks whose items have all settled. Reads only the tasks not settled yet (an index of
-    its own), so its cost follows the live tasks, not the history."""
+    under a run's open item while someone else settles the run). Looks at the next `scan` tasks
+    not settled yet with an id above `after` (an index of their own, so neither the history nor
+    the number of live tasks makes a run longer), and writes settled_at on those whose items have
+    all settled. Returns the tasks written and the `after` for the next run (0 once it reached the
+    end: the next run starts again from the first)."""
+    window = list(
+        Task.objects.filter(settled_at__isnull=True, pk__gt=after).order_by("pk").values_list("pk", flat=True)[:scan]
+    )
+    if not window:
+        return [], 0
     candidates = (
-        Task.objects.filter(settled_at__isnull=True)
+        Task.objects.filter(pk__in=window)
         .filter(Exists(WorkItem.objects.filter(task_id=OuterRef("pk"))))
         .exclude(Exists(WorkItem.objects.filter(task_id=OuterRef("pk"), state__in=UNSETTLED)))
-        .order_by("pk")
-        .values_list("pk", flat=True)[:limit]
+        .values_list("pk", flat=True)
     )
-    return tasks_settle(task_ids=list(candidates))
+    return tasks_settle(task_ids=list(candidates)), (window[-1] if len(window) == scan else 0)
 
 
 def task_settle_after_commit(*, task_id: int) -> None:

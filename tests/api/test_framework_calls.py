@@ -1,0 +1,235 @@
+"""The calls a framework run makes most, over real HTTP (the Python client against a live server):
+the same record as the in-process FrameworkRuntime, one request each, and bad input refused with
+the field named and nothing written."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from stopdesk.api.tokens import runtime_create
+from stopdesk.client import Client, InvalidRequest, NotFound, StopRequested, Unauthorized
+from stopdesk.models import Task, WorkItem
+from stopdesk.services.transitions import item_transition
+from stopdesk.states import ItemState as S
+from stopdesk.summary import task_summary
+from tests.api.conftest import ledger_counts
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+TOOL = {"kind": "local_worker", "noun": "lookup", "mechanism": "manual", "label": "lookup"}
+MCP_CALL = {"type": "mcp_call", "server_label": "crm", "tool": "create_record", "status": "calling"}
+
+
+@pytest.fixture
+def sd(live_server, transactional_db) -> Iterator[Client]:  # type: ignore[no-untyped-def]
+    token = runtime_create(name="framework-agent", actor="test")[1]
+    with Client(live_server.url, token, worker="agent-1", timeout=5) as client:
+        yield client
+
+
+@pytest.fixture
+def theirs(live_server, transactional_db) -> Iterator[Client]:  # type: ignore[no-untyped-def]
+    token = runtime_create(name="another-agent", actor="test")[1]
+    with Client(live_server.url, token, timeout=5) as client:
+        yield client
+
+
+def test_register_started_passes_the_boundary_in_one_request(sd):
+    task = sd.create_task("Look Acme up")
+    started = sd.register_started(task.id, handle="call_1", **TOOL)
+    submitted = sd.register_started(
+        task.id, submit_key="lead-Acme", **{**TOOL, "kind": "external_operation", "handle": "call_2"}
+    )
+
+    one, two = WorkItem.objects.get(pk=started), WorkItem.objects.get(pk=submitted)
+    assert (one.state, one.worker, one.handle, one.started_at is not None) == (S.RUNNING, "agent-1", "call_1", True)
+    assert (two.state, two.idempotency_key, two.submitted_at is not None) == (S.RUNNING, "lead-Acme", True)
+
+
+def test_register_started_after_stop_records_the_item_cancelled_and_refuses(sd):
+    task = sd.create_task("Look Acme up")
+    sd.request_stop(task.id, reason="operator pressed Stop")
+
+    with pytest.raises(StopRequested) as refused:
+        sd.register_started(task.id, handle="call_1", **TOOL)
+
+    item = WorkItem.objects.get(pk=refused.value.item_id)
+    assert (item.state, item.started_at, item.handle) == (S.CANCELLED, None, "call_1")
+
+
+def test_register_started_repeated_with_its_key_answers_the_first_item(sd):
+    task = sd.create_task("Look Acme up")
+    first = sd.register_started(task.id, request_key="turn-1-call-1", **TOOL)
+    again = sd.register_started(task.id, request_key="turn-1-call-1", **TOOL)
+
+    assert again == first and WorkItem.objects.filter(task_id=task.id).count() == 1
+
+
+def test_register_started_refuses_a_parent_of_another_task_and_writes_nothing(sd):
+    other = sd.create_task("Other")
+    parent = sd.register_started(other.id, **TOOL)
+    task = sd.create_task("Look Acme up")
+    before = ledger_counts()
+
+    with pytest.raises(InvalidRequest) as refused:
+        sd.register_started(task.id, parent=parent, **TOOL)
+
+    assert refused.value.field == "parent" and ledger_counts() == before
+
+
+def test_finish_fast_holds_the_task_open_for_the_run_until_the_settle_check(sd):
+    task = sd.create_task("Look Acme up")
+    the_run = sd.register_started(task.id, **{**TOOL, "noun": "agent run"})
+    call = sd.register_started(task.id, handle="call_1", **TOOL)
+
+    sd.finish_fast(call, status="completed", detail="12 employees", open_item=the_run)
+    sd.finish_fast(call, status="completed", detail="12 employees", open_item=the_run)  # a repeat changes nothing
+    assert WorkItem.objects.get(pk=call).state == S.COMPLETED
+    assert Task.objects.get(pk=task.id).settled_at is None  # the run's item is still open
+
+    item_transition(
+        item_id=the_run, to_state=S.COMPLETED, actor="test", outcome="", allowed_from=frozenset({S.RUNNING})
+    )
+    assert sd.task_settle_check(task.id).settled_at is not None
+    assert WorkItem.objects.get(pk=call).outcome == "12 employees"
+
+
+def test_finish_fast_on_an_item_stop_settled_is_a_late_result(sd):
+    task = sd.create_task("Look Acme up")
+    call = sd.register_started(task.id, handle="call_1", **TOOL)
+    sd.cancel(call, detail="stopped between steps")
+
+    sd.finish_fast(call, status="completed", detail="it finished after all")
+
+    item = WorkItem.objects.get(pk=call)
+    assert (item.state, item.needs_review) == (S.CANCELLED, True)
+
+
+def test_report_stopped_settles_an_item_awaiting_the_agents_report(sd):
+    task = sd.create_task("Look Acme up")
+    the_run = sd.register_started(task.id, **{**TOOL, "noun": "agent run"})
+    sd.request_stop(task.id)
+    # Where Stop's job leaves a "manual" item: waiting for the agent's word. `cancel` cannot settle it.
+    item_transition(item_id=the_run, to_state=S.AWAITING_RECONCILIATION, actor="system:canceller", outcome="asked")
+
+    answer = sd.report_stopped(the_run, detail="stopped before it finished")
+    again = sd.report_stopped(the_run, detail="stopped before it finished")
+
+    assert (answer.state, answer.outcome) == (S.CANCELLED, "stopped before it finished")
+    assert again.state == S.CANCELLED and not again.needs_review
+    assert task_summary(Task.objects.get(pk=task.id)) == "Stopped new work. One agent run stopped before it finished."
+
+
+def test_record_launched_records_each_call_once_as_it_ran(sd):
+    task = sd.create_task("Add Acme")
+    draft = sd.register_started(task.id, kind="model_request", noun="draft")
+    sd.request_stop(task.id)  # the calls were launched before Stop; they are recorded after it
+    calls = [
+        {**MCP_CALL, "call_id": "mcp_1"},
+        {"type": "mcp_call", "server_label": "docs", "tool": "search", "call_id": "mcp_2", "status": "completed"},
+        {
+            "type": "web_search_call",
+            "tool": "web_search_call",
+            "call_id": "ws_1",
+            "status": "in_progress",
+            "read_only": True,
+        },
+    ]
+
+    created = sd.record_launched(draft, calls)
+    assert sd.record_launched(draft, calls) == []  # a repeat (a second read-back) records nothing
+
+    children = {c.handle: c for c in WorkItem.objects.filter(parent_id=draft)}
+    assert sorted(created) == sorted(c.pk for c in children.values())
+    assert {h: c.state for h, c in children.items()} == {
+        "mcp_1": S.UNCERTAIN,
+        "mcp_2": S.COMPLETED,
+        "ws_1": S.CANCELLED,
+    }
+    started = WorkItem.objects.get(pk=draft).started_at
+    assert all(c.started_at == started for c in children.values())  # running from when the response went out
+    assert children["mcp_1"].investigate_by is not None and children["mcp_1"].label == "crm.create_record"
+
+
+@pytest.mark.parametrize(
+    ("calls", "field"),
+    [
+        ([{"type": "mcp_call", "status": "calling"}], "calls.0.call_id"),
+        ([{**MCP_CALL, "call_id": "mcp_1"}, {**MCP_CALL, "call_id": ""}], "calls.1.call_id"),
+        ([{**MCP_CALL, "call_id": "mcp_1", "status": 3}], "calls.0.status"),
+        ([{**MCP_CALL, "call_id": "mcp_1", "output": "secret"}], "calls.0.output"),
+        ([], "calls"),
+    ],
+    ids=["no-call-id", "empty-call-id-after-a-good-one", "wrong-type", "unknown-field", "no-calls"],
+)
+def test_record_launched_refuses_bad_calls_naming_the_field_and_writes_nothing(sd, calls, field):
+    task = sd.create_task("Add Acme")
+    draft = sd.register_started(task.id, kind="model_request", noun="draft")
+    before = ledger_counts()
+
+    with pytest.raises(InvalidRequest) as refused:
+        sd.record_launched(draft, calls)
+
+    assert refused.value.status == 422 and refused.value.field == field
+    assert ledger_counts() == before
+
+
+def test_another_runtimes_items_and_tasks_are_unknown_here(sd, theirs):
+    task = sd.create_task("Add Acme")
+    draft = sd.register_started(task.id, kind="model_request", noun="draft")
+    before = ledger_counts()
+
+    for call in (
+        lambda: theirs.register_started(task.id, **TOOL),
+        lambda: theirs.finish_fast(draft, status="completed"),
+        lambda: theirs.report_stopped(draft),
+        lambda: theirs.record_launched(draft, [{**MCP_CALL, "call_id": "mcp_1"}]),
+        lambda: theirs.task_settle_check(task.id),
+        lambda: theirs.task_stopped(task.id),
+    ):
+        with pytest.raises(NotFound):
+            call()
+    assert ledger_counts() == before
+
+
+def test_every_framework_call_requires_the_runtimes_token(sd, live_server):
+    task = sd.create_task("Add Acme")
+    draft = sd.register_started(task.id, kind="model_request", noun="draft")
+    before = ledger_counts()
+    with Client(live_server.url, "sd_not-a-token", timeout=5) as stranger:
+        for call in (
+            lambda: stranger.register_started(task.id, **TOOL),
+            lambda: stranger.finish_fast(draft, status="completed"),
+            lambda: stranger.report_stopped(draft),
+            lambda: stranger.record_launched(draft, [{**MCP_CALL, "call_id": "mcp_1"}]),
+            lambda: stranger.task_settle_check(task.id),
+            lambda: stranger.task_stopped(task.id),
+        ):
+            with pytest.raises(Unauthorized):
+                call()
+    assert ledger_counts() == before
+    assert httpx.post(f"{live_server.url}/api/v1/items/{draft}/launched", json={"calls": []}).status_code == 401
+
+
+def test_task_stopped_answers_at_once(sd):
+    task = sd.create_task("Add Acme")
+    assert sd.task_stopped(task.id) is False
+    sd.request_stop(task.id)
+    assert sd.task_stopped(task.id) is True
+
+
+def test_the_openapi_document_describes_the_framework_calls(live_server):
+    paths = httpx.get(f"{live_server.url}/api/v1/openapi.json").json()["paths"]
+    for path in (
+        "/tasks/{task_id}/items/started",
+        "/items/{item_id}/result",
+        "/items/{item_id}/stopped",
+        "/items/{item_id}/launched",
+        "/tasks/{task_id}/settle",
+    ):
+        assert "post" in paths[path], path
+    launched = paths["/items/{item_id}/launched"]["post"]
+    assert {"200", "401", "404", "422"} <= set(launched["responses"])
