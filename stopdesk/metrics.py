@@ -2,9 +2,9 @@
 
 Not public: it answers only a bearer token equal to STOPDESK_METRICS_TOKEN (and 404 when none
 is set). A scrape runs a constant number of bounded queries, whatever the ledger's size: the
-heartbeat rows (which carry the background tally, stopdesk/notify/tally.py) and one aggregate
-over the uncertain items and the compensations awaiting a decision, on indexes
-(stopdesk/notify/selectors.py).
+heartbeat rows (which carry the background tally, stopdesk/notify/tally.py), one aggregate
+over the uncertain items and the compensations awaiting a decision, and one over the audit events
+not sealed yet (capped), each on indexes (stopdesk/notify/selectors.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from stopdesk.notify.models import Heartbeat
-from stopdesk.notify.selectors import review_queue_facts
+from stopdesk.notify.selectors import UNSEALED_CAP, audit_backlog, review_queue_facts
 from stopdesk.notify.tally import SETTLE_BUCKETS, TALLY
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -41,6 +41,7 @@ class LedgerCollector(Collector):
             "name", "at", "detail"
         )}  # fmt: skip
         queue = review_queue_facts(now=now)
+        backlog = audit_backlog(now=now)
         tally: dict[str, Any] = beats.get(TALLY, (None, {}))[1] or {}
 
         ages = GaugeMetricFamily(
@@ -72,6 +73,17 @@ class LedgerCollector(Collector):
             "stopdesk_review_queue_oldest_age_seconds",
             "Age of the oldest uncertain item or undecided compensation.",
             value=queue.oldest_age_seconds,
+        )
+
+        yield GaugeMetricFamily(
+            "stopdesk_audit_unsealed_events",
+            f"Audit events written but not yet sealed into their task's hash chain (counted up to {UNSEALED_CAP}).",
+            value=backlog.unsealed,
+        )
+        yield GaugeMetricFamily(
+            "stopdesk_audit_unsealed_oldest_age_seconds",
+            "Age of the oldest audit event not yet sealed (0: none).",
+            value=backlog.oldest_age_seconds,
         )
 
         settle = tally.get("settle") or {"counts": [0] * (len(SETTLE_BUCKETS) + 1), "sum": 0.0}

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 from urllib.parse import quote
 
 import httpx
+import httpx2
 import openai as sdk
 
 from reconcile.mechanisms.base import Capability, ItemRef, Mechanism, MechanismSettings, Observation, Seen
@@ -40,10 +42,18 @@ STATUS = {
 }
 LOOK_IT_UP = (400, 404, 409)
 
-_clients: dict[tuple[str | None, str | None, float], sdk.OpenAI] = {}
-_http_clients: dict[tuple[str, str, float], httpx.Client] = {}
+_clients: dict[tuple[str, str, str, float], Any] = {}
 _clients_lock = threading.Lock()
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
+
+# A pooled connection left idle this long is dropped rather than reused. It must be well inside
+# the idle timeout of the server at the other end (5 s for uvicorn, which serves the stand-in, and
+# for many proxies): with the two equal, a loaded client reuses a connection at the moment the
+# server closes it, and the request fails with "Server disconnected" before it was read. The engine
+# retries a cancel or a read-back, but a create is never retried, so that run would be lost.
+KEEPALIVE_S = 2.0
+# As many keep-alive connections as a canceller has calls in flight (the SDK's default keeps 100).
+KEEPALIVE_CONNECTIONS = 100
 
 
 def _forget_parent_clients() -> None:
@@ -52,49 +62,57 @@ def _forget_parent_clients() -> None:
     inherit the lock in whatever state another thread of the parent left it."""
     global _clients_lock
     _clients.clear()
-    _http_clients.clear()
     _clients_lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_parent_clients)
 
 
-def client_for(*, base_url: str | None = None, api_key: str | None = None, timeout_s: float = 10.0) -> sdk.OpenAI:
-    """A shared client (one connection pool) per endpoint, with the SDK's retries off: the
-    engine retries, with a deadline the SDK does not know about. Unset, the endpoint and key come
-    from OPENAI_BASE_URL and OPENAI_API_KEY, as for the SDK."""
-    base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+def _shared[T](
+    kind: type[T], base_url: str | None, api_key: str | None, timeout_s: float, build: Callable[[str, str], T]
+) -> T:
+    """The one client of `kind` (one connection pool) per endpoint, key and timeout, built on first
+    use. Unset, the endpoint and key come from OPENAI_BASE_URL and OPENAI_API_KEY, as for the SDK."""
+    base_url = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
     api_key = api_key or os.environ.get("OPENAI_API_KEY") or "sk-none"
-    key = (base_url, api_key, timeout_s)
+    key = (kind.__name__, base_url, api_key, timeout_s)
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
-            client = sdk.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout_s)
-            _clients[key] = client
-        return client
+            client = _clients[key] = build(base_url, api_key)
+        return cast(T, client)
+
+
+def client_for(*, base_url: str | None = None, api_key: str | None = None, timeout_s: float = 10.0) -> sdk.OpenAI:
+    """The SDK client creates go through, with the SDK's retries off: the engine retries, with a
+    deadline the SDK does not know about (and a create is never retried)."""
+
+    def build(url: str, key: str) -> sdk.OpenAI:
+        # The SDK's own HTTP library (httpx2), with the same pool limits as the plain client.
+        limits = httpx2.Limits(max_keepalive_connections=KEEPALIVE_CONNECTIONS, keepalive_expiry=KEEPALIVE_S)
+        http = sdk.DefaultHttpxClient(timeout=timeout_s, limits=limits)
+        return sdk.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=timeout_s, http_client=http)
+
+    return _shared(sdk.OpenAI, base_url, api_key, timeout_s, build)
 
 
 def http_client_for(
     *, base_url: str | None = None, api_key: str | None = None, timeout_s: float = 10.0
 ) -> httpx.Client:
-    """The pooled HTTP client the cancel and the read-back use, one per endpoint: the same
-    endpoint and key as `client_for`, the same bearer auth, no retries (the engine retries)."""
-    base_url = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
-    api_key = api_key or os.environ.get("OPENAI_API_KEY") or "sk-none"
-    key = (base_url, api_key, timeout_s)
-    with _clients_lock:
-        client = _http_clients.get(key)
-        if client is None:
-            client = httpx.Client(
-                base_url=base_url.rstrip("/") + "/",
-                headers={"Authorization": f"Bearer {api_key}", "Accept": "application/json"},
-                timeout=timeout_s,
-                # As many keep-alive connections as a canceller has calls in flight (the SDK's
-                # default pool keeps 100).
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=100),
-            )
-            _http_clients[key] = client
-        return client
+    """The plain client the cancel and the read-back use: the same endpoint, key and bearer auth
+    as `client_for`, no retries (the engine retries)."""
+
+    def build(url: str, key: str) -> httpx.Client:
+        return httpx.Client(
+            base_url=url.rstrip("/") + "/",
+            headers={"Authorization": f"Bearer {key}", "Accept": "application/json"},
+            timeout=timeout_s,
+            limits=httpx.Limits(
+                max_connections=None, max_keepalive_connections=KEEPALIVE_CONNECTIONS, keepalive_expiry=KEEPALIVE_S
+            ),
+        )
+
+    return _shared(httpx.Client, base_url, api_key, timeout_s, build)
 
 
 def observe(response: dict[str, Any]) -> Observation:

@@ -3,12 +3,21 @@ batched canceller for many items in one process."""
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 from datetime import datetime
 
 from reconcile.mechanisms.registry import mechanism_settings
 from reconcile.services.batch import items_reconcile_batch
-from reconcile.services.reconcile import Result, claim_seconds, item_reconcile, items_claim
+from reconcile.services.reconcile import Result, claim_seconds, item_reconcile, items_claim, items_due
+
+log = logging.getLogger(__name__)
+
+# How often, and after how long a pause, a batch tries again for rows a writer held at its claim
+# (writers hold an item's row for one short transaction).
+LOCKED_RETRIES = 5
+LOCKED_PAUSE_S = 0.1
 
 
 def item_cancel(*, item_id: int, actor: str = "system:canceller", now: datetime | None = None) -> Result:
@@ -27,13 +36,32 @@ def items_cancel(
     now: datetime | None = None,
 ) -> list[Result]:
     """Claim the items in one statement, cancel and read back with the mechanism's configured
-    concurrency, and record the results set-based. Items someone else holds are left to them.
-    `now` fixes the clock for the claim and every decision (tests); by default each item is
-    decided at the moment its answer came back."""
+    concurrency, and record the results set-based. Items someone else has claimed are left to them;
+    items whose rows a writer held at the claim are claimed again once it is done. `now` fixes the
+    clock for the claim and every decision (tests); by default each item is decided at the moment
+    its answer came back."""
     cfg = mechanism_settings(mechanism)
     concurrency = concurrency or cfg.concurrency
-    # The claim must outlast the whole batch, or a sweep could take an item whose calls are still
-    # out: in the worst case every round of calls (cancel + read-back) runs into its timeout.
-    rounds = math.ceil(len(item_ids) / concurrency)
-    claimed = items_claim(item_ids=item_ids, now=now, hold_s=claim_seconds() + rounds * 2 * cfg.call_timeout_s)
-    return items_reconcile_batch(item_ids=claimed, concurrency=concurrency, actor=actor, now=now)
+    results: list[Result] = []
+    left = list(item_ids)
+    for attempt in range(1 + LOCKED_RETRIES):
+        # The claim must outlast the whole batch, or a sweep could take an item whose calls are
+        # still out: in the worst case every round of calls (cancel + read-back) runs into its
+        # timeout.
+        rounds = math.ceil(len(left) / concurrency)
+        claimed = items_claim(item_ids=left, now=now, hold_s=claim_seconds() + rounds * 2 * cfg.call_timeout_s)
+        if claimed:
+            results += items_reconcile_batch(item_ids=claimed, concurrency=concurrency, actor=actor, now=now)
+        # The claim skips a row another transaction holds (a worker writing the item, another
+        # claim in progress) rather than wait for it. Nobody took such an item: it is still due.
+        # Its cancel is this job's, so it is claimed again once the writer is done (a claim that
+        # did win it in the meantime has made it not due).
+        left = items_due(item_ids=sorted(set(left) - set(claimed)), now=now)
+        if not left:
+            break
+        if not claimed:
+            time.sleep(LOCKED_PAUSE_S * (attempt + 1))
+    if left:
+        # Still held after every try: the rows stay due, so the reconcile sweep takes them.
+        log.warning("%d item(s) held by other writers throughout; left to the sweep", len(left))
+    return results

@@ -49,29 +49,60 @@ def item_claim(*, item_id: int, now: datetime | None = None) -> bool:
     """Claim one item if it is due (or was never scheduled). A conditional UPDATE: exactly one
     caller wins; the claim pushes next_check_at past the work, so nobody else picks it up."""
     now = now or timezone.now()
-    won = WorkItem.objects.filter(
-        Q(next_check_at__isnull=True) | Q(next_check_at__lte=now), pk=item_id, state__in=SWEPT
-    ).update(next_check_at=now + timedelta(seconds=claim_seconds()), check_count=F("check_count") + 1)
+    won = WorkItem.objects.filter(_due(now), pk=item_id, state__in=SWEPT).update(
+        next_check_at=now + timedelta(seconds=claim_seconds()), check_count=F("check_count") + 1
+    )
     return won == 1
 
 
 def items_claim(*, item_ids: list[int], now: datetime | None = None, hold_s: float | None = None) -> list[int]:
     """Claim the given items that are due (or never scheduled), in one statement per 1,000.
-    `hold_s` (default: the claim seconds) must outlast the work on all of them. Returns the ids won."""
+    `hold_s` (default: the claim seconds) must outlast the work on all of them. Returns the ids won.
+
+    A row another transaction holds is skipped rather than waited for; it stays due, and
+    `items_due` finds it for the caller to try again. NO KEY: a row another transaction only
+    references (an event or an attempt being inserted for the item holds it FOR KEY SHARE) is not
+    skipped."""
     now = now or timezone.now()
     until = now + timedelta(seconds=hold_s if hold_s is not None else claim_seconds())
     won: list[int] = []
     for start in range(0, len(item_ids), 1000):
         chunk = item_ids[start : start + 1000]
-        with transaction.atomic():
-            due = list(
-                WorkItem.objects.select_for_update(skip_locked=True)
-                .filter(Q(next_check_at__isnull=True) | Q(next_check_at__lte=now), pk__in=chunk, state__in=SWEPT)
-                .values_list("id", flat=True)
-            )
+        if is_postgres():
+            with connection.cursor() as cursor:
+                cursor.execute(_CLAIM_GIVEN_SQL, {"ids": chunk, "states": sorted(SWEPT), "now": now, "until": until})
+                won.extend(row[0] for row in cursor.fetchall())
+            continue
+        with transaction.atomic():  # SQLite: transactions are serialised, so read-then-write is safe
+            due = list(WorkItem.objects.filter(_due(now), pk__in=chunk, state__in=SWEPT).values_list("id", flat=True))
             WorkItem.objects.filter(pk__in=due).update(next_check_at=until, check_count=F("check_count") + 1)
         won.extend(due)
     return sorted(won)
+
+
+# One statement (so one round trip, and atomic without a transaction of its own).
+_CLAIM_GIVEN_SQL = """
+UPDATE stopdesk_workitem SET next_check_at = %(until)s, check_count = check_count + 1
+WHERE id IN (
+    SELECT id FROM stopdesk_workitem
+    WHERE id = ANY(%(ids)s::bigint[]) AND state = ANY(%(states)s)
+      AND (next_check_at IS NULL OR next_check_at <= %(now)s)
+    FOR NO KEY UPDATE SKIP LOCKED
+)
+RETURNING id
+"""
+
+
+def items_due(*, item_ids: list[int], now: datetime | None = None) -> list[int]:
+    """The given items a claim would take now if no one held their rows: after `items_claim`,
+    the ones it skipped because another transaction held them at that moment (nobody claimed
+    them; they are still due)."""
+    now = now or timezone.now()
+    return sorted(WorkItem.objects.filter(_due(now), pk__in=item_ids, state__in=SWEPT).values_list("id", flat=True))
+
+
+def _due(now: datetime) -> Q:
+    return Q(next_check_at__isnull=True) | Q(next_check_at__lte=now)
 
 
 _CLAIM_SQL = """
@@ -81,7 +112,7 @@ WHERE id IN (
     WHERE state = ANY(%(states)s) AND next_check_at <= %(now)s
     ORDER BY next_check_at, id
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 )
 RETURNING id
 """

@@ -1,4 +1,5 @@
-"""Reads for the pages and /metrics: the review queue's size and age, and recent deliveries."""
+"""Reads for the pages and /metrics: the review queue's size and age, the audit events not sealed
+yet, and recent deliveries."""
 
 from __future__ import annotations
 
@@ -58,10 +59,43 @@ def review_queue_facts(*, now: datetime | None = None, cap: int | None = None) -
     return QueueFacts(counts[0], counts[1], counts[2], oldest, now)
 
 
+# Events written but not sealed into their chains yet (the partial index event_unsealed, on id
+# where seq = 0, in every monthly partition): counted up to a cap, so a sealer that has fallen far
+# behind costs a scrape no more than this many index entries, and dated by the first in id order (a
+# few events commit out of id order; the sealer takes them in id order too).
+UNSEALED_CAP = 10_000
+UNSEALED_SQL = """
+SELECT
+  (SELECT count(*) FROM (SELECT 1 FROM stopdesk_event WHERE seq = 0 LIMIT %(cap)s) AS backlog),
+  (SELECT at FROM stopdesk_event WHERE seq = 0 ORDER BY id LIMIT 1)
+"""
+
+
+@dataclass(frozen=True)
+class AuditBacklog:
+    unsealed: int  # at most the cap
+    oldest_at: datetime | None
+    now: datetime
+
+    @property
+    def oldest_age_seconds(self) -> float:
+        return max(0.0, (self.now - self.oldest_at).total_seconds()) if self.oldest_at else 0.0
+
+
+def audit_backlog(*, now: datetime | None = None, cap: int = UNSEALED_CAP) -> AuditBacklog:
+    """The audit events the sealer has not sealed yet: how many (up to `cap`), and since when."""
+    now = now or timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute(UNSEALED_SQL, {"cap": cap})
+        unsealed, oldest = cursor.fetchone()
+    return AuditBacklog(unsealed, _as_datetime(oldest) if oldest is not None else None, now)
+
+
 def _as_datetime(value: datetime | str) -> datetime:
-    """PostgreSQL returns datetimes; SQLite returns raw SQL aggregates as text (UTC)."""
+    """PostgreSQL returns datetimes; SQLite returns raw SQL aggregates as text, and a raw column
+    as a naive datetime (both UTC)."""
     if isinstance(value, datetime):
-        return value
+        return value if timezone.is_aware(value) else value.replace(tzinfo=UTC)
     parsed = parse_datetime(value)
     if parsed is None:
         raise ValueError(f"not a timestamp: {value!r}")

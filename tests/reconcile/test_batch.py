@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connections
+from django.db import connection, connections, transaction
 
 from reconcile.sandbox import openai_standin as faults
 from reconcile.services.cancel import item_cancel, items_cancel
@@ -234,6 +234,48 @@ def test_two_batch_cancellers_at_once_process_each_item_once(fast, openai_party,
         assert _state(item) == S.CANCELLED
 
 
+@pytest.mark.parametrize("lock", ["FOR UPDATE", "FOR KEY SHARE"])
+def test_an_item_whose_row_a_writer_holds_at_the_claim_is_still_cancelled_by_the_batch(
+    fast, openai_party, django_capture_on_commit_callbacks, lock
+):
+    """The claim skips rows other transactions hold rather than wait for them. A writer holding
+    one item's row (FOR UPDATE, as a worker writing the item does; FOR KEY SHARE, as inserting an
+    event or an attempt for it does) at that moment has not taken the item: the batch must still
+    cancel it, not leave it running."""
+    party, url = openai_party
+    task = make_task()
+    items = [start(task, url) for _ in range(30)]
+    held = items[7]
+    dispatched = stop(task, django_capture_on_commit_callbacks)
+    locked, release = threading.Event(), threading.Event()
+
+    def writer() -> None:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(f"SELECT id FROM stopdesk_workitem WHERE id = %s {lock}", [held.pk])
+            locked.set()
+            release.wait(10)
+
+    def release_once_the_calls_are_out() -> None:
+        # Calls are made only after the claim has committed, so the writer commits after it.
+        deadline = time.monotonic() + 10
+        while party.counts.count("cancel") == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        release.set()
+
+    threads = [in_thread(writer)]
+    assert locked.wait(10)
+    threads.append(in_thread(release_once_the_calls_are_out))
+    results = items_cancel(item_ids=dispatched, mechanism="openai")
+    for thread in threads:
+        thread.join()
+
+    assert sorted(r.item_id for r in results) == sorted(dispatched)
+    for item in items:
+        assert _state(item) == S.CANCELLED
+        assert party.counts.count("cancel", item.handle) == 1
+        assert CancellationAttempt.objects.filter(item=item).count() == 1
+
+
 def test_the_batch_costs_a_handful_of_statements_whatever_the_item_count(
     fast, openai_party, django_capture_on_commit_callbacks, django_assert_max_num_queries
 ):
@@ -260,7 +302,11 @@ def eager() -> Any:
     app.conf.task_always_eager = before
 
 
-def test_stop_over_many_items_of_one_mechanism_sends_them_to_the_batched_canceller(fast, openai_party, eager):
+def test_stop_over_many_items_of_one_mechanism_sends_them_to_the_batched_canceller(fast, settings, openai_party, eager):
+    # Every call must answer for every item to settle in this one pass: 0.5 s (`fast`) is within
+    # reach of a loaded machine's slowest call (32 threads and the stand-in share one process), and
+    # a read-back that times out leaves its item running, rightly, with a retry scheduled.
+    settings.STOPDESK_MECHANISMS = {"openai": {**settings.STOPDESK_MECHANISMS["openai"], "call_timeout_s": 5.0}}
     party, url = openai_party
     task = make_task()
     many = [start(task, url) for _ in range(BATCH_ABOVE + 10)]

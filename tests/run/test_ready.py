@@ -13,8 +13,11 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from stopdesk.models import Event
 from stopdesk.notify.heartbeat import heartbeat_record
+from stopdesk.notify.selectors import audit_backlog
 from stopdesk.notify.tally import metrics_tally
+from stopdesk.services.audit_seal import audit_seal
 from stopdesk.services.transitions import item_transition
 from stopdesk.states import ItemState
 from tests.factories import ACTOR, make_item, make_task
@@ -97,3 +100,34 @@ def test_metrics_show_the_ledger_with_the_same_number_of_queries_whatever_its_si
     text, large = _scrape(settings)
     assert _metric(text, 'stopdesk_items{mechanism="celery",state="completed"}') == 30
     assert large == small
+
+
+def test_metrics_show_the_audit_events_the_sealer_has_not_sealed_yet(settings) -> None:
+    audit_seal()
+    _, before = _scrape(settings)
+    task = make_task()
+    make_item(task, state=ItemState.RUNNING, mechanism="openai")
+    unsealed = Event.objects.filter(seq=0)
+    written = unsealed.count()
+    assert written > 0
+    oldest = unsealed.order_by("id").values_list("at", flat=True).first()
+    assert oldest is not None
+    text, queries = _scrape(settings)
+    assert _metric(text, "stopdesk_audit_unsealed_events") == written
+    age = _metric(text, "stopdesk_audit_unsealed_oldest_age_seconds")
+    assert 0 < age <= (timezone.now() - oldest).total_seconds()
+    assert queries == before  # the same statements, whatever the backlog
+
+    audit_seal()
+    text, _ = _scrape(settings)
+    assert _metric(text, "stopdesk_audit_unsealed_events") == 0
+    assert _metric(text, "stopdesk_audit_unsealed_oldest_age_seconds") == 0
+
+
+def test_the_unsealed_count_stops_at_its_cap() -> None:
+    task = make_task()
+    for _ in range(3):
+        make_item(task, state=ItemState.RUNNING, mechanism="openai")
+    assert Event.objects.filter(seq=0).count() > 2
+    assert audit_backlog(cap=2).unsealed == 2
+    assert audit_backlog().unsealed == Event.objects.filter(seq=0).count()
