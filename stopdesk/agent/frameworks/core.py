@@ -638,4 +638,7 @@ def _clip(value: Any, limit: int = 2000) -> Any:
 
 
 def _clip_text(value: Any, limit: int = 200) -> str:
-    return str(value)[:limit]
+    """A tool's answer as a person reads it: a message object's text (a LangChain ToolMessage),
+    not its repr."""
+    content = getattr(value, "content", None)
+    return str(content if isinstance(content, str) else value)[:limit]
