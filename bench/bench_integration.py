@@ -8,8 +8,10 @@ integration.overhead_ratio.<framework>   wall time of a 20-tool-call run (each t
 integration.boundary_queries_per_tool_call.<framework>   database statements on a tool call's path
     before its body runs (registration and the boundary), per tool call; goal at most 1. Counted
     in one more run, after the timed ones, so counting costs the timing nothing.
+integration.run_queries_per_run.<framework>   the same for the run's own item (registered through
+    the boundary when the run begins), once per run, apart from the tool calls'.
 integration.queries_per_tool_call.<framework>   every statement the integration sent in that run
-    (tool calls, model requests, results, the Stop watch), per tool call.
+    (tool calls, model requests, results, the run's item, the Stop watch), per tool call.
 """
 
 from __future__ import annotations
@@ -104,7 +106,18 @@ FRAMEWORKS: dict[str, Callable[[str, str, Any, int | None], Awaitable[None]]] = 
 }
 
 
-RUNTIME_CALLS = ("register_started", "finish", "finish_fast", "cancel", "mark_uncertain", "watch_stop", "task_stopped")
+RUNTIME_CALLS = (
+    "register_started",
+    "finish",
+    "finish_fast",
+    "cancel",
+    "mark_uncertain",
+    "report_stopped",
+    "task_settle_check",
+    "watch_stop",
+    "task_stopped",
+    "thread_prepare",
+)
 
 
 class _Counted:
@@ -123,7 +136,10 @@ class _Counted:
 
     def _counted(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
         def call(runtime: Any, *args: Any, **kwargs: Any) -> Any:
-            label = f"{name}:{kwargs['kind']}" if name == "register_started" else name
+            label = name
+            if name == "register_started":
+                # The run's own item is registered through the boundary too, once per run.
+                label = f"{name}:run" if kwargs.get("noun") == "agent run" else f"{name}:{kwargs['kind']}"
             with self.counting(label):
                 return method(runtime, *args, **kwargs)
 
@@ -184,8 +200,11 @@ def run() -> list[Figure]:
             counted = _Counted()
             task = runtime.create_task(f"bench {name} counted")
             asyncio.run(agent(base_url, model, counted.runtime(FrameworkRuntime)(**options), task.id))
+            assert counted.calls["register_started:local_worker"] == TOOL_CALLS, counted.calls
             path = counted.by_method["register_started:local_worker"] / TOOL_CALLS
             figures.append(Figure(f"integration.boundary_queries_per_tool_call.{name}", path, "queries", target=1))
+            run_item = counted.by_method["register_started:run"] / counted.calls["register_started:run"]
+            figures.append(Figure(f"integration.run_queries_per_run.{name}", run_item, "queries", target=1))
             every = sum(counted.by_method.values()) / TOOL_CALLS
             figures.append(Figure(f"integration.queries_per_tool_call.{name}", every, "queries"))
     return figures

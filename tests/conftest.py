@@ -100,11 +100,13 @@ def pg_dsn(transactional_db) -> str:  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup):  # type: ignore[no-untyped-def]
-    """pytest-django's, plus: close the stop listeners' and watch threads' connections before the
-    test database is dropped (they live in daemon threads that outlast the tests)."""
+    """pytest-django's, plus: close the stop listeners', watch threads' and framework runs' threads'
+    connections before the test database is dropped (they live in threads that outlast the tests)."""
     yield
+    from stopdesk.agent.frameworks.core import close_connections as close_run_connections
     from stopdesk.api.watch import close_connections
     from stopdesk.services.stop_watch import stop_hub_close
 
     stop_hub_close()
     close_connections()
+    close_run_connections()

@@ -1,5 +1,7 @@
 """Small database helpers shared by the services."""
 
+import select
+import time
 from typing import Any
 
 from django.db import connection
@@ -33,3 +35,45 @@ def server_side_cursor() -> Any:
     raw = psycopg.Cursor(connection.connection)
     # django-stubs type these as taking a CursorWrapper; Django passes them the driver's cursor.
     return connection.make_debug_cursor(raw) if connection.queries_logged else connection.make_cursor(raw)  # type: ignore[arg-type]
+
+
+def thread_connection_ready(*, wait_for_flush: bool = True) -> None:
+    """Before a call on a long-lived thread that sees no requests (Django checks connections per
+    request): a connection that failed or outlived CONN_MAX_AGE is checked and replaced if unusable,
+    and one the server closed while it sat idle (its socket has something to read: the server's
+    goodbye) is replaced, so the call does not fail on it; neither costs a round trip. Then
+    `commits_wait_for_flush(wait_for_flush)`."""
+    raw = connection.connection
+    if raw is not None:
+        if connection.errors_occurred or (connection.close_at is not None and time.monotonic() >= connection.close_at):
+            connection.close_if_unusable_or_obsolete()
+        elif _readable(raw):
+            connection.close()
+    commits_wait_for_flush(wait_for_flush)
+
+
+def _readable(raw: Any) -> bool:
+    try:
+        ready, _, _ = select.select([raw.fileno()], [], [], 0)
+    except (OSError, ValueError, AttributeError):
+        return True  # no usable socket: replace the connection
+    return bool(ready)
+
+
+def commits_wait_for_flush(wait: bool) -> None:
+    """Whether this connection's commits wait until PostgreSQL has flushed them to disk (its
+    default) or return once they are in its write-ahead log (`synchronous_commit` off). A commit
+    that does not wait is still all or nothing; a crash of the database server (not of the caller)
+    may lose the last such commits, and any commit that waits flushes every one made before it.
+    Kept on the connection until changed, and set only when it changes."""
+    if not is_postgres():
+        return
+    connection.ensure_connection()
+    raw = connection.connection
+    known = getattr(connection, "stopdesk_commit_waits", None)
+    current = known[1] if known is not None and known[0] is raw else None
+    if current == wait or (current is None and wait):
+        return  # unchanged; a new connection waits unless the server is configured otherwise: leave that
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT set_config('synchronous_commit', %s, false)", ["on" if wait else "off"])
+    connection.stopdesk_commit_waits = (raw, wait)  # type: ignore[attr-defined]

@@ -82,6 +82,8 @@ def test_a_full_run_records_every_tool_call_and_model_request(framework, model, 
     the_run = run_item(task.id)
     assert (the_run.kind, the_run.state, the_run.label.split()[0]) == ("local_worker", S.COMPLETED, framework)
     assert the_run == items(task.id)[0]
+    if framework == "langgraph":  # an unnamed graph: not "langgraph LangGraph"
+        assert the_run.label == "langgraph"
     assert the_run.finished_at >= max(i.finished_at for i in items(task.id))
     rows = items(task.id)
     by_kind = {(i.kind, i.label, i.state) for i in rows}
@@ -89,6 +91,7 @@ def test_a_full_run_records_every_tool_call_and_model_request(framework, model, 
     assert [i.state for i in rows if i.kind == "model_request"] == [S.COMPLETED, S.COMPLETED]
     tool = next(i for i in rows if i.label == "lookup")
     assert tool.handle == "call_0_0"
+    assert tool.outcome == "Acme: 12 employees"  # the tool's answer as text, not a message object's repr
     assert tool.detail["tool"]["effect"] == "read_only"
     assert tool.detail["tool"]["arguments"] == {"q": "Acme"}
     hosted = [i for i in rows if i.kind == "remote_tool"]

@@ -20,8 +20,19 @@ Model requests are drafts with no effect outside, so their items are written ent
 (see `model_request` for what the ledger says when Stop and an answer cross); a request made after
 Stop is refused in memory.
 
+What waits for the disk: the boundary (a tool call's registration, the run's item, a request
+that can act on the provider's side), what the Stop path records (cancelled, uncertain) and the
+run's end commit only once PostgreSQL has flushed them. A result (a tool call's, a draft's) and a
+draft's record do not wait for the flush (`thread_prepare`, where the runtime offers it),
+so the next tool call's boundary does not queue behind their flushes. A crash of the database
+server may lose such a commit: a tool call then stays running, which the reaper makes uncertain,
+never settled wrongly; a draft had no effect outside. Any commit that waits flushes every commit
+made before it, and the run's end waits, so a run that returned is on disk whole.
+
 `runtime` is anything with the runtime methods: `stopdesk.client.AsyncClient` (awaited), or the
-in-process `LocalRuntime` / the sync `Client` (run in a worker thread).
+in-process `LocalRuntime` / the sync `Client` (run on the process's stopdesk threads: "lanes",
+shared by the runs, whose database connections last from run to run as Django's do;
+`close_connections` closes them).
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ import contextvars
 import inspect
 import json
 import logging
+import os
 import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -91,10 +103,6 @@ class StopdeskRun:
         self._watcher: asyncio.Task[None] | None = None
         self._token: contextvars.Token[StopdeskRun | None] | None = None
         self.model_requests = 0
-        # A sync runtime (LocalRuntime, Client) runs on threads of this run's own (writes, and the
-        # Stop watch apart so a poll never queues behind them): their database connections are
-        # then ones this run can close when it ends.
-        self._threads: dict[str, ThreadPoolExecutor] = {}
 
     # --- the run's life ---------------------------------------------------------------------
 
@@ -111,11 +119,7 @@ class StopdeskRun:
                 detail={"agent_run": {"framework": self.framework, "agent": self.agent}},
             )
         except StopRequested as exc:
-            await self._close_pools()
             raise RunStopped(f"Task {self.task_id} was stopped before the run began.") from exc
-        except BaseException:
-            await self._close_pools()
-            raise
         self._token = CURRENT.set(self)
         self._watcher = asyncio.create_task(self._watch_then_stop(), name="stopdesk-stop-watch")
         return self
@@ -129,7 +133,6 @@ class StopdeskRun:
             await self.flush()
             await self._settle_run(exc)
         finally:
-            await self._close_pools()
             if self._token is not None:
                 CURRENT.reset(self._token)
 
@@ -158,11 +161,6 @@ class StopdeskRun:
         # report; `report_stopped` settles it from there too (`cancel` only from running).
         method = "report_stopped" if hasattr(self.runtime, "report_stopped") else "cancel"
         await self._call(method, item_id, detail=detail)
-
-    async def _close_pools(self) -> None:
-        for lane, pool in self._threads.items():
-            await _close_pool_connections(pool, LANE_THREADS[lane])
-        self._threads.clear()
 
     def on_stop(self, callback: Callable[[], Any]) -> None:
         """Register the framework's cancel; called once, when Stop arrives."""
@@ -346,7 +344,7 @@ class StopdeskRun:
                     self._call("mark_uncertain", item_id, detail=_clip_text(f"outcome unknown after {reason}")), name
                 )
             else:
-                self._later(self._finish(item_id, status="failed", detail=reason), name)
+                self._later(self._finish(item_id, status="failed", detail=reason, flushed=False), name)
             raise
         self._in_flight.pop(call_id, None)
         failure = self._failed.pop(call_id, None)
@@ -358,20 +356,20 @@ class StopdeskRun:
                     self._call("mark_uncertain", item_id, detail=_clip_text(f"outcome unknown after {failure}")), name
                 )
             else:
-                self._later(self._finish(item_id, status="failed", detail=failure), name)
+                self._later(self._finish(item_id, status="failed", detail=failure, flushed=False), name)
             return result
-        self._later(self._finish(item_id, status="completed", detail=_clip_text(result)), name)
+        self._later(self._finish(item_id, status="completed", detail=_clip_text(result), flushed=False), name)
         return result
 
     def note_failure(self, call_id: str, error: BaseException, *, answer: Any = None) -> None:
         """The framework caught the tool's exception and answered the model with `answer`."""
         self._failed[call_id] = f"{type(error).__name__}: {error}"[:200]
 
-    async def _register_started(self, *, submit_key: str, **register: Any) -> int:
+    async def _register_started(self, *, submit_key: str, lane: str = "writes", **register: Any) -> int:
         """Register and pass the boundary: one round trip where the runtime offers it."""
         if hasattr(self.runtime, "register_started"):
             item_id: int = await self._call(
-                "register_started", self.task_id, submit_key=submit_key, worker=self.worker, **register
+                "register_started", self.task_id, submit_key=submit_key, worker=self.worker, lane=lane, **register
             )
             return item_id
         item = await self._call("register", self.task_id, **register)
@@ -381,15 +379,17 @@ class StopdeskRun:
             await self._call("start", item.id, worker=self.worker)
         return int(item.id)
 
-    async def _finish(self, item_id: int, *, status: str, detail: str) -> None:
+    async def _finish(self, item_id: int, *, status: str, detail: str, flushed: bool = True) -> None:
         """A result, off the caller's path; nobody reads the answer, so a runtime that can skip
         reading the item back (`finish_fast`) does, in one round trip while the run's own item
-        keeps the task unsettled."""
+        keeps the task unsettled. `flushed=False`: the commit need not wait for the disk (see the
+        module's docstring); the run's own end always does."""
+        lane = "writes" if flushed else "results"
         if not hasattr(self.runtime, "finish_fast"):
-            await self._call("finish", item_id, status=status, detail=detail)
+            await self._call("finish", item_id, status=status, detail=detail, lane=lane)
             return
         held = self.item_id if item_id != self.item_id else None
-        await self._call("finish_fast", item_id, status=status, detail=detail, open_item=held)
+        await self._call("finish_fast", item_id, status=status, detail=detail, open_item=held, lane=lane)
         if held is not None and self.item_id is None:
             # The run's item was settled while this result was being written (the run ended
             # before its writes did): its check may not have seen this result, so check again.
@@ -412,9 +412,11 @@ class StopdeskRun:
     # --- model requests ----------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def model_request(self, label: str = "") -> AsyncIterator[asyncio.Future[_Draft]]:
+    async def model_request(self, label: str = "", *, acts: bool = False) -> AsyncIterator[asyncio.Future[_Draft]]:
         """Around one model request: a draft item. Refused (StopRequested) after Stop. Yields the
         draft's item id to come (`draft_id`), under which what the response launched is recorded.
+        `acts`: the request can act on the provider's side (hosted tools), so its record waits for
+        the disk like a tool call's (the caller awaits it before sending).
 
         The item is recorded (registered and passed through the boundary) while the request is out,
         off the caller's path. When the answer is back:
@@ -438,7 +440,7 @@ class StopdeskRun:
                 )
             raise StopRequested(f"Task {self.task_id} was stopped.", task=self.task_id)
         started: asyncio.Future[_Draft] = asyncio.get_running_loop().create_future()
-        self._later(self._model_begin(label, started), label)
+        self._later(self._model_begin(label, started, "writes" if acts else "results"), label)
         outcome: tuple[str, str] = ("completed", "")
         used_early = False
         try:
@@ -461,10 +463,10 @@ class StopdeskRun:
         finally:
             self._later(self._model_end(started, *outcome, used_early=used_early), label)
 
-    async def _model_begin(self, label: str, started: asyncio.Future[_Draft]) -> None:
+    async def _model_begin(self, label: str, started: asyncio.Future[_Draft], lane: str) -> None:
         try:
             item_id = await self._register_started(
-                submit_key="", kind="model_request", noun="draft", label=label, mechanism="manual"
+                submit_key="", kind="model_request", noun="draft", label=label, mechanism="manual", lane=lane
             )
             started.set_result(_Draft(item_id))
         except StopRequested as exc:
@@ -496,20 +498,24 @@ class StopdeskRun:
         if status == "cancelled":
             await self._call("cancel", draft.item_id, detail=detail)
         else:
-            await self._finish(draft.item_id, status=status, detail=detail)
+            await self._finish(draft.item_id, status=status, detail=detail, flushed=False)
 
     # --- plumbing -----------------------------------------------------------------------------
 
     async def _call(self, method: str, *args: Any, lane: str = "writes", **kwargs: Any) -> Any:
+        """One runtime call: awaited for an async runtime, else on a thread of `lane`: "writes"
+        (commits wait for the disk), "results" (they need not), "watch" (Stop's, apart so a poll
+        never queues behind writes)."""
         fn = getattr(self.runtime, method)
         if inspect.iscoroutinefunction(fn):
             return await fn(*args, **kwargs)
-        pool = self._threads.get(lane)
-        if pool is None:
-            pool = self._threads[lane] = ThreadPoolExecutor(LANE_THREADS[lane], thread_name_prefix=f"stopdesk-{lane}")
+        pool = _lane(lane)
+        prepare = getattr(self.runtime, "thread_prepare", None)
         for attempt in range(DEADLOCK_RETRIES + 1):
             try:
-                return await asyncio.get_running_loop().run_in_executor(pool, lambda: fn(*args, **kwargs))
+                return await asyncio.get_running_loop().run_in_executor(
+                    pool, lambda: _in_lane(fn, prepare, lane != "results", args, kwargs)
+                )
             except Exception as exc:
                 # PostgreSQL chose this write as a deadlock victim and rolled it back whole; the
                 # ledger's writes are safe to repeat (a repeated result changes nothing).
@@ -544,24 +550,73 @@ class _Draft:
 RUN_STOPPED = "stopped before it finished"
 USED_AFTER_REFUSAL = "the answer came back before Stop was known here, and the agent used it"
 DEADLOCK_RETRIES = 3
-LANE_THREADS = {"writes": 4, "watch": 1}
+# The process's, shared by its runs: a thread (and its connection) starts only when the others are
+# busy. "writes" is the boundary's, with room for parallel tool calls and several runs at once.
+LANE_THREADS = {"writes": 8, "results": 4, "watch": 2}
+
+_lanes: dict[str, ThreadPoolExecutor] = {}
+_lanes_lock = threading.Lock()
 
 
-def _close_db_connections(barrier: threading.Barrier) -> None:
+def _lane(name: str) -> ThreadPoolExecutor:
+    with _lanes_lock:
+        pool = _lanes.get(name)
+        if pool is None:
+            pool = _lanes[name] = ThreadPoolExecutor(LANE_THREADS[name], thread_name_prefix=f"stopdesk-{name}")
+        return pool
+
+
+def _in_lane(
+    fn: Callable[..., Any],
+    prepare: Callable[[bool], None] | None,
+    wait_for_flush: bool,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    # These threads see no requests: their connection is checked here, as Django checks one per request.
+    if prepare is not None:
+        prepare(wait_for_flush)
+    elif "django.db" in sys.modules:
+        from django.db import close_old_connections
+
+        close_old_connections()
+    return fn(*args, **kwargs)
+
+
+def close_connections() -> None:
+    """Close the database connections of the stopdesk threads and end them (a program done with
+    stopdesk, or tests before dropping their database); the next run starts new ones."""
+    with _lanes_lock:
+        pools = list(_lanes.items())
+        _lanes.clear()
+    for name, pool in pools:
+        threads = LANE_THREADS[name]
+        barrier = threading.Barrier(threads)
+        jobs = [pool.submit(_close_db_connection, barrier) for _ in range(threads)]
+        for job in jobs:
+            with contextlib.suppress(Exception):
+                job.result(timeout=10)
+        pool.shutdown(wait=True)
+
+
+def _close_db_connection(barrier: threading.Barrier) -> None:
+    # Every thread of the pool waits here, so each one takes exactly one of these jobs.
+    with contextlib.suppress(threading.BrokenBarrierError):
+        barrier.wait(timeout=5)
     if "django.db" in sys.modules:
         from django.db import connections
 
         connections.close_all()
-    # Every thread of the pool waits here, so each one takes exactly one of these jobs.
-    barrier.wait(timeout=5)
 
 
-async def _close_pool_connections(pool: ThreadPoolExecutor, threads: int) -> None:
-    barrier = threading.Barrier(threads)
-    loop = asyncio.get_running_loop()
-    with contextlib.suppress(threading.BrokenBarrierError):
-        await asyncio.gather(*(loop.run_in_executor(pool, _close_db_connections, barrier) for _ in range(threads)))
-    pool.shutdown(wait=False)
+def _forget_lanes() -> None:
+    # A forked child has none of the parent's threads: it starts its own.
+    global _lanes_lock
+    _lanes.clear()
+    _lanes_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_lanes)
 
 
 def current_run() -> StopdeskRun:
@@ -583,4 +638,7 @@ def _clip(value: Any, limit: int = 2000) -> Any:
 
 
 def _clip_text(value: Any, limit: int = 200) -> str:
-    return str(value)[:limit]
+    """A tool's answer as a person reads it: a message object's text (a LangChain ToolMessage),
+    not its repr."""
+    content = getattr(value, "content", None)
+    return str(content if isinstance(content, str) else value)[:limit]

@@ -146,9 +146,15 @@ async def run_agent(
         runtime,
         task_id,
         framework=FRAMEWORK,
-        agent=str(getattr(graph, "name", "") or ""),
+        agent=_graph_name(graph),
         cleanup_s=cleanup_s,
         watch=watch,
         poll_s=poll_s,
     ) as run:
         return await run.run(graph.ainvoke(input, **invoke_kwargs))
+
+
+def _graph_name(graph: Any) -> str:
+    """The graph's own name; LangGraph's default ("LangGraph") says nothing the framework does not."""
+    name = str(getattr(graph, "name", "") or "")
+    return "" if name == "LangGraph" else name

@@ -11,7 +11,10 @@
   that may have committed after the run's item settled;
 - `task_stopped(task_id)`: one indexed read, for watching Stop without building the task's detail;
 - `record_launched(item_id, calls)`: tool calls a model response ran itself, as children of the
-  response's item (the service the OpenAI adapter's read-back uses, so each call once).
+  response's item (the service the OpenAI adapter's read-back uses, so each call once);
+- `thread_prepare(wait_for_flush)`: called by the run's threads before each call: the thread's
+  connection checked as Django checks one per request, and whether its commits wait for the disk
+  flush (see `StopdeskRun` for which writes do not wait).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from stopdesk.agent.runtime import LocalRuntime, _id
 from stopdesk.client.errors import NotFound, StopRequested
 from stopdesk.services.errors import TaskStopped
 from stopdesk.services.items import item_register_started, item_report_stopped
-from stopdesk.services.sql import is_postgres
+from stopdesk.services.sql import is_postgres, thread_connection_ready
 from stopdesk.services.transitions import item_close_running, task_settle_check
 from stopdesk.states import ItemState
 
@@ -85,6 +88,10 @@ class FrameworkRuntime(LocalRuntime):
 
     def task_stopped(self, task_id: int) -> bool:
         return self._tasks().filter(pk=task_id, stop_requested_at__isnull=False).exists()
+
+    def thread_prepare(self, wait_for_flush: bool) -> None:
+        """This thread's connection, checked, and whether its commits wait for the disk flush."""
+        thread_connection_ready(wait_for_flush=wait_for_flush)
 
     def record_launched(self, item_id: int, calls: list[dict[str, Any]]) -> list[int]:
         self._check_item(item_id)  # scoped, as every item call

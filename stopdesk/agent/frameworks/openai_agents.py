@@ -135,8 +135,9 @@ class StopdeskModel(Model):
         run = CURRENT.get()
         if run is None:
             return await self.inner.get_response(*args, **kwargs)
-        async with run.model_request() as draft:
-            if _launches_hosted(args, kwargs):
+        acts = _launches_hosted(args, kwargs)
+        async with run.model_request(acts=acts) as draft:
+            if acts:
                 await _pass_before_sending(run, draft)
             response = await self.inner.get_response(*args, **kwargs)
             # Before the boundary's verdict on the answer: a discarded answer's calls still ran.
@@ -149,8 +150,9 @@ class StopdeskModel(Model):
             async for event in self.inner.stream_response(*args, **kwargs):
                 yield event
             return
-        async with run.model_request() as draft:
-            if _launches_hosted(args, kwargs):
+        acts = _launches_hosted(args, kwargs)
+        async with run.model_request(acts=acts) as draft:
+            if acts:
                 await _pass_before_sending(run, draft)
             async for event in self.inner.stream_response(*args, **kwargs):
                 kind = getattr(event, "type", "")
