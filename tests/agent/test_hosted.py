@@ -87,10 +87,21 @@ def test_hosted_calls_in_an_answer_that_arrives_after_stop_are_recorded_under_th
     thread.join(5)
 
     assert tools.calls["lookup"] == 0  # the answer's function call met the boundary, never ran
-    stopped_at = Task.objects.get(pk=task.id).stop_requested_at
-    first = WorkItem.objects.filter(task_id=task.id, kind="model_request").order_by("id").first()
+    first, children = assert_recorded_as_they_ran(task.id)
+
+    # The adapter's read-back of the same response adds nothing: one record per call id.
+    output = [{"type": "mcp_call", "id": c.handle, "server_label": "x", "name": "y"} for c in children.values()]
+    assert response_launched_record(item_id=first.pk, calls=launched_tool_calls({"output": output}), actor="t") == []
+    assert WorkItem.objects.filter(task_id=task.id, kind="remote_tool").count() == 2
+
+
+def assert_recorded_as_they_ran(task_id: int) -> tuple[WorkItem, dict[str, WorkItem]]:
+    """The SCRIPT's two hosted calls, seen after Stop: recorded under the first request as they
+    ran, not cancelled by the boundary. Returns that request and the calls by label."""
+    stopped_at = Task.objects.get(pk=task_id).stop_requested_at
+    first = WorkItem.objects.filter(task_id=task_id, kind="model_request").order_by("id").first()
     assert first is not None and first.started_at is not None and stopped_at is not None
-    children = {c.label: c for c in WorkItem.objects.filter(task_id=task.id, kind="remote_tool")}
+    children = {c.label: c for c in WorkItem.objects.filter(task_id=task_id, kind="remote_tool")}
     assert {label: (c.state, c.handle, c.parent_id) for label, c in children.items()} == {
         "docs.search": (S.COMPLETED, "mcp_0_0", first.pk),
         "crm.create_record": (S.UNCERTAIN, "mcp_0_1", first.pk),
@@ -99,12 +110,8 @@ def test_hosted_calls_in_an_answer_that_arrives_after_stop_are_recorded_under_th
     assert uncertain.investigate_by is not None
     # Running from when their request went out, before Stop; recorded after it.
     assert uncertain.started_at == first.started_at < stopped_at < uncertain.created_at
-    assert "One hosted tool call with unknown outcome; review required." in task_summary(Task.objects.get(pk=task.id))
-
-    # The adapter's read-back of the same response adds nothing: one record per call id.
-    output = [{"type": "mcp_call", "id": c.handle, "server_label": "x", "name": "y"} for c in children.values()]
-    assert response_launched_record(item_id=first.pk, calls=launched_tool_calls({"output": output}), actor="t") == []
-    assert WorkItem.objects.filter(task_id=task.id, kind="remote_tool").count() == 2
+    assert "One hosted tool call with unknown outcome; review required." in task_summary(Task.objects.get(pk=task_id))
+    return first, children
 
 
 def test_a_request_offering_hosted_tools_is_not_sent_after_stop(streamed, model, runtime):
