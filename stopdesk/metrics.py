@@ -23,15 +23,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from stopdesk.notify.models import Heartbeat
-from stopdesk.notify.selectors import UNSEALED_CAP, audit_backlog, review_queue_facts
+from stopdesk.notify.selectors import UNSEALED_CAP, age_seconds, audit_backlog, review_queue_facts
 from stopdesk.notify.tally import SETTLE_BUCKETS, TALLY
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 HEARTBEATS = ("beat", "worker", "reconcile_sweep", TALLY)
-
-
-def _age(now: Any, then: Any) -> float:
-    return max(0.0, (now - then).total_seconds()) if then else 0.0
 
 
 class LedgerCollector(Collector):
@@ -50,7 +46,7 @@ class LedgerCollector(Collector):
             labels=["name"],
         )
         for name in HEARTBEATS:
-            ages.add_metric([name], _age(now, beats[name][0]) if name in beats else -1.0)
+            ages.add_metric([name], age_seconds(now, beats[name][0]) if name in beats else -1.0)
         yield ages
 
         items = GaugeMetricFamily("stopdesk_items", "Work items by state and mechanism.", labels=["state", "mechanism"])

@@ -33,7 +33,11 @@ class CappedCount(int):
 
 def capped_count(queryset: QuerySet[Any], cap: int) -> int:
     """COUNT(*) over at most cap + 1 rows (a LIMIT inside the count), exact below the cap."""
-    found = queryset.order_by()[: cap + 1].count()
+    return capped(queryset.order_by()[: cap + 1].count(), cap)
+
+
+def capped(found: int, cap: int) -> int:
+    """A count of at most cap + 1 rows as shown: exact up to the cap, `CappedCount` beyond it."""
     return CappedCount(cap) if found > cap else found
 
 

@@ -12,7 +12,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from stopdesk.notify.models import Delivery
-from stopdesk.paging import CappedCount
+from stopdesk.paging import capped
 from stopdesk.states import ItemState
 
 # Uncertain items (partial indexes item_uncertain_deadline and item_uncertain_since) and
@@ -41,7 +41,7 @@ class QueueFacts:
 
     @property
     def oldest_age_seconds(self) -> float:
-        return max(0.0, (self.now - self.oldest_at).total_seconds()) if self.oldest_at else 0.0
+        return age_seconds(self.now, self.oldest_at)
 
 
 def review_queue_facts(*, now: datetime | None = None, cap: int | None = None) -> QueueFacts:
@@ -55,7 +55,7 @@ def review_queue_facts(*, now: datetime | None = None, cap: int | None = None) -
         uncertain, past, oldest_item, waiting, oldest_compensation = cursor.fetchone()
     found = (_as_datetime(t) for t in (oldest_item, oldest_compensation) if t is not None)
     oldest = min(found, default=None)
-    counts = [n if cap is None or n <= cap else CappedCount(cap) for n in (uncertain, past, waiting)]
+    counts = [n if cap is None else capped(n, cap) for n in (uncertain, past, waiting)]
     return QueueFacts(counts[0], counts[1], counts[2], oldest, now)
 
 
@@ -79,7 +79,7 @@ class AuditBacklog:
 
     @property
     def oldest_age_seconds(self) -> float:
-        return max(0.0, (self.now - self.oldest_at).total_seconds()) if self.oldest_at else 0.0
+        return age_seconds(self.now, self.oldest_at)
 
 
 def audit_backlog(*, now: datetime | None = None, cap: int = UNSEALED_CAP) -> AuditBacklog:
@@ -89,6 +89,11 @@ def audit_backlog(*, now: datetime | None = None, cap: int = UNSEALED_CAP) -> Au
         cursor.execute(UNSEALED_SQL, {"cap": cap})
         unsealed, oldest = cursor.fetchone()
     return AuditBacklog(unsealed, _as_datetime(oldest) if oldest is not None else None, now)
+
+
+def age_seconds(now: datetime, then: datetime | None) -> float:
+    """Seconds from `then` to `now`, never negative; 0 when there is no `then`."""
+    return max(0.0, (now - then).total_seconds()) if then else 0.0
 
 
 def _as_datetime(value: datetime | str) -> datetime:
