@@ -114,6 +114,12 @@ def task_for(user: Any, pk: int) -> Task:
     return get_object_or_404(tasks_for(user), pk=pk)
 
 
+def item_seen_by(user: Any, pk: int) -> WorkItem:
+    """An item of a task the user may see (to read; acting on it is `item_for`)."""
+    items = WorkItem.objects.select_related("task__owner", "task__runtime", "parent").filter(task__in=tasks_for(user))
+    return get_object_or_404(items, pk=pk)
+
+
 def item_for(user: Any, pk: int) -> WorkItem:
     check(user, RESOLVE)
     return get_object_or_404(WorkItem.objects.select_related("task"), pk=pk)

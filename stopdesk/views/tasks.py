@@ -119,6 +119,7 @@ def task_items(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
         "state_label": ItemState(state).label,
         "page": page,
         "states": [(s, ItemState(s).label) for s in GROUP_ORDER],
+        "can_resolve": perms.can(request.user, perms.RESOLVE),
     }
     template = "tasks/items.html"
     if request.htmx and request.htmx.target == "items-table":

@@ -3,7 +3,7 @@ from django.urls import path
 from django.views.generic import RedirectView
 
 from reconcile.views_readiness import readiness_page
-from stopdesk.views import auth, review, tasks
+from stopdesk.views import auth, items, review, tasks
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="task-list"), name="home"),
@@ -16,6 +16,8 @@ urlpatterns = [
     path("tasks/<int:task_id>/items/", tasks.task_items, name="task-items"),
     path("queue/", review.queue, name="review-queue"),
     path("readiness/", readiness_page, name="readiness"),
+    path("items/<int:item_id>/", items.item_detail, name="item-detail"),
+    path("items/<int:item_id>/report/", items.item_report_view, name="item-report"),
     path("items/<int:item_id>/resolve/", review.item_resolve_view, name="item-resolve"),
     path("items/<int:item_id>/extend/", review.item_extend_view, name="item-extend"),
     path("items/<int:item_id>/acknowledge/", review.item_acknowledge_view, name="item-acknowledge"),

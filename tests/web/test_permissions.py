@@ -42,6 +42,8 @@ ACTIONS = [
     ("post", "compensation-approve", "compensation", {"approver"}),
     ("post", "compensation-reject", "compensation", {"approver"}),
     ("post", "compensation-escalate", "compensation", {"reviewer", "approver"}),
+    ("get", "item-detail", "item", {"operator", "reviewer", "approver"}),
+    ("post", "item-report", "item", {"reviewer"}),
 ]
 
 
