@@ -3,15 +3,19 @@ labelled fields, one per leaf value, never Python's text for a dict or a list.""
 
 from __future__ import annotations
 
+import re
+from datetime import datetime
 from typing import Any
 
 from django import template
+from django.utils import dateformat, timezone
 
 register = template.Library()
 
 # A nested value deeper than this is shown as one field of JSON text rather than split further.
 MAX_DEPTH = 6
 MAX_FIELDS = 200
+ISO_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}")
 SEP = " \u203a "  # between a nested key and its parent (a single right-pointing angle quote)
 
 
@@ -22,7 +26,7 @@ def field_label(key: str) -> str:
 
 
 def field_value(value: Any) -> str:
-    if value is None:
+    if value is None or value == "":
         return "—"
     if value is True:
         return "yes"
@@ -32,7 +36,20 @@ def field_value(value: Any) -> str:
         import json
 
         return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+    if isinstance(value, str) and ISO_TIME.match(value):
+        return moment(value)
     return str(value)
+
+
+def moment(text: str) -> str:
+    """A stored ISO timestamp as the pages write times ("Dec 1, 14:56:03"), in the site's zone."""
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        return text
+    if timezone.is_aware(at):
+        at = timezone.localtime(at)
+    return dateformat.format(at, "M j, H:i:s")
 
 
 def readable(value: Any, prefix: str = "", depth: int = 0) -> list[tuple[str, str]]:

@@ -137,7 +137,7 @@ def test_a_remote_tool_page_shows_the_tool_its_arguments_and_why_it_is_uncertain
     assert "<dd><code>upload_file</code> on partner-portal</dd>" in html
     assert "<dt>Path</dt><dd>/exports/invoices-q3.csv</dd>" in html and "<dt>Overwrite</dt><dd>yes</dd>" in html
     assert f"<dt>Mcp{SEP}Annotations{SEP}DestructiveHint</dt><dd>yes</dd>" in html
-    assert "Outcome unknown." in html and "Investigate by" in html
+    assert "<strong>Outcome unknown; investigate.</strong>" in html and "Investigate by" in html
     assert "Why: The remote side did not answer before the mechanism&#x27;s deadline." in html
     assert "HTTP 503 (not ok)" in html and f"<dt>Body{SEP}Error</dt><dd>overloaded</dd>" in html
     for name in ("item-resolve", "item-extend", "item-escalate"):
@@ -248,3 +248,4 @@ def test_readable_fields_name_nested_values_and_never_show_python_text():
         (f"Rows{SEP}1{SEP}Id", "a"),
     ]
     assert readable_fields({}) == [] and readable_fields({"gone": None}) == [("Gone", "—")]
+    assert readable_fields({"at": "2026-12-01T14:56:03.162539+00:00"}) == [("At", "Dec 1, 14:56:03")]
