@@ -125,7 +125,9 @@ def item_page(item: WorkItem) -> ItemPage:
         item=item,
         records=records,
         attempts=list(CancellationAttempt.objects.filter(item=item).order_by("sent_at", "id")),
-        events=list(events[:EVENT_LIMIT]),
+        # The latest ones when there are many (a watched cancel writes one per look): what
+        # happened last is what a decision needs; the whole trail is in the audit log.
+        events=list(reversed(events.reverse()[:EVENT_LIMIT])),
         event_count=events.count(),
         children=list(children[:CHILD_LIMIT]),
         child_count=children.count(),

@@ -31,6 +31,12 @@ def test_a_reviewer_reads_an_uncertain_tool_call_on_its_page(live_server, browse
         _login(page, base, "reviewer")
         page.goto(f"{base}/tasks/{item.task_id}/")
         page.wait_for_timeout(400)  # a person finds the row
+        if width > 390:
+            # The row's evidence trail reads as fields too.
+            page.locator(f"#trail-{item.pk} summary").click()
+            trail = page.locator(f"#trail-{item.pk}").inner_text()
+            assert "Uncertain because" in trail and "{" not in trail
+            page.screenshot(path=shots / "12-task-row-trail.png", full_page=True)
         page.get_by_role("link", name="Upload invoices to the portal").click()
         page.wait_for_url(f"{base}/items/{item.pk}/")
         assert page.get_by_role("heading", name="Where it stands").is_visible()

@@ -249,3 +249,41 @@ def test_readable_fields_name_nested_values_and_never_show_python_text():
     ]
     assert readable_fields({}) == [] and readable_fields({"gone": None}) == [("Gone", "—")]
     assert readable_fields({"at": "2026-12-01T14:56:03.162539+00:00"}) == [("At", "Dec 1, 14:56:03")]
+
+
+def _looks(item: WorkItem, n: int) -> None:
+    for _ in range(n):
+        item_observe(
+            item_id=item.pk,
+            observation=Observation(Seen.UNREACHABLE, remote_status="HTTP 503"),
+            action="inspect",
+            actor="system:reconcile",
+        )
+
+
+def test_the_page_runs_the_same_queries_however_many_attempts_and_events_an_item_has(as_user):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    few, many = uncertain_remote_tool(), uncertain_remote_tool()
+    _looks(many, 30)
+    client = as_user("reviewer")
+    counts = []
+    for item in (few, many):
+        with CaptureQueriesContext(connection) as queries:
+            page(client, item)
+        counts.append(len(queries.captured_queries))
+    assert counts[0] == counts[1]
+
+
+def test_an_item_with_a_long_trail_shows_its_latest_events(as_user, monkeypatch):
+    from stopdesk.views import item_page
+
+    monkeypatch.setattr(item_page, "EVENT_LIMIT", 3)
+    item = uncertain_remote_tool()
+    item_transition(item_id=item.pk, to_state=S.FAILED, actor="user:reviewer", outcome="portal shows no upload")
+    html = page(as_user("reviewer"), item)
+    events = html[html.index('id="events-title"') :]
+    assert "uncertain → failed" in events.replace("</span>", "").replace('<span class="muted">', "")
+    assert "item registered" not in events
+    assert "The latest 3 of 5 shown" in events
