@@ -13,6 +13,7 @@ from reconcile.services.reconcile import sweep_once
 from stopdesk.models import Event, WorkItem
 from stopdesk.states import ItemState
 from tests.factories import make_item, make_task
+from tests.web.conftest import htmx
 from tests.web.scenes import uncertain_item
 from tests.web.test_item_page import manual_after_stop
 
@@ -31,6 +32,13 @@ def test_a_manual_item_after_stop_shows_its_deadline_on_the_task_page(as_user):
     head = head[: head.index("</div>")]
     assert "report within 59 minutes" in head or "report within 1 hour" in head
     assert "Turns uncertain at " in head
+
+
+def test_the_task_pages_live_refresh_keeps_the_deadline(as_user):
+    item = manual_after_stop()
+    response = as_user("operator").get(reverse("task-detail", args=[item.task_id]), **htmx("live"))
+    assert response.status_code == 200 and "<html" not in response.content.decode()
+    assert "report within" in response.content.decode()
 
 
 def test_reporting_done_before_the_deadline_settles_it_and_the_deadline_passes_quietly(as_user):
