@@ -15,7 +15,10 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
+from stopdesk.admin_dates import DateRangeFilter
+from stopdesk.admin_export import ExportMixin
 from stopdesk.admin_scale import id_search, recent_values
+from stopdesk.exports import columns
 from stopdesk.models import (
     ApiIdempotency,
     CancellationAttempt,
@@ -119,7 +122,7 @@ class AttemptInline(admin.TabularInline):
 
 
 @admin.register(WorkItem)
-class WorkItemAdmin(ReadOnlyAdmin):
+class WorkItemAdmin(ExportMixin, ReadOnlyAdmin):
     list_display = (
         "id",
         "task",
@@ -132,12 +135,40 @@ class WorkItemAdmin(ReadOnlyAdmin):
         "needs_review_display",
         "updated_at",
     )
-    list_filter = ("state", "kind", recent_values("mechanism", "mechanism"), "needs_review")
+    list_filter = (
+        "state",
+        "kind",
+        recent_values("mechanism", "mechanism"),
+        "needs_review",
+        ("created_at", DateRangeFilter),
+    )
     search_fields = ("=id",)
     search_help_text = "An item id or a task id."
     list_select_related = ("task",)
     raw_id_fields = ("task", "parent")
     inlines = (ExternalRecordInline, AttemptInline)
+    export_columns = columns(
+        "id",
+        "task_id",
+        "parent_id",
+        "kind",
+        "mechanism",
+        "noun",
+        "label",
+        "state",
+        "handle",
+        "idempotency_key",
+        "created_at",
+        "started_at",
+        "submitted_at",
+        "finished_at",
+        "updated_at",
+        "investigate_by",
+        "outcome",
+        "needs_review",
+        "evidence",
+        "detail",
+    )
 
     def get_search_results(self, request: HttpRequest, queryset: QuerySet[WorkItem], search_term: str):  # type: ignore[no-untyped-def]
         return id_search(queryset, search_term, ("id", "task_id"))
@@ -161,7 +192,7 @@ class ExternalRecordAdmin(ReadOnlyAdmin):
 
 
 @admin.register(StopRequest)
-class StopRequestAdmin(ReadOnlyAdmin):
+class StopRequestAdmin(ExportMixin, ReadOnlyAdmin):
     list_display = (
         "task",
         "requested_at",
@@ -172,9 +203,21 @@ class StopRequestAdmin(ReadOnlyAdmin):
         "duplicates",
         "fanout_done_at",
     )
-    list_filter = ("requested_at",)
+    list_filter = (("requested_at", DateRangeFilter),)
     search_fields = ("task__title", "actor", "reason")
     list_select_related = ("task",)
+    export_columns = columns(
+        "id",
+        "task_id",
+        ("task_title", "task__title"),
+        "requested_at",
+        "actor",
+        "reason",
+        "queued_cancelled",
+        "dispatched",
+        "duplicates",
+        "fanout_done_at",
+    )
 
 
 @admin.register(CancellationAttempt)
@@ -190,14 +233,14 @@ class CancellationAttemptAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Event)
-class EventAdmin(ReadOnlyAdmin):
+class EventAdmin(ExportMixin, ReadOnlyAdmin):
     """Append-only for everyone. has_*_permission answer False before the superuser shortcut
     is consulted, so a superuser cannot add, change or delete an event here either."""
 
     list_display = ("at", "task", "item_id", "kind", "actor", "from_state", "to_state", "message")
     # No date hierarchy and no filter over to_state: both read every row of the table (SELECT
     # DISTINCT). The date filter and the kind filter go through indexes on (at) and (kind, at).
-    list_filter = (recent_values("kind", "kind"), "at")
+    list_filter = (recent_values("kind", "kind"), ("at", DateRangeFilter))
     search_fields = ("=task__id",)
     search_help_text = "A task id or an item id."
     list_select_related = ("task",)
@@ -205,6 +248,9 @@ class EventAdmin(ReadOnlyAdmin):
     ordering = ("-at", "-id")  # an auditor looks for what just happened first
     readonly_fields = ("data_json",)
     exclude = ("data",)
+    export_columns = columns(
+        "id", "at", "task_id", "item_id", "kind", "actor", "from_state", "to_state", "message", "data", "seq", "hash"
+    )
 
     class Media:
         css = {"all": ["stopdesk/admin.css"]}
