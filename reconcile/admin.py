@@ -66,12 +66,35 @@ class CompensationAdmin(ExportMixin, ReadOnlyAdmin):
         return id_search(queryset, search_term, ("id",), ("external_record__record_id",))
 
 
+class EscalationStatus(admin.SimpleListFilter):
+    """Open: waiting on a person, as the review queue counts them. Closed: decided."""
+
+    title = "status"
+    parameter_name = "status"
+
+    def lookups(self, request, model_admin):  # type: ignore[no-untyped-def]
+        return [("open", "Open (waiting on a person)"), ("closed", "Closed (decided)")]
+
+    def queryset(self, request, queryset):  # type: ignore[no-untyped-def]
+        if self.value() in ("open", "closed"):
+            return queryset.filter(closed_at__isnull=self.value() == "open")
+        return queryset
+
+
 @admin.register(Escalation)
 class EscalationAdmin(ReadOnlyAdmin):
-    list_display = ("id", "item", "compensation", "to", "by", "reason", "at", "closed_at")
-    list_filter = (("closed_at", admin.EmptyFieldListFilter), "to", ("at", DateRangeFilter))
+    list_display = ("id", "item", "compensation", "to_display", "by_display", "reason", "at", "closed_at")
+    list_filter = (EscalationStatus, "to", ("at", DateRangeFilter))
     search_fields = ("reason", "to__username", "by__username")
     list_select_related = ("item", "compensation", "to", "by")
+
+    @admin.display(description="To", ordering="to")
+    def to_display(self, escalation: Escalation) -> str:
+        return escalation.to.get_username() if escalation.to else "any approver"
+
+    @admin.display(description="By", ordering="by")
+    def by_display(self, escalation: Escalation) -> str:
+        return escalation.by.get_username() if escalation.by else "stopdesk"
 
 
 class DrillResultInline(admin.TabularInline):
