@@ -6,7 +6,7 @@ from django.contrib import admin
 
 from reconcile.models import Compensation, DrillResult, DrillRun, Escalation
 from stopdesk.admin import ReadOnlyAdmin
-from stopdesk.admin_dates import DateRangeFilter
+from stopdesk.admin_dates import DateRangeFilter, date_range
 from stopdesk.admin_export import ExportMixin
 from stopdesk.admin_scale import id_search, recent_values
 from stopdesk.exports import columns
@@ -84,7 +84,7 @@ class EscalationStatus(admin.SimpleListFilter):
 @admin.register(Escalation)
 class EscalationAdmin(ReadOnlyAdmin):
     list_display = ("id", "item", "compensation", "to_display", "by_display", "reason", "at", "closed_at")
-    list_filter = (EscalationStatus, "to", ("at", DateRangeFilter))
+    list_filter = (EscalationStatus, "to", ("at", date_range("time")))
     search_fields = ("reason", "to__username", "by__username")
     list_select_related = ("item", "compensation", "to", "by")
 

@@ -39,10 +39,12 @@ def moment(text: str) -> tuple[dt.datetime, bool]:
 
 class DateRangeFilter(admin.DateFieldListFilter):
     template = "admin/stopdesk/date_range_filter.html"
+    range_title = ""
 
     def __init__(self, field, request, params, model, model_admin, field_path):  # type: ignore[no-untyped-def]
         self.lookup_kwarg_through = f"{field_path}__lte"
         super().__init__(field, request, params, model, model_admin, field_path)
+        self.title = self.range_title or self.title
         today = timezone.localtime().replace(hour=0, minute=0, second=0, microsecond=0)
         tomorrow = today + dt.timedelta(days=1)
         month = today.replace(day=1)
@@ -103,6 +105,11 @@ class DateRangeFilter(admin.DateFieldListFilter):
         elif until:
             shown["to"] = _day(until, before=True)
         return shown
+
+
+def date_range(title: str) -> type[DateRangeFilter]:
+    """A DateRangeFilter headed "By <title>" (a field named `at` would read "By at")."""
+    return type(f"{title.replace(' ', '_')}_range", (DateRangeFilter,), {"range_title": title})
 
 
 def _day(text: str, before: bool = False) -> str:

@@ -28,6 +28,9 @@ class ExportMixin(admin.ModelAdmin):  # type: ignore[type-arg]
     export_columns: tuple[Column, ...] = ()
     change_list_template = "admin/stopdesk/export_change_list.html"
 
+    class Media:
+        css = {"all": ["stopdesk/admin.css"]}
+
     def get_urls(self) -> list[Any]:
         opts = self.model._meta
         view = self.admin_site.admin_view(self.export_view)
