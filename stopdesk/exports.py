@@ -4,7 +4,8 @@ grow with the number of rows.
 The rows come from `QuerySet.values_list(...).iterator(chunk_size=...)`, which on PostgreSQL reads
 through a server-side cursor (a named cursor, `chunk_size` rows per fetch), so a million events
 never sit in the web process at once. Each chunk of rows is encoded and handed on as one piece of
-the response body.
+the response body. Outside a transaction Django declares that cursor WITH HOLD: PostgreSQL keeps
+the result on its side, and no transaction stays open while a slow download drains it.
 
 A CSV is opened in spreadsheets, which run a cell that starts with = + - @ (or a tab or carriage
 return) as a formula: such a cell gets a leading apostrophe, the usual defence, so a message or a
