@@ -8,10 +8,13 @@ import re
 import time
 
 import pytest
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 
-from reconcile.models import Escalation
+from reconcile.models import Compensation, Escalation
 from reconcile.services.compensation import compensation_escalate
 from reconcile.services.review import item_escalate
 from stopdesk.views.auth import REAUTH_SESSION_KEY
@@ -81,3 +84,19 @@ def test_the_queue_and_the_admin_count_the_same_escalations(as_user, roles, crm,
     stale_escalation(as_user, roles, crm, approve_posted)
 
     assert queue_count(as_user) == admin_count(roles, status="open") == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_compensations_already_waiting_get_their_open_row_when_the_database_is_migrated(roles, crm):
+    waiting = proposal(crm_effect(system_url("crm"), name="Before Ltd"), roles["reviewer"])
+    # As an escalation by stopdesk itself left it before such escalations wrote a row.
+    Compensation.objects.filter(pk=waiting.pk).update(
+        state="escalated", reason="The record changed.", decided_at=timezone.now()
+    )
+    executor = MigrationExecutor(connection)
+    executor.migrate([("reconcile", "0003_roles")])
+    executor = MigrationExecutor(connection)
+    executor.migrate(executor.loader.graph.leaf_nodes())
+
+    row = Escalation.objects.get(compensation=waiting)
+    assert (row.by, row.to, row.reason, row.closed_at) == (None, None, "The record changed.", None)
