@@ -82,11 +82,21 @@ class EscalationStatus(admin.SimpleListFilter):
 
 
 @admin.register(Escalation)
-class EscalationAdmin(ReadOnlyAdmin):
+class EscalationAdmin(ExportMixin, ReadOnlyAdmin):
     list_display = ("id", "item", "compensation", "to_display", "by_display", "reason", "at", "closed_at")
     list_filter = (EscalationStatus, "to", ("at", date_range("time")))
     search_fields = ("reason", "to__username", "by__username")
     list_select_related = ("item", "compensation", "to", "by")
+    export_columns = columns(
+        "id",
+        "item_id",
+        "compensation_id",
+        ("to", "to__username"),
+        ("by", "by__username"),
+        "reason",
+        "at",
+        "closed_at",
+    )
 
     @admin.display(description="To", ordering="to")
     def to_display(self, escalation: Escalation) -> str:

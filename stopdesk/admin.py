@@ -53,12 +53,21 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 
 @admin.register(Task)
-class TaskAdmin(ReadOnlyAdmin):
+class TaskAdmin(ExportMixin, ReadOnlyAdmin):
     list_display = ("id", "title", "owner", "runtime", "created_at", "stop_requested_at", "settled_at", "timeline_link")
-    list_filter = (("stop_requested_at", admin.EmptyFieldListFilter), "runtime", "created_at")
+    list_filter = (("stop_requested_at", admin.EmptyFieldListFilter), "runtime", ("created_at", DateRangeFilter))
     search_fields = ("title", "=id")
     date_hierarchy = "created_at"
     list_select_related = ("owner", "runtime")
+    export_columns = columns(
+        "id",
+        "title",
+        ("owner", "owner__username"),
+        ("runtime", "runtime__name"),
+        "created_at",
+        "stop_requested_at",
+        "settled_at",
+    )
 
     @admin.display(description="Timeline")
     def timeline_link(self, task: Task) -> str:
@@ -180,9 +189,22 @@ class WorkItemAdmin(ExportMixin, ReadOnlyAdmin):
 
 
 @admin.register(ExternalRecord)
-class ExternalRecordAdmin(ReadOnlyAdmin):
+class ExternalRecordAdmin(ExportMixin, ReadOnlyAdmin):
     list_display = ("id", "system", "record_id", "version", "effect", "reversible", "reversal", "item", "recorded_at")
-    list_filter = (recent_values("system", "system"), "effect", "reversible")
+    list_filter = (recent_values("system", "system"), "effect", "reversible", ("recorded_at", DateRangeFilter))
+    export_columns = columns(
+        "id",
+        "item_id",
+        ("task_id", "item__task_id"),
+        "system",
+        "record_id",
+        "version",
+        "effect",
+        "reversible",
+        "reversal",
+        "link",
+        "recorded_at",
+    )
     search_fields = ("=record_id",)
     search_help_text = "A record id (exactly), or a record, item or task id."
     list_select_related = ("item",)
@@ -221,9 +243,26 @@ class StopRequestAdmin(ExportMixin, ReadOnlyAdmin):
 
 
 @admin.register(CancellationAttempt)
-class CancellationAttemptAdmin(ReadOnlyAdmin):
+class CancellationAttemptAdmin(ExportMixin, ReadOnlyAdmin):
     list_display = ("id", "item", "mechanism", "action", "sent_at", "answered_at", "ok", "observed_status")
-    list_filter = (recent_values("mechanism", "mechanism"), recent_values("action", "action"), "ok")
+    list_filter = (
+        recent_values("mechanism", "mechanism"),
+        recent_values("action", "action"),
+        "ok",
+        ("sent_at", DateRangeFilter),
+    )
+    export_columns = columns(
+        "id",
+        "item_id",
+        ("task_id", "item__task_id"),
+        "mechanism",
+        "action",
+        "sent_at",
+        "answered_at",
+        "ok",
+        "observed_status",
+        "detail",
+    )
     search_fields = ("=item__id",)
     search_help_text = "An item id."
     list_select_related = ("item",)

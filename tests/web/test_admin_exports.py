@@ -11,17 +11,20 @@ import re
 from urllib.parse import urljoin
 
 import pytest
+from django.contrib import admin
 from django.contrib.auth.models import Permission
 from django.db import connection
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from reconcile.services.review import item_escalate
+from stopdesk.admin_export import ExportMixin
 from stopdesk.models import Event, StopRequest
 from stopdesk.services.stop import task_request_stop
 from stopdesk.states import ItemState
 from tests.factories import ACTOR, make_external_effect, make_item, make_task
-from tests.web.scenes import proposal
+from tests.web.scenes import proposal, uncertain_item
 
 pytestmark = pytest.mark.django_db
 
@@ -218,3 +221,21 @@ def test_an_unknown_export_format_is_not_found(roles):
 
     assert response.status_code == 404
     assert not Event.objects.filter(kind="export_began").exists()
+
+
+def test_every_ledger_list_exports_what_it_lists(roles):
+    task = make_task()
+    record = make_external_effect(task).external_records.get()
+    stop(task)
+    proposal(record, roles["reviewer"])
+    item_escalate(item_id=uncertain_item().pk, to=roles["approver"], reason="Ask them.", by=roles["reviewer"])
+    client = admin_client(roles)
+
+    for model_admin in [m for m in admin.site._registry.values() if isinstance(m, ExportMixin)]:
+        opts = model_admin.model._meta
+        changelist = client.get(reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist")).content.decode()
+        lines = body(client.get(link_named(changelist, "Export JSON Lines"))).splitlines()
+        assert len(lines) == model_admin.model.objects.count(), opts.model_name
+        assert all(isinstance(json.loads(line)["id"], int) for line in lines), opts.model_name
+    exported = {m.model._meta.model_name for m in admin.site._registry.values() if isinstance(m, ExportMixin)}
+    assert {"event", "stoprequest", "compensation", "workitem", "escalation"} <= exported
