@@ -6,11 +6,14 @@ from django.contrib import admin
 
 from reconcile.models import Compensation, DrillResult, DrillRun, Escalation
 from stopdesk.admin import ReadOnlyAdmin
+from stopdesk.admin_dates import DateRangeFilter, date_range
+from stopdesk.admin_export import ExportMixin
 from stopdesk.admin_scale import id_search, recent_values
+from stopdesk.exports import columns
 
 
 @admin.register(Compensation)
-class CompensationAdmin(ReadOnlyAdmin):
+class CompensationAdmin(ExportMixin, ReadOnlyAdmin):
     list_display = (
         "id",
         "action",
@@ -24,21 +27,84 @@ class CompensationAdmin(ReadOnlyAdmin):
         "proposed_at",
         "finished_at",
     )
-    list_filter = ("state", recent_values("action", "action"), recent_values("external_record__system", "system"))
+    list_filter = (
+        "state",
+        recent_values("action", "action"),
+        recent_values("external_record__system", "system"),
+        ("proposed_at", DateRangeFilter),
+    )
     search_fields = ("=id",)
     search_help_text = "A compensation id, or a record id (exactly)."
     list_select_related = ("external_record", "proposed_by", "approved_by", "rejected_by")
+    export_columns = columns(
+        "id",
+        "external_record_id",
+        ("system", "external_record__system"),
+        ("record_id", "external_record__record_id"),
+        ("item_id", "external_record__item_id"),
+        ("task_id", "external_record__item__task_id"),
+        "action",
+        "state",
+        "expected_version",
+        "observed_version",
+        ("proposed_by", "proposed_by__username"),
+        "proposed_at",
+        ("approved_by", "approved_by__username"),
+        "approved_at",
+        ("rejected_by", "rejected_by__username"),
+        ("escalated_to", "escalated_to__username"),
+        "decided_at",
+        "started_at",
+        "finished_at",
+        "note",
+        "reason",
+        "error",
+        "result",
+    )
 
     def get_search_results(self, request, queryset, search_term):  # type: ignore[no-untyped-def]
         return id_search(queryset, search_term, ("id",), ("external_record__record_id",))
 
 
+class EscalationStatus(admin.SimpleListFilter):
+    """Open: waiting on a person, as the review queue counts them. Closed: decided."""
+
+    title = "status"
+    parameter_name = "status"
+
+    def lookups(self, request, model_admin):  # type: ignore[no-untyped-def]
+        return [("open", "Open (waiting on a person)"), ("closed", "Closed (decided)")]
+
+    def queryset(self, request, queryset):  # type: ignore[no-untyped-def]
+        if self.value() in ("open", "closed"):
+            return queryset.filter(closed_at__isnull=self.value() == "open")
+        return queryset
+
+
 @admin.register(Escalation)
-class EscalationAdmin(ReadOnlyAdmin):
-    list_display = ("id", "item", "compensation", "to", "by", "reason", "at", "closed_at")
-    list_filter = (("closed_at", admin.EmptyFieldListFilter), "to")
+class EscalationAdmin(ExportMixin, ReadOnlyAdmin):
+    list_display = ("id", "item", "compensation", "to_display", "by_display", "reason", "at", "closed_at")
+    list_filter = (EscalationStatus, "to", ("at", date_range("time")))
     search_fields = ("reason", "to__username", "by__username")
     list_select_related = ("item", "compensation", "to", "by")
+    export_columns = columns(
+        "id",
+        "item_id",
+        "compensation_id",
+        ("to", "to__username"),
+        ("by", "by__username"),
+        "reason",
+        "at",
+        "closed_at",
+    )
+
+    @admin.display(description="To", ordering="to")
+    def to_display(self, escalation: Escalation) -> str:
+        return escalation.to.get_username() if escalation.to else "any approver"
+
+    @admin.display(description="By", ordering="by")
+    def by_display(self, escalation: Escalation) -> str:
+        return escalation.by.get_username() if escalation.by else "stopdesk"
 
 
 class DrillResultInline(admin.TabularInline):

@@ -70,14 +70,31 @@ class Compensation(models.Model):
 
 
 class Escalation(models.Model):
-    """A reviewer handed an uncertain item or a compensation to a named person."""
+    """An item or a compensation waiting on a person's decision: a reviewer handed it to a named
+    person, or stopdesk escalated a compensation itself (the record changed under it, or its worker
+    was lost mid-run; `by` is empty). Open until the item or compensation is decided: the review
+    queue and the admin count the same open rows."""
 
     item = models.ForeignKey(WorkItem, null=True, blank=True, on_delete=models.PROTECT, related_name="escalations")
     compensation = models.ForeignKey(
         Compensation, null=True, blank=True, on_delete=models.PROTECT, related_name="escalations"
     )
-    to = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
-    by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    to = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="Empty: any approver.",
+    )
+    by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="Empty: stopdesk escalated it itself.",
+    )
     reason = models.TextField()
     at = models.DateTimeField(default=timezone.now)
     closed_at = models.DateTimeField(null=True, blank=True, help_text="Set when the item or compensation was decided.")
@@ -87,7 +104,7 @@ class Escalation(models.Model):
         indexes = [models.Index(fields=["closed_at", "at"])]
 
     def __str__(self) -> str:
-        return f"Escalation to {self.to} ({'closed' if self.closed_at else 'open'})"
+        return f"Escalation to {self.to or 'the approvers'} ({'closed' if self.closed_at else 'open'})"
 
 
 class DrillRun(models.Model):

@@ -15,7 +15,10 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
+from stopdesk.admin_dates import DateRangeFilter, date_range
+from stopdesk.admin_export import ExportMixin
 from stopdesk.admin_scale import id_search, recent_values
+from stopdesk.exports import columns
 from stopdesk.models import (
     ApiIdempotency,
     CancellationAttempt,
@@ -50,12 +53,21 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 
 @admin.register(Task)
-class TaskAdmin(ReadOnlyAdmin):
+class TaskAdmin(ExportMixin, ReadOnlyAdmin):
     list_display = ("id", "title", "owner", "runtime", "created_at", "stop_requested_at", "settled_at", "timeline_link")
-    list_filter = (("stop_requested_at", admin.EmptyFieldListFilter), "runtime", "created_at")
+    list_filter = (("stop_requested_at", admin.EmptyFieldListFilter), "runtime", ("created_at", DateRangeFilter))
     search_fields = ("title", "=id")
     date_hierarchy = "created_at"
     list_select_related = ("owner", "runtime")
+    export_columns = columns(
+        "id",
+        "title",
+        ("owner", "owner__username"),
+        ("runtime", "runtime__name"),
+        "created_at",
+        "stop_requested_at",
+        "settled_at",
+    )
 
     @admin.display(description="Timeline")
     def timeline_link(self, task: Task) -> str:
@@ -119,7 +131,7 @@ class AttemptInline(admin.TabularInline):
 
 
 @admin.register(WorkItem)
-class WorkItemAdmin(ReadOnlyAdmin):
+class WorkItemAdmin(ExportMixin, ReadOnlyAdmin):
     list_display = (
         "id",
         "task",
@@ -132,12 +144,40 @@ class WorkItemAdmin(ReadOnlyAdmin):
         "needs_review_display",
         "updated_at",
     )
-    list_filter = ("state", "kind", recent_values("mechanism", "mechanism"), "needs_review")
+    list_filter = (
+        "state",
+        "kind",
+        recent_values("mechanism", "mechanism"),
+        "needs_review",
+        ("created_at", DateRangeFilter),
+    )
     search_fields = ("=id",)
     search_help_text = "An item id or a task id."
     list_select_related = ("task",)
     raw_id_fields = ("task", "parent")
     inlines = (ExternalRecordInline, AttemptInline)
+    export_columns = columns(
+        "id",
+        "task_id",
+        "parent_id",
+        "kind",
+        "mechanism",
+        "noun",
+        "label",
+        "state",
+        "handle",
+        "idempotency_key",
+        "created_at",
+        "started_at",
+        "submitted_at",
+        "finished_at",
+        "updated_at",
+        "investigate_by",
+        "outcome",
+        "needs_review",
+        "evidence",
+        "detail",
+    )
 
     def get_search_results(self, request: HttpRequest, queryset: QuerySet[WorkItem], search_term: str):  # type: ignore[no-untyped-def]
         return id_search(queryset, search_term, ("id", "task_id"))
@@ -149,9 +189,22 @@ class WorkItemAdmin(ReadOnlyAdmin):
 
 
 @admin.register(ExternalRecord)
-class ExternalRecordAdmin(ReadOnlyAdmin):
+class ExternalRecordAdmin(ExportMixin, ReadOnlyAdmin):
     list_display = ("id", "system", "record_id", "version", "effect", "reversible", "reversal", "item", "recorded_at")
-    list_filter = (recent_values("system", "system"), "effect", "reversible")
+    list_filter = (recent_values("system", "system"), "effect", "reversible", ("recorded_at", DateRangeFilter))
+    export_columns = columns(
+        "id",
+        "item_id",
+        ("task_id", "item__task_id"),
+        "system",
+        "record_id",
+        "version",
+        "effect",
+        "reversible",
+        "reversal",
+        "link",
+        "recorded_at",
+    )
     search_fields = ("=record_id",)
     search_help_text = "A record id (exactly), or a record, item or task id."
     list_select_related = ("item",)
@@ -161,7 +214,7 @@ class ExternalRecordAdmin(ReadOnlyAdmin):
 
 
 @admin.register(StopRequest)
-class StopRequestAdmin(ReadOnlyAdmin):
+class StopRequestAdmin(ExportMixin, ReadOnlyAdmin):
     list_display = (
         "task",
         "requested_at",
@@ -172,15 +225,44 @@ class StopRequestAdmin(ReadOnlyAdmin):
         "duplicates",
         "fanout_done_at",
     )
-    list_filter = ("requested_at",)
+    list_filter = (("requested_at", DateRangeFilter),)
     search_fields = ("task__title", "actor", "reason")
     list_select_related = ("task",)
+    export_columns = columns(
+        "id",
+        "task_id",
+        ("task_title", "task__title"),
+        "requested_at",
+        "actor",
+        "reason",
+        "queued_cancelled",
+        "dispatched",
+        "duplicates",
+        "fanout_done_at",
+    )
 
 
 @admin.register(CancellationAttempt)
-class CancellationAttemptAdmin(ReadOnlyAdmin):
+class CancellationAttemptAdmin(ExportMixin, ReadOnlyAdmin):
     list_display = ("id", "item", "mechanism", "action", "sent_at", "answered_at", "ok", "observed_status")
-    list_filter = (recent_values("mechanism", "mechanism"), recent_values("action", "action"), "ok")
+    list_filter = (
+        recent_values("mechanism", "mechanism"),
+        recent_values("action", "action"),
+        "ok",
+        ("sent_at", DateRangeFilter),
+    )
+    export_columns = columns(
+        "id",
+        "item_id",
+        ("task_id", "item__task_id"),
+        "mechanism",
+        "action",
+        "sent_at",
+        "answered_at",
+        "ok",
+        "observed_status",
+        "detail",
+    )
     search_fields = ("=item__id",)
     search_help_text = "An item id."
     list_select_related = ("item",)
@@ -190,14 +272,14 @@ class CancellationAttemptAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Event)
-class EventAdmin(ReadOnlyAdmin):
+class EventAdmin(ExportMixin, ReadOnlyAdmin):
     """Append-only for everyone. has_*_permission answer False before the superuser shortcut
     is consulted, so a superuser cannot add, change or delete an event here either."""
 
     list_display = ("at", "task", "item_id", "kind", "actor", "from_state", "to_state", "message")
     # No date hierarchy and no filter over to_state: both read every row of the table (SELECT
     # DISTINCT). The date filter and the kind filter go through indexes on (at) and (kind, at).
-    list_filter = (recent_values("kind", "kind"), "at")
+    list_filter = (recent_values("kind", "kind"), ("at", date_range("time")))
     search_fields = ("=task__id",)
     search_help_text = "A task id or an item id."
     list_select_related = ("task",)
@@ -205,6 +287,9 @@ class EventAdmin(ReadOnlyAdmin):
     ordering = ("-at", "-id")  # an auditor looks for what just happened first
     readonly_fields = ("data_json",)
     exclude = ("data",)
+    export_columns = columns(
+        "id", "at", "task_id", "item_id", "kind", "actor", "from_state", "to_state", "message", "data", "seq", "hash"
+    )
 
     class Media:
         css = {"all": ["stopdesk/admin.css"]}

@@ -115,6 +115,8 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
+# Times to the second wherever a template shows a bare time (the admin): stopdesk/formats.
+FORMAT_MODULE_PATH = ["stopdesk.formats"]
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]

@@ -281,6 +281,7 @@ def compensations_sweep(
                     finished_at=now,
                     reason="Interrupted mid-run: check the record before approving again or rejecting.",
                 )
+                _escalated_by_stopdesk(compensation)
             except CompensationRefused:
                 continue  # it finished meanwhile
         interrupted.append(compensation.pk)
@@ -303,7 +304,14 @@ def _escalate_stale(compensation: Compensation, expected: str, observed: str) ->
             reason=reason,
             result={"expected_version": expected, "observed_version": observed, "written": False},
         )
+        _escalated_by_stopdesk(compensation)
     return compensation
+
+
+def _escalated_by_stopdesk(compensation: Compensation) -> None:
+    """The escalation row a person's escalation also writes: one open row per compensation
+    waiting on a decision, closed when it is approved or rejected."""
+    Escalation.objects.create(compensation=compensation, to=None, by=None, reason=compensation.reason)
 
 
 def _fail(compensation: Compensation, error: str) -> Compensation:

@@ -88,6 +88,7 @@ class Delivery(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
+        verbose_name_plural = "deliveries"
         ordering = ["-created_at", "-id"]
         constraints = [
             models.UniqueConstraint(fields=["notification", "target"], name="notify_delivery_once_per_target")
