@@ -3,7 +3,7 @@ from django.urls import path
 from django.views.generic import RedirectView
 
 from reconcile.views_readiness import readiness_page
-from stopdesk.views import auth, review, tasks
+from stopdesk.views import auth, queue, review, tasks
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="task-list"), name="home"),
@@ -27,4 +27,5 @@ urlpatterns = [
     path(
         "compensations/<int:compensation_id>/escalate/", review.compensation_escalate_view, name="compensation-escalate"
     ),
+    path("queue/decide/", queue.queue_decide, name="queue-decide"),
 ]
