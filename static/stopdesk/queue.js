@@ -55,7 +55,8 @@
   document.addEventListener("change", function (event) {
     var all = event.target;
     if (!all.matches || !all.matches("[data-select-all]")) return;
-    var group = document.getElementById("group-" + all.getAttribute("data-select-all"));
+    var name = all.getAttribute("data-select-all");
+    var group = document.getElementById(name === "late" ? "late" : "group-" + name);
     if (!group) return;
     group.querySelectorAll(".pick").forEach(function (pick) { pick.checked = all.checked; });
   });
@@ -72,7 +73,7 @@
   // A refused decision comes back 400 with its message: show it in place of the form.
   document.addEventListener("htmx:beforeSwap", function (event) {
     var target = event.detail.target;
-    if (event.detail.xhr.status === 400 && target && target.closest && target.closest("#uncertain")) {
+    if (event.detail.xhr.status === 400 && target && target.closest && target.closest("#uncertain, #late")) {
       event.detail.shouldSwap = true;
       event.detail.isError = false;
     }

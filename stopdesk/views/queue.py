@@ -17,16 +17,25 @@ from reconcile.services.review import OUTCOMES, ReviewRefused
 from reconcile.services.review_sets import (
     MAX_ITEMS,
     Decided,
+    items_acknowledge,
     items_escalate,
     items_extend,
     items_resolve,
 )
 from stopdesk import permissions as perms
+from stopdesk.notify.selectors import review_queue_facts
+from stopdesk.paging import ADMIN_CAP
 from stopdesk.states import ItemState
 from stopdesk.views import HtmxHttpRequest
 from stopdesk.views.queue_groups import GROUP_BY_LABELS, QueueFilter, grouped_queue, selected_ids
+from stopdesk.views.selectors import queue_late_results, review_queue
 
-DONE = {"resolve": "Resolved", "extend": "Extended the deadline of", "escalate": "Escalated"}
+DONE = {
+    "resolve": "Resolved",
+    "extend": "Extended the deadline of",
+    "escalate": "Escalated",
+    "acknowledge": "Reviewed the late results of",
+}
 
 
 def people() -> Any:
@@ -48,6 +57,20 @@ def uncertain_context(request: HtmxHttpRequest, f: QueueFilter, **extra: Any) ->
         "can_resolve": perms.can(request.user, perms.RESOLVE),
         **extra,
     }
+
+
+def waiting(facts: Any, sections: dict[str, Any]) -> int:
+    """Everything in the queue that waits for a person, so the header never says "nothing" while
+    late results, effects or escalations wait."""
+    listed = sum(sections[key].count for key in ("late", "reversals", "escalations"))
+    return int(facts.uncertain) + int(facts.waiting_compensations) + listed
+
+
+def header_context() -> dict[str, Any]:
+    """The queue's header, sent along with a swapped group or section so its counts stay true."""
+    sections = {k: v for key in ("late", "reversals", "escalations") for k, v in review_queue({}, only=key).items()}
+    facts = review_queue_facts(cap=ADMIN_CAP)
+    return {"facts": facts, "waiting": waiting(facts, sections), "oob": True}
 
 
 def _int(value: Any) -> int | None:
@@ -125,6 +148,7 @@ def _group_response(request: HtmxHttpRequest, context: dict[str, Any], status: i
     groups = context["g"].groups
     slug = (request.htmx.target or "").removeprefix("group-")
     group = next((g for g in groups if g.slug == slug), None)
+    context = {**context, **header_context()}
     if group is None:
         return render(request, "review/queue_uncertain.html#group-done", {**context, "slug": slug}, status=status)
     return render(request, "review/queue_uncertain.html#group", {**context, "group": group}, status=status)
@@ -133,3 +157,30 @@ def _group_response(request: HtmxHttpRequest, context: dict[str, Any], status: i
 def _queue_url(f: QueueFilter) -> str:
     query = f.query()
     return reverse("review-queue") + (f"?{query}" if query else "")
+
+
+@require_POST
+@perms.require(perms.RESOLVE)
+def queue_acknowledge(request: HtmxHttpRequest) -> HttpResponse:
+    """One note for many late results: each item keeps its state, and its event its late report."""
+    if request.POST.get("all") == "1":
+        ids = list(queue_late_results().order_by("id").values_list("id", flat=True)[: MAX_ITEMS + 1])
+    else:
+        ids = [i for i in (_int(v) for v in request.POST.getlist("item")) if i is not None]
+    status = 200
+    try:
+        if len(ids) > MAX_ITEMS:
+            raise ReviewRefused(f"Decide at most {MAX_ITEMS} items at once.")
+        notice = notice_for(items_acknowledge(item_ids=ids, note=request.POST.get("note", ""), by=request.user))
+    except ReviewRefused as exc:
+        notice, status = f"Nothing was changed: {exc}", 400
+    if not request.htmx:
+        (messages.success if status == 200 else messages.error)(request, notice)
+        return redirect(f"{reverse('review-queue')}#late")
+    context = {
+        **header_context(),
+        "s": review_queue({}, only="late"),
+        "notice": notice,
+        "can_resolve": perms.can(request.user, perms.RESOLVE),
+    }
+    return render(request, "review/queue.html#late", context, status=status)

@@ -39,7 +39,7 @@ from stopdesk.services.errors import IllegalTransition
 from stopdesk.states import ItemState
 from stopdesk.views import HtmxHttpRequest
 from stopdesk.views.auth import reauth_check_password, reauth_fresh, reauthenticated_at
-from stopdesk.views.queue import uncertain_context
+from stopdesk.views.queue import uncertain_context, waiting
 from stopdesk.views.queue_groups import QueueFilter
 from stopdesk.views.selectors import SECTIONS, now, review_queue
 
@@ -67,15 +67,8 @@ def queue(request: HtmxHttpRequest) -> HttpResponse:
     # The uncertain items are read grouped (queue_groups); the other sections as pages.
     sections = {k: v for key in SECTIONS if key != "uncertain" for k, v in review_queue(pages, only=key).items()}
     context = {**_queue_context(request, sections, pages), **uncertain_context(request, uncertain)}
-    context["waiting"] = _waiting(context["facts"], sections)
+    context["waiting"] = waiting(context["facts"], sections)
     return render(request, "review/queue.html", context)
-
-
-def _waiting(facts: Any, sections: dict) -> int:  # type: ignore[type-arg]
-    """Everything in the queue that waits for a person, so the header never says "nothing" while
-    late results, effects or escalations wait."""
-    listed = sum(sections[key].count for key in ("late", "reversals", "escalations"))
-    return int(facts.uncertain) + int(facts.waiting_compensations) + listed
 
 
 def _queue_context(request: HtmxHttpRequest, sections: dict, pages: dict) -> dict:  # type: ignore[type-arg]
@@ -97,9 +90,10 @@ def _form_page(request: HtmxHttpRequest, template: str, context: dict, status: i
         template += "#action-panel"
     response = render(request, template, context, status=status)
     target = request.htmx.target or "" if request.htmx else ""
-    if status >= 400 and target.startswith("uncertain-"):
+    if status >= 400 and target.startswith(("uncertain-", "late-")):
         # Refused beside its row: the form comes back with its error where it was, not over the row.
-        response["HX-Retarget"] = f"#panel-{target.removeprefix('uncertain-')}"
+        kind, _, pk = target.rpartition("-")
+        response["HX-Retarget"] = f"#panel-{pk}" if kind == "uncertain" else f"#late-panel-{pk}"
         response["HX-Reswap"] = "innerHTML"
     return response
 
@@ -108,15 +102,16 @@ def _in_place(request: HtmxHttpRequest) -> bool:
     """An htmx request for a form shown in a panel: the page's, or the one beside a queue row
     (loaded into `panel-<id>`, posted back with the row as its target)."""
     target = request.htmx.target or ""
-    return target == "action-panel" or target.startswith(("panel-", "uncertain-"))
+    return target == "action-panel" or target.startswith(("panel-", "uncertain-", "late-"))
 
 
 def _row_done(request: HtmxHttpRequest, item: Any, notice: str) -> HttpResponse | None:
     """After a decision made beside its row: the row, replaced by what was done, so the page keeps
     its place. None for a plain form post (it redirects)."""
-    if not (request.htmx and (request.htmx.target or "").startswith("uncertain-")):
+    target = (request.htmx.target or "") if request.htmx else ""
+    if target not in (f"uncertain-{item.pk}", f"late-{item.pk}"):
         return None
-    return render(request, "review/queue_uncertain.html#row-done", {"item": item, "notice": notice})
+    return render(request, "review/queue_uncertain.html#row-done", {"item": item, "notice": notice, "row_id": target})
 
 
 def _people() -> Any:
@@ -195,7 +190,11 @@ def item_acknowledge_view(request: HtmxHttpRequest, item_id: int) -> HttpRespons
         except ReviewRefused as exc:
             context.update(error=str(exc), values=request.POST)
             return _form_page(request, "review/acknowledge.html", context, status=400)
-        messages.success(request, f"Reviewed the late result of {item.noun} #{item.pk}.")
+        notice = f"Reviewed the late result of {item.noun} #{item.pk}."
+        in_place = _row_done(request, item, notice)
+        if in_place:
+            return in_place
+        messages.success(request, notice)
         return redirect("review-queue")
     return _form_page(request, "review/acknowledge.html", context)
 

@@ -28,4 +28,5 @@ urlpatterns = [
         "compensations/<int:compensation_id>/escalate/", review.compensation_escalate_view, name="compensation-escalate"
     ),
     path("queue/decide/", queue.queue_decide, name="queue-decide"),
+    path("queue/acknowledge/", queue.queue_acknowledge, name="queue-acknowledge"),
 ]

@@ -209,3 +209,57 @@ def test_the_queue_reads_the_same_number_of_queries_for_three_groups_and_thirty(
     for n in range(27):
         unknown_call(make_task(f"Run {n}"), tool=f"tool.{n}")
     assert queries() == few
+
+
+def _late(n: int) -> list[WorkItem]:
+    task = make_task("Invoice batch 7")
+    items = []
+    for _ in range(n):
+        item = make_item(task, state=S.RUNNING, label="Vendor letter draft")
+        item_transition(item_id=item.pk, to_state=S.CANCELLED, actor="test")
+        item_finish(item_id=item.pk, succeeded=True, actor="system:reconcile", outcome="completed after cancel")
+        items.append(item)
+    return items
+
+
+def test_all_late_results_are_reviewed_with_one_note_and_the_section_swapped_in_place(as_user):
+    late = _late(3)
+    response = as_user("reviewer").post(
+        reverse("queue-acknowledge"), {"all": "1", "note": "Drafts only; nothing left the building"}, **htmx("late")
+    )
+    html = response.content.decode()
+    assert html.lstrip().startswith('<section id="late"') and "Reviewed the late results of 3 items" in html
+    assert not WorkItem.objects.filter(pk__in=[i.pk for i in late], needs_review=True).exists()
+    assert Event.objects.filter(kind="late_result_acknowledged").count() == 3
+
+
+def test_reviewing_late_results_without_a_note_is_refused(as_user):
+    late = _late(1)
+    response = as_user("reviewer").post(
+        reverse("queue-acknowledge"), {"item": [late[0].pk], "note": ""}, **htmx("late")
+    )
+    assert response.status_code == 400 and "Nothing was changed" in response.content.decode()
+    assert WorkItem.objects.get(pk=late[0].pk).needs_review
+
+
+def test_a_late_result_is_reviewed_beside_its_row(as_user):
+    item = _late(1)[0]
+    client = as_user("reviewer")
+    html = client.get(reverse("review-queue")).content.decode()
+    assert f'aria-label="Review the late result of item {item.pk}: Vendor letter draft"' in html
+    assert f'hx-target="#late-panel-{item.pk}"' in html
+    response = client.post(
+        reverse("item-acknowledge", args=[item.pk]), {"note": "Harmless draft"}, **htmx(f"late-{item.pk}")
+    )
+    assert response.content.decode().lstrip().startswith(f'<li class="row qitem done" id="late-{item.pk}"')
+
+
+def test_a_swapped_group_brings_the_headers_true_count_along(as_user):
+    refunds, _, _ = bad_day(sizes=(3, 2, 1))
+    response = as_user("reviewer").post(
+        reverse("queue-decide"),
+        {"item": [i.pk for i in refunds], "action": "resolve", "outcome": S.FAILED, "note": "n", "evidence": "e"},
+        **htmx("group-x"),
+    )
+    html = response.content.decode()
+    assert 'id="queue-facts" hx-swap-oob="true"><strong>3</strong> waiting for a person' in html
