@@ -83,6 +83,13 @@ def _int(value: Any) -> int | None:
 def _selection(request: HtmxHttpRequest, f: QueueFilter) -> list[int]:
     if request.POST.get("all") == "1":
         ids = selected_ids(f, request.user, MAX_ITEMS)
+        seen = _int(request.POST.get("expected"))
+        if seen is not None and len(ids) > seen:
+            # Items joined the group after the page was read: nobody has looked at them yet.
+            raise ReviewRefused(
+                f"The group grew since you looked: it has {len(ids)} items now, not {seen}. "
+                "Look at the new items and decide again."
+            )
     else:
         ids = [i for i in (_int(v) for v in request.POST.getlist("item")) if i is not None]
     if len(ids) > MAX_ITEMS:
@@ -131,11 +138,15 @@ def queue_decide(request: HtmxHttpRequest) -> HttpResponse:
         decided = _decide(request, _selection(request, f))
     except ReviewRefused as exc:
         if request.htmx:
-            context = uncertain_context(request, f, notice=f"Nothing was changed: {exc}")
+            context = uncertain_context(request, f, notice=f"Nothing was changed: {exc}", values=request.POST)
             return _group_response(request, context, status=400)
         messages.error(request, f"Nothing was changed: {exc}")
         return redirect(f"{_queue_url(f)}#uncertain")
     notice = notice_for(decided, request.POST.get("outcome", ""))
+    seen = _int(request.POST.get("expected"))
+    if request.POST.get("all") == "1" and seen is not None and seen > len(decided.done) + len(decided.moved):
+        gone = seen - len(decided.done) - len(decided.moved)
+        notice += f" {gone} of the {seen} you saw had been decided or had moved meanwhile and were left as they are."
     if request.htmx:
         return _group_response(request, uncertain_context(request, f, notice=notice))
     messages.success(request, notice)

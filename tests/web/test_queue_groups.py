@@ -264,3 +264,48 @@ def test_a_swapped_group_brings_the_headers_true_count_along(as_user):
     html = response.content.decode()
     facts = html.split('id="queue-facts" hx-swap-oob="true">')[1].split("</p>")[0]
     assert "<strong>3</strong> waiting for a person" in facts
+
+
+def _all_refunds(refunds: list[WorkItem], expected: int) -> dict[str, object]:
+    return {
+        "all": "1",
+        "expected": expected,
+        "tool": "payments.refund",
+        "system": "payments",
+        "task": refunds[0].task_id,
+        "error": "The payment provider timed out on every lookup.",
+        "action": "resolve",
+        "outcome": S.FAILED,
+        "note": "Provider shows none of these refunds",
+        "evidence": "Provider search by key",
+    }
+
+
+def test_all_in_a_group_that_grew_since_the_page_was_read_is_refused_and_keeps_the_note(as_user):
+    refunds, _, _ = bad_day(sizes=(4, 1, 1))
+    unknown_call(
+        WorkItem.objects.get(pk=refunds[0].pk).task,
+        tool="payments.refund",
+        system="payments",
+        reason="The payment provider timed out on every lookup.",
+    )
+    client = as_user("reviewer")
+    page = client.get(reverse("review-queue"), {"tool": "payments.refund"}).content.decode()
+    slug = page.split('<section class="group" id="group-')[1].split('"')[0]
+    response = client.post(reverse("queue-decide"), _all_refunds(refunds, 4), **htmx(f"group-{slug}"))
+    html = response.content.decode()
+    assert response.status_code == 400 and "it has 5 items now, not 4" in html
+    assert "Provider shows none of these refunds</textarea>" in html
+    assert not Event.objects.filter(kind="resolved").exists()
+
+
+def test_all_in_a_group_that_shrank_says_how_many_had_moved(as_user, roles):
+    from reconcile.services.review import item_resolve
+
+    refunds, _, _ = bad_day(sizes=(5, 1, 1))
+    for item in refunds[:2]:
+        item_resolve(item_id=item.pk, outcome=S.COMPLETED, note="found", evidence="receipt", by=roles["reviewer"])
+    response = as_user("reviewer").post(reverse("queue-decide"), _all_refunds(refunds, 5), **htmx("group-x"))
+    html = response.content.decode()
+    assert "Resolved 3 items as failed" in html and "2 of the 5 you saw had been decided or had moved" in html
+    assert WorkItem.objects.filter(pk__in=[i.pk for i in refunds[:2]], state=S.COMPLETED).count() == 2
