@@ -6,21 +6,26 @@
 (function () {
   "use strict";
 
-  function items() { return Array.prototype.slice.call(document.querySelectorAll(".qitem:not(.done)")); }
+  function items() { return Array.prototype.slice.call(document.querySelectorAll(".qitem")); }
 
   function current() {
     var active = document.activeElement;
     return active && active.closest ? active.closest(".qitem") : null;
   }
 
+  // The next item still waiting, counted from the focused row (a decided row keeps its place
+  // in the order, so j after a decision goes on to the row below it).
   function move(step) {
     var list = items();
-    if (!list.length) return;
     var at = list.indexOf(current());
-    var next = list[Math.min(list.length - 1, Math.max(0, at + step))];
-    if (at === -1) next = list[step > 0 ? 0 : list.length - 1];
-    next.focus();
-    next.scrollIntoView({ block: "nearest" });
+    if (at === -1) at = step > 0 ? -1 : list.length;
+    for (var i = at + step; i >= 0 && i < list.length; i += step) {
+      if (!list[i].classList.contains("done")) {
+        list[i].focus();
+        list[i].scrollIntoView({ block: "nearest" });
+        return;
+      }
+    }
   }
 
   function typing(el) {
@@ -59,6 +64,12 @@
     var group = document.getElementById(name === "late" ? "late" : "group-" + name);
     if (!group) return;
     group.querySelectorAll(".pick").forEach(function (pick) { pick.checked = all.checked; });
+  });
+
+  // A row decided in place keeps the focus where the person was.
+  document.addEventListener("htmx:load", function (event) {
+    var elt = event.detail.elt;
+    if (elt && elt.matches && elt.matches(".qitem.done")) elt.focus();
   });
 
   // A form opened beside a row takes the focus, so typing can start at once.

@@ -121,9 +121,22 @@ def test_keys_move_between_items_and_resolve_beside_the_row(live_server, browser
         page.locator(f"#uncertain-{item_id}.done", has_text="Resolved record").wait_for()
         assert page.evaluate("window.__same_page") is True
         assert WorkItem.objects.get(pk=item_id).state == S.COMPLETED
+        # The decided row keeps the focus; j goes on to the row below it.
+        assert page.evaluate("document.activeElement.dataset.item") == item_id
         page.keyboard.press("j")
+        third = page.evaluate("document.activeElement.dataset.item")
+        assert third == page.locator(".qitem").nth(2).get_attribute("data-item")
+        # x ticks the focused item; a form opened with r and cancelled closes where it was.
+        page.keyboard.press("x")
+        assert page.locator(f"#uncertain-{third} input.pick").is_checked()
+        page.keyboard.press("r")
+        page.locator(f"#panel-{third}").get_by_role("link", name="Cancel").click()
+        page.wait_for_timeout(300)
+        assert page.locator(f"#panel-{third}").inner_html() == ""
+        assert page.evaluate("document.activeElement.dataset.item") == third
+        assert page.evaluate("window.__same_page") is True
         page.keyboard.press("o")
-        page.wait_for_url(f"{live_server.url}/items/*/")
+        page.wait_for_url(f"{live_server.url}/items/{third}/")
     finally:
         context.close()
 
