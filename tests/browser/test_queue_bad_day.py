@@ -145,9 +145,14 @@ def test_the_queue_fits_a_390_px_screen(live_server, browser, roles, shots):
     bad_day(sizes=(4, 3, 2))
     context, page = _open(browser, live_server, width=390, height=844)
     try:
-        page.locator("section.group").first.get_by_text("Decide selected…").click()
-        overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        page.locator("section.group").first.scroll_into_view_if_needed()
         page.screenshot(path=str(DOCS / "12-queue-390px.png"), full_page=False)
+        page.locator("section.group").first.get_by_text("Decide selected…").click()
+        first_row = page.locator(".qitem").first
+        first_row.locator("[data-key=r]").click()
+        first_row.locator(".row-panel form").wait_for()
+        page.screenshot(path=str(Path(shots) / "queue-390px-full.png"), full_page=True)
+        overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
         first = page.locator(".qitem").first
         name = first.locator("[data-key=r]").get_attribute("aria-label")
     finally:
