@@ -18,7 +18,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from reconcile.models import Escalation
-from reconcile.services.review import OUTCOMES, ReviewRefused, _check
+from reconcile.services.review import OUTCOMES, ReviewRefused, reviewer_check
 from stopdesk.models import WorkItem
 from stopdesk.services.events import actor_for
 from stopdesk.services.transitions import Row, items_move
@@ -69,7 +69,7 @@ def _locked(ids: list[int], where: Q) -> list[WorkItem]:
 
 def items_resolve(*, item_ids: Sequence[int], outcome: str, note: str, evidence: str, by: Any) -> Decided:
     """Settle uncertain items as completed, failed or cancelled, each with the evidence."""
-    _check(by)
+    reviewer_check(by)
     ids = _ids(item_ids)
     if outcome not in OUTCOMES:
         raise ReviewRefused(f"The outcome must be one of {', '.join(OUTCOMES)}.")
@@ -108,7 +108,7 @@ def items_resolve(*, item_ids: Sequence[int], outcome: str, note: str, evidence:
 def items_extend(*, item_ids: Sequence[int], hours: int, reason: str, by: Any) -> Decided:
     """Move each uncertain item's investigate-by deadline `hours` on from where it stands (or from
     now, if it has passed)."""
-    _check(by)
+    reviewer_check(by)
     ids = _ids(item_ids)
     if not 1 <= hours <= MAX_HOURS:
         raise ReviewRefused(f"Extend by 1 to {MAX_HOURS} hours.")
@@ -139,7 +139,7 @@ def items_extend(*, item_ids: Sequence[int], hours: int, reason: str, by: Any) -
 
 def items_escalate(*, item_ids: Sequence[int], to: Any, reason: str, by: Any) -> Decided:
     """Hand uncertain items to a named person: one escalation per item, each with its event."""
-    _check(by)
+    reviewer_check(by)
     ids = _ids(item_ids)
     reason = _note(reason, "Say why it is escalated.")
     if to is None or to.pk == by.pk:
@@ -174,7 +174,7 @@ def items_escalate(*, item_ids: Sequence[int], to: Any, reason: str, by: Any) ->
 def items_acknowledge(*, item_ids: Sequence[int], note: str, by: Any) -> Decided:
     """Clear the review flag of settled items whose late report contradicted their outcome; their
     recorded state does not change (terminal states never do). Each event keeps its late report."""
-    _check(by)
+    reviewer_check(by)
     ids = _ids(item_ids)
     note = _note(note, "Say what you found and what follows from it.")
     batch = uuid.uuid4().hex
