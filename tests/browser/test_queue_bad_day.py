@@ -73,7 +73,7 @@ def test_a_reviewer_clears_a_hundred_uncertain_items_in_three_groups_within_the_
             click(evidence)
             evidence.press_sequentially("Search by key, 14:02", delay=KEY_DELAY_MS)
             if n == 0:
-                group.scroll_into_view_if_needed()
+                group.locator("h3").evaluate("h => h.scrollIntoView()")
                 page.screenshot(path=str(DOCS / "11-queue-bulk-resolve.png"), full_page=False)
             before = page.evaluate("window.scrollY")
             click(group.get_by_role("button", name="Apply to selected"))
