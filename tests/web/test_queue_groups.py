@@ -309,3 +309,10 @@ def test_all_in_a_group_that_shrank_says_how_many_had_moved(as_user, roles):
     html = response.content.decode()
     assert "Resolved 3 items as failed" in html and "2 of the 5 you saw had been decided or had moved" in html
     assert WorkItem.objects.filter(pk__in=[i.pk for i in refunds[:2]], state=S.COMPLETED).count() == 2
+
+
+def test_each_groups_controls_name_their_group(as_user):
+    bad_day(sizes=(2, 1, 1))
+    html = as_user("reviewer").get(reverse("review-queue")).content.decode()
+    assert 'Apply to selected<span class="hidden-text"> in payments.refund in payments</span>' in html
+    assert 'Decide selected…<span class="hidden-text"> in crm.create_record in crm</span>' in html
