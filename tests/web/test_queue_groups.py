@@ -316,3 +316,14 @@ def test_each_groups_controls_name_their_group(as_user):
     html = as_user("reviewer").get(reverse("review-queue")).content.decode()
     assert 'Apply to selected<span class="hidden-text"> in payments.refund in payments</span>' in html
     assert 'Decide selected…<span class="hidden-text"> in crm.create_record in crm</span>' in html
+
+
+@pytest.mark.parametrize("name", ["queue-decide", "queue-acknowledge"])
+def test_bulk_decisions_need_a_signed_in_reviewer_and_a_post(client, as_user, name):
+    refunds, _, _ = bad_day(sizes=(1, 1, 1))
+    form = {"item": [refunds[0].pk], "action": "resolve", "outcome": S.FAILED, "note": "n", "evidence": "e"}
+    anonymous = client.post(reverse(name), form)
+    assert anonymous.status_code == 302 and "/login/" in anonymous["Location"]
+    assert as_user("approver").post(reverse(name), form).status_code == 403
+    assert as_user("reviewer").get(reverse(name)).status_code == 405
+    assert not Event.objects.filter(kind__in=("resolved", "late_result_acknowledged")).exists()
