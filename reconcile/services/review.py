@@ -26,7 +26,7 @@ class ReviewRefused(LedgerError):
     code = "review_refused"
 
 
-def _check(by: Any) -> None:
+def reviewer_check(by: Any) -> None:
     if not by.has_perm(RESOLVE_PERMISSION):
         raise ReviewRefused("This needs the reviewer role.")
 
@@ -34,7 +34,7 @@ def _check(by: Any) -> None:
 def item_resolve(*, item_id: int, outcome: str, note: str, evidence: str, by: Any) -> WorkItem:
     """Settle an uncertain item as completed, failed or cancelled. Evidence is required: a
     resolution is a claim about another system, and the audit must say what it rests on."""
-    _check(by)
+    reviewer_check(by)
     if outcome not in OUTCOMES:
         raise ReviewRefused(f"The outcome must be one of {', '.join(OUTCOMES)}.")
     if not note.strip() or not evidence.strip():
@@ -63,7 +63,7 @@ def item_resolve(*, item_id: int, outcome: str, note: str, evidence: str, by: An
 
 
 def item_extend_deadline(*, item_id: int, until: datetime, reason: str, by: Any) -> WorkItem:
-    _check(by)
+    reviewer_check(by)
     if not reason.strip():
         raise ReviewRefused("Say why the deadline moves.")
     if until <= timezone.now():
@@ -88,7 +88,7 @@ def item_extend_deadline(*, item_id: int, until: datetime, reason: str, by: Any)
 
 
 def item_escalate(*, item_id: int, to: Any, reason: str, by: Any) -> Escalation:
-    _check(by)
+    reviewer_check(by)
     if not reason.strip():
         raise ReviewRefused("Say why it is escalated.")
     with transaction.atomic():
@@ -111,7 +111,7 @@ def item_acknowledge_late_result(*, item_id: int, note: str, by: Any) -> WorkIte
     recorded cancelled, a worker reporting after Stop) was kept as an event and flagged. The
     recorded state does not change: terminal states never do. The reviewer says what they found
     and what follows (for example a compensation on the record), and the flag is cleared."""
-    _check(by)
+    reviewer_check(by)
     if not note.strip():
         raise ReviewRefused("Say what you found and what follows from it.")
     with transaction.atomic():

@@ -39,6 +39,8 @@ from stopdesk.services.errors import IllegalTransition
 from stopdesk.states import ItemState
 from stopdesk.views import HtmxHttpRequest
 from stopdesk.views.auth import reauth_check_password, reauth_fresh, reauthenticated_at
+from stopdesk.views.queue import uncertain_context, waiting
+from stopdesk.views.queue_groups import QueueFilter
 from stopdesk.views.selectors import SECTIONS, now, review_queue
 
 QUEUE_FRAGMENTS = ("uncertain", "late", "reversals", "proposals", "escalations")
@@ -55,11 +57,18 @@ def _int(value: Any, default: int = 1) -> int:
 def queue(request: HtmxHttpRequest) -> HttpResponse:
     pages = {key: _int(request.GET.get(key)) for key in SECTIONS}
     target = request.htmx.target if request.htmx else None
+    uncertain = QueueFilter.from_query(request.GET)
+    if target == "uncertain":
+        return render(request, "review/queue_uncertain.html#section", uncertain_context(request, uncertain))
     if target in QUEUE_FRAGMENTS:
         only = ["escalations", "escalated"] if target == "escalations" else [target]
         sections = {k: v for key in only for k, v in review_queue(pages, only=key).items()}
         return render(request, f"review/queue.html#{target}", _queue_context(request, sections, pages))
-    return render(request, "review/queue.html", _queue_context(request, review_queue(pages), pages))
+    # The uncertain items are read grouped (queue_groups); the other sections as pages.
+    sections = {k: v for key in SECTIONS if key != "uncertain" for k, v in review_queue(pages, only=key).items()}
+    context = {**_queue_context(request, sections, pages), **uncertain_context(request, uncertain)}
+    context["waiting"] = waiting(context["facts"], sections)
+    return render(request, "review/queue.html", context)
 
 
 def _queue_context(request: HtmxHttpRequest, sections: dict, pages: dict) -> dict:  # type: ignore[type-arg]
@@ -77,9 +86,32 @@ def _queue_context(request: HtmxHttpRequest, sections: dict, pages: dict) -> dic
 
 def _form_page(request: HtmxHttpRequest, template: str, context: dict, status: int = 200) -> HttpResponse:  # type: ignore[type-arg]
     """A form page: the whole page, or for htmx only the `action-panel` it is loaded into."""
-    if request.htmx and request.htmx.target == "action-panel":
+    if request.htmx and _in_place(request):
         template += "#action-panel"
-    return render(request, template, context, status=status)
+    response = render(request, template, context, status=status)
+    target = request.htmx.target or "" if request.htmx else ""
+    if status >= 400 and target.startswith(("uncertain-", "late-")):
+        # Refused beside its row: the form comes back with its error where it was, not over the row.
+        kind, _, pk = target.rpartition("-")
+        response["HX-Retarget"] = f"#panel-{pk}" if kind == "uncertain" else f"#late-panel-{pk}"
+        response["HX-Reswap"] = "innerHTML"
+    return response
+
+
+def _in_place(request: HtmxHttpRequest) -> bool:
+    """An htmx request for a form shown in a panel: the page's, or the one beside a queue row
+    (loaded into `panel-<id>`, posted back with the row as its target)."""
+    target = request.htmx.target or ""
+    return target == "action-panel" or target.startswith(("panel-", "uncertain-", "late-"))
+
+
+def _row_done(request: HtmxHttpRequest, item: Any, notice: str) -> HttpResponse | None:
+    """After a decision made beside its row: the row, replaced by what was done, so the page keeps
+    its place. None for a plain form post (it redirects)."""
+    target = (request.htmx.target or "") if request.htmx else ""
+    if target not in (f"uncertain-{item.pk}", f"late-{item.pk}"):
+        return None
+    return render(request, "review/queue_uncertain.html#row-done", {"item": item, "notice": notice, "row_id": target})
 
 
 def _people() -> Any:
@@ -109,7 +141,11 @@ def item_resolve_view(request: HtmxHttpRequest, item_id: int) -> HttpResponse:
         except (ReviewRefused, IllegalTransition) as exc:
             context.update(error=str(exc), values=request.POST)
             return _form_page(request, "review/resolve.html", context, status=400)
-        messages.success(request, f"Resolved {item.noun} #{item.pk} as {request.POST['outcome']}.")
+        notice = f"Resolved {item.noun} #{item.pk} as {request.POST['outcome']}."
+        in_place = _row_done(request, item, notice)
+        if in_place:
+            return in_place
+        messages.success(request, notice)
         return redirect("review-queue")
     return _form_page(request, "review/resolve.html", context)
 
@@ -134,7 +170,11 @@ def item_extend_view(request: HtmxHttpRequest, item_id: int) -> HttpResponse:
         except ReviewRefused as exc:
             context.update(error=str(exc), values=request.POST)
             return _form_page(request, "review/extend.html", context, status=400)
-        messages.success(request, f"Extended the deadline of {item.noun} #{item.pk} by {hours} hours.")
+        notice = f"Extended the deadline of {item.noun} #{item.pk} by {hours} hours."
+        in_place = _row_done(request, item, notice)
+        if in_place:
+            return in_place
+        messages.success(request, notice)
         return redirect("review-queue")
     return _form_page(request, "review/extend.html", context)
 
@@ -150,7 +190,11 @@ def item_acknowledge_view(request: HtmxHttpRequest, item_id: int) -> HttpRespons
         except ReviewRefused as exc:
             context.update(error=str(exc), values=request.POST)
             return _form_page(request, "review/acknowledge.html", context, status=400)
-        messages.success(request, f"Reviewed the late result of {item.noun} #{item.pk}.")
+        notice = f"Reviewed the late result of {item.noun} #{item.pk}."
+        in_place = _row_done(request, item, notice)
+        if in_place:
+            return in_place
+        messages.success(request, notice)
         return redirect("review-queue")
     return _form_page(request, "review/acknowledge.html", context)
 
@@ -170,7 +214,11 @@ def item_escalate_view(request: HtmxHttpRequest, item_id: int) -> HttpResponse:
         except ReviewRefused as exc:
             context.update(error=str(exc), values=request.POST)
             return _form_page(request, "review/escalate.html", context, status=400)
-        messages.success(request, f"Escalated {item.noun} #{item.pk} to {person.get_username()}.")
+        notice = f"Escalated {item.noun} #{item.pk} to {person.get_username()}."
+        in_place = _row_done(request, item, notice)
+        if in_place:
+            return in_place
+        messages.success(request, notice)
         return redirect("review-queue")
     return _form_page(request, "review/escalate.html", context)
 

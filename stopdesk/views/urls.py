@@ -3,7 +3,7 @@ from django.urls import path
 from django.views.generic import RedirectView
 
 from reconcile.views_readiness import readiness_page
-from stopdesk.views import auth, items, review, tasks
+from stopdesk.views import auth, items, queue, review, tasks
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="task-list"), name="home"),
@@ -29,4 +29,6 @@ urlpatterns = [
     path(
         "compensations/<int:compensation_id>/escalate/", review.compensation_escalate_view, name="compensation-escalate"
     ),
+    path("queue/decide/", queue.queue_decide, name="queue-decide"),
+    path("queue/acknowledge/", queue.queue_acknowledge, name="queue-acknowledge"),
 ]

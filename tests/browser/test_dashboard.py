@@ -88,12 +88,13 @@ def test_the_review_dashboard_end_to_end(live_server, browser, shots, world):
     page.get_by_role("link", name="Review queue").click()
     page.screenshot(path=shots / "06-review-queue.png", full_page=True)
     row = page.locator(f"#uncertain-{world['item'].pk}")
-    row.get_by_role("link", name="Resolve…").click()
-    page.get_by_role("radio", name="Completed").check()
-    page.get_by_label("Note").fill("The upload landed before Stop")
-    page.get_by_label("Evidence").fill("Portal shows price-list-q3.csv, uploaded 10:02")
+    row.get_by_role("link", name=f"Resolve item {world['item'].pk}").click()
+    panel = page.locator(f"#panel-{world['item'].pk}")  # the form opens beside its row
+    panel.get_by_role("radio", name="Completed").check()
+    panel.get_by_label("Note").fill("The upload landed before Stop")
+    panel.get_by_label("Evidence").fill("Portal shows price-list-q3.csv, uploaded 10:02")
     page.screenshot(path=shots / "07-resolve.png", full_page=True)
-    page.get_by_role("button", name="Resolve").click()
+    panel.get_by_role("button", name="Resolve").click()
     page.get_by_text("Resolved upload").wait_for()
     assert WorkItem.objects.get(pk=world["item"].pk).state == S.COMPLETED
 
