@@ -21,6 +21,7 @@ from django.utils import timezone
 from reconcile.mechanisms import registry
 from reconcile.mechanisms.http import HttpOperation
 from reconcile.models import COMPENSATION_TRANSITIONS, Compensation, CompensationState, Escalation
+from reconcile.services.records import normalize_version, record_accept_escalated, record_read
 from stopdesk.models import ExternalRecord
 from stopdesk.services.errors import LedgerError
 from stopdesk.services.events import actor_for, event_record
@@ -52,12 +53,6 @@ class Action:
 REPORT = Action(REPORT_ONLY, "Report only (nothing can be reversed)", writes=False)
 
 
-def normalize_version(value: str | int | None) -> str:
-    """`W/"v3"`, `"v3"`, `v3` and `3` are one version: systems and runtimes spell ETags differently."""
-    text = str(value if value is not None else "").strip()
-    return text.removeprefix("W/").strip('"').removeprefix("v")
-
-
 def _http() -> HttpOperation:
     """The HTTP adapter reads records back and reverses them, configured per system in
     STOPDESK_MECHANISMS["http"]["options"]["systems"] (or on the record's item)."""
@@ -70,35 +65,58 @@ def _reversal(record: ExternalRecord) -> dict[str, Any]:
 
 
 def compensation_actions(record: ExternalRecord) -> list[Action]:
-    """The record's declared reversal, if it has one, and report-only. A system without a declared
-    reversal (a sent email, a system nobody configured) gets report-only: never guess."""
+    """The record's declared reversal, when it has one; otherwise report-only. Never both: a
+    reversible record is reversed or accepted as it is (one person, `records_accept_as_is`); a
+    system without a declared reversal (a sent email, a system nobody configured) gets
+    report-only: never guess."""
     spec = _reversal(record)
     if not record.reversible or not spec.get("url") or not spec.get("action"):
         return [REPORT]
     name = str(spec["action"])
-    return [Action(name, str(spec.get("label") or f"{name.capitalize()} the record"), writes=True), REPORT]
+    return [Action(name, str(spec.get("label") or f"{name.capitalize()} the record"), writes=True)]
 
 
 def compensation_propose(*, record_id: int, action: str, by: Any, note: str = "") -> Compensation:
+    """A proposal that writes starts from a fresh read of the record (outside any transaction),
+    so it is made at the version the system holds now, and the approver can see what it held."""
     if not by.has_perm(PROPOSE_PERMISSION):
         raise CompensationRefused("Proposing a compensation needs the reviewer role.")
+    record = ExternalRecord.objects.select_related("item").get(pk=record_id)
+    offered = {a.name: a for a in compensation_actions(record)}
+    if action not in offered:
+        raise CompensationRefused(f"{action!r} is not an action {record.system} offers for this record.")
+    if offered[action].writes and not _in_progress(record):
+        record_read(record_id=record.pk, actor=actor_for(by))
+    return _propose(record_id=record.pk, action=action, by=by, note=note)
+
+
+def _in_progress(record: ExternalRecord) -> bool:
+    return record.compensations.exclude(state__in=(C.REJECTED, C.FAILED)).exists()
+
+
+def _propose(
+    *, record_id: int, action: str, by: Any, note: str, supersedes: Compensation | None = None
+) -> Compensation:
+    """Inside the caller's transaction when it has one (proposing again closes the old one in it)."""
     with transaction.atomic():
         record = ExternalRecord.objects.select_for_update().select_related("item").get(pk=record_id)
         if action not in {a.name for a in compensation_actions(record)}:
             raise CompensationRefused(f"{action!r} is not an action {record.system} offers for this record.")
-        if record.compensations.exclude(state__in=(C.REJECTED, C.FAILED)).exists():
+        if _in_progress(record):
             raise CompensationRefused("This record already has a compensation in progress or done.")
         compensation = Compensation.objects.create(
             external_record=record, action=action, expected_version=record.version, note=note, proposed_by=by
         )
+        again = f" again (replacing compensation #{supersedes.pk})" if supersedes else ""
         _event(
             compensation,
             "compensation_proposed",
             actor_for(by),
             "",
             C.PROPOSED,
-            f"Proposed {action} of {record.system} {record.record_id} at version {record.version or 'unknown'}.",
+            f"Proposed {action}{again} of {record.system} {record.record_id} at version {record.version or 'unknown'}.",
             note=note,
+            **({"supersedes": supersedes.pk} if supersedes else {}),
         )
     return compensation
 
@@ -119,7 +137,10 @@ def compensation_approve(*, compensation_id: int, by: Any, reauthenticated_at: d
             compensation.expected_version
         )
         if stale:
-            raise CompensationRefused("The record changed since this was proposed; reject it and propose again.")
+            raise CompensationRefused(
+                "The record changed since this was proposed; propose again at its current version, "
+                "or accept it as it is."
+            )
         now = timezone.now()
         _move(
             compensation,
@@ -206,28 +227,31 @@ def compensation_execute(*, compensation_id: int) -> Compensation:
         observed = expected
         result: dict[str, Any] = {
             "reported": True,
-            "note": f"{record.system} {record.record_id} cannot be reversed; reported only.",
+            "note": f"{record.system} {record.record_id} cannot be reversed; reported only, nothing was sent.",
         }
+        done = f"Reported only: nothing was sent to {record.system}."
     elif compensation.action not in {a.name for a in compensation_actions(record)}:
         return _fail(compensation, f"{record.system} offers no {compensation.action} for this record")
     else:
-        http = _http()
-        # Outside any transaction: the other system may be slow, and our rows must not wait on it.
-        read = http.read_version(record)
+        # The read is kept (the ledger learns a newer version from it); its call runs outside
+        # any transaction: the other system may be slow, and our rows must not wait on it.
+        read = record_read(record_id=record.pk, actor="system:compensation", compensation_id=compensation.pk)
         if not read.ok:
-            status = f"HTTP {read.status_code} " if read.status_code else ""
-            return _fail(compensation, f"Could not read the record's current version: {status}{read.error}".strip())
+            return _fail(compensation, f"Could not read the record's current version: {read.error}".strip())
         observed = normalize_version(read.version)
         if observed != expected:
             return _escalate_stale(compensation, expected, observed)
-        reversal = http.reverse(record, expected, actor="stopdesk:compensation")
+        reversal = _http().reverse(record, expected, actor="stopdesk:compensation")
         if reversal.outcome == "version_mismatch":
-            # Someone edited between our read and our write; the precondition caught it.
+            # Someone edited between our read and our write; the precondition caught it. Read
+            # again so the person deciding sees what the record holds now.
+            record_read(record_id=record.pk, actor="system:compensation", compensation_id=compensation.pk)
             return _escalate_stale(compensation, expected, normalize_version(reversal.current_version))
         if not reversal.done:
             status = f"HTTP {reversal.status_code} " if reversal.status_code else ""
             return _fail(compensation, f"{compensation.action} {record.record_id}: {status}{reversal.error}".strip())
         result = {"status": reversal.body.get("status"), "version": normalize_version(reversal.new_version)}
+        done = f"{compensation.action} done at version {expected}."
     with transaction.atomic():
         _move(
             compensation,
@@ -235,11 +259,84 @@ def compensation_execute(*, compensation_id: int) -> Compensation:
             C.DONE,
             "system:compensation",
             "compensation_done",
-            f"{compensation.action} done at version {expected}.",
+            done,
             finished_at=timezone.now(),
             observed_version=observed,
             result={**result, "expected_version": expected, "observed_version": observed},
         )
+    return compensation
+
+
+def compensation_reread(*, compensation_id: int, by: Any) -> Compensation:
+    """Read the record of an escalated compensation again, for the person deciding: what it holds
+    now, at which version. Writes nothing to the other system."""
+    if not (by.has_perm(APPROVE_PERMISSION) or by.has_perm(PROPOSE_PERMISSION)):
+        raise CompensationRefused("Reading the record again needs the reviewer or approver role.")
+    compensation = Compensation.objects.select_related("external_record").get(pk=compensation_id)
+    if compensation.state != C.ESCALATED:
+        raise CompensationRefused(f"This compensation is {compensation.state}; only an escalated one is read again.")
+    reading = record_read(
+        record_id=compensation.external_record_id, actor=actor_for(by), compensation_id=compensation.pk
+    )
+    if reading.ok:
+        Compensation.objects.filter(pk=compensation.pk, state=C.ESCALATED).update(observed_version=reading.version)
+    compensation.refresh_from_db()
+    return compensation
+
+
+def compensation_propose_current(*, compensation_id: int, by: Any, note: str = "") -> Compensation:
+    """The way out of a stale-version escalation: close it and propose the same action again at
+    the version the record is at now. The new proposal needs its own approval by someone other
+    than `by`; the old one can never run."""
+    if not (by.has_perm(APPROVE_PERMISSION) or by.has_perm(PROPOSE_PERMISSION)):
+        raise CompensationRefused("Proposing a compensation needs the reviewer or approver role.")
+    with transaction.atomic():
+        old = Compensation.objects.select_related("external_record").get(pk=compensation_id)
+        record = ExternalRecord.objects.select_for_update().get(pk=old.external_record_id)
+        current = normalize_version(record.version)
+        if old.state == C.ESCALATED and current == normalize_version(old.expected_version):
+            raise CompensationRefused(
+                f"stopdesk knows of no version newer than {current or 'the proposed one'}; read the record again first."
+            )
+        now = timezone.now()
+        _move(
+            old,
+            (C.ESCALATED,),
+            C.REJECTED,
+            actor_for(by),
+            "compensation_superseded",
+            f"Replaced by a proposal at version {current}.",
+            rejected_by=by,
+            decided_at=now,
+            reason=f"Proposed again at version {current}.",
+        )
+        Escalation.objects.filter(compensation=old, closed_at__isnull=True).update(closed_at=now)
+        return _propose(record_id=record.pk, action=old.action, by=by, note=note.strip() or old.note, supersedes=old)
+
+
+def compensation_accept_as_is(*, compensation_id: int, by: Any, note: str) -> Compensation:
+    """The other way out of an escalation: nothing is reversed, the record stays as it is. One
+    person decides (nothing is written anywhere); the decision and its note are audited."""
+    if not (by.has_perm(APPROVE_PERMISSION) or by.has_perm(PROPOSE_PERMISSION)):
+        raise CompensationRefused("Accepting a record as it is needs the reviewer or approver role.")
+    if not note.strip():
+        raise CompensationRefused("Say why the record can stay as it is.")
+    with transaction.atomic():
+        compensation = Compensation.objects.select_related("external_record__item").get(pk=compensation_id)
+        now = timezone.now()
+        _move(
+            compensation,
+            (C.ESCALATED,),
+            C.REJECTED,
+            actor_for(by),
+            "compensation_accepted_as_is",
+            f"Accepted the record as it is: {note.strip()}",
+            rejected_by=by,
+            decided_at=now,
+            reason=f"Accepted as it is: {note.strip()}",
+        )
+        Escalation.objects.filter(compensation=compensation, closed_at__isnull=True).update(closed_at=now)
+        record_accept_escalated(compensation=compensation, by=by, note=note.strip())
     return compensation
 
 

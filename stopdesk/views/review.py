@@ -24,6 +24,7 @@ from reconcile.services.compensation import (
     compensation_propose,
     compensation_reject,
 )
+from reconcile.services.records import record_readings_compared
 from reconcile.services.review import (
     OUTCOMES,
     ReviewRefused,
@@ -221,6 +222,8 @@ def compensation_detail(
         "is_approver": perms.can(user, perms.APPROVE),
         "people": _people().exclude(pk=user.pk),
         "live": compensation.state in (CompensationState.APPROVED, CompensationState.RUNNING),
+        "can_decide": perms.can(user, perms.PROPOSE, perms.APPROVE),
+        "versions": record_readings_compared(compensation=compensation),
     }
     if request.htmx and request.htmx.target == "compensation-status":
         response = render(request, "review/compensation.html#compensation-status", context)

@@ -3,7 +3,7 @@ from django.urls import path
 from django.views.generic import RedirectView
 
 from reconcile.views_readiness import readiness_page
-from stopdesk.views import auth, review, tasks
+from stopdesk.views import auth, records, review, tasks
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="task-list"), name="home"),
@@ -27,4 +27,13 @@ urlpatterns = [
     path(
         "compensations/<int:compensation_id>/escalate/", review.compensation_escalate_view, name="compensation-escalate"
     ),
+    path("compensations/<int:compensation_id>/reread/", records.compensation_reread_view, name="compensation-reread"),
+    path(
+        "compensations/<int:compensation_id>/propose-current/",
+        records.compensation_propose_current_view,
+        name="compensation-propose-current",
+    ),
+    path("compensations/<int:compensation_id>/accept/", records.compensation_accept_view, name="compensation-accept"),
+    path("records/accept/", records.records_accept_view, name="records-accept"),
+    path("records/<int:record_id>/flag/", records.record_flag_view, name="record-flag"),
 ]

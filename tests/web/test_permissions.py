@@ -42,6 +42,11 @@ ACTIONS = [
     ("post", "compensation-approve", "compensation", {"approver"}),
     ("post", "compensation-reject", "compensation", {"approver"}),
     ("post", "compensation-escalate", "compensation", {"reviewer", "approver"}),
+    ("post", "compensation-reread", "compensation", {"reviewer", "approver"}),
+    ("post", "compensation-propose-current", "compensation", {"reviewer", "approver"}),
+    ("post", "compensation-accept", "compensation", {"reviewer", "approver"}),
+    ("post", "records-accept", None, {"reviewer"}),
+    ("post", "record-flag", "record", {"reviewer"}),
 ]
 
 
