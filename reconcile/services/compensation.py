@@ -21,7 +21,12 @@ from django.utils import timezone
 from reconcile.mechanisms import registry
 from reconcile.mechanisms.http import HttpOperation
 from reconcile.models import COMPENSATION_TRANSITIONS, Compensation, CompensationState, Escalation
-from reconcile.services.records import normalize_version, record_accept_escalated, record_read
+from reconcile.services.records import (
+    normalize_version,
+    record_accept_escalated,
+    record_learn_version,
+    record_read,
+)
 from stopdesk.models import ExternalRecord
 from stopdesk.services.errors import LedgerError
 from stopdesk.services.events import actor_for, event_record
@@ -264,6 +269,9 @@ def compensation_execute(*, compensation_id: int) -> Compensation:
             observed_version=observed,
             result={**result, "expected_version": expected, "observed_version": observed},
         )
+        if result.get("version"):
+            # The reversal itself moved the record on (an archive is a new version).
+            record_learn_version(record=record, version=str(result["version"]), actor="system:compensation")
     return compensation
 
 

@@ -78,18 +78,26 @@ def record_read_answered(
             _event(record, "record_read_failed", reading.actor, f"Could not read it: {error}", reading)
             return reading
         _event(record, "record_read", reading.actor, f"Read at version {version or 'unknown'}.", reading)
-        if version and normalize_version(record.version) != version:
-            # Conditional: only the version we knew is replaced, so two reads cannot undo each other.
-            ExternalRecord.objects.filter(pk=record.pk, version=record.version).update(version=version)
-            event_record(
-                kind="record_version_learned",
-                actor=reading.actor,
-                item=record.item,
-                message=f"{record.system} {record.record_id} is now at version {version} "
-                f"(stopdesk knew version {record.version or 'none'}).",
-                data={"record": f"{record.system}:{record.record_id}", "before": record.version, "after": version},
-            )
+        record_learn_version(record=record, version=version, actor=reading.actor)
     return reading
+
+
+def record_learn_version(*, record: ExternalRecord, version: str, actor: str) -> None:
+    """The record row takes a version its system answered with, with an event saying from which
+    version. Inside the caller's transaction."""
+    version = normalize_version(version)
+    if not version or normalize_version(record.version) == version:
+        return
+    # Conditional: only the version we knew is replaced, so two answers cannot undo each other.
+    if ExternalRecord.objects.filter(pk=record.pk, version=record.version).update(version=version):
+        event_record(
+            kind="record_version_learned",
+            actor=actor,
+            item=record.item,
+            message=f"{record.system} {record.record_id} is now at version {version} "
+            f"(stopdesk knew version {record.version or 'none'}).",
+            data={"record": f"{record.system}:{record.record_id}", "before": record.version, "after": version},
+        )
 
 
 def record_readings_compared(*, compensation: Compensation) -> VersionsCompared | None:
@@ -133,6 +141,11 @@ class VersionsCompared:
     @property
     def changed(self) -> bool:
         return self.current.version != self.expected
+
+    @property
+    def single(self) -> bool:
+        """The expected version and the latest read are one and the same reading."""
+        return self.before is not None and self.before.pk == self.current.pk
 
     @property
     def differing(self) -> list[FieldRow]:

@@ -93,6 +93,8 @@ def test_proposing_again_at_the_current_version_needs_its_own_approval_and_then_
         approve(new, roles["approver"])
     assert approve(new, roles["approver2"]).state == "done"
     assert crm.get(escalated.external_record.record_id)["status"] == "archived"
+    # The archive is a version of its own, and the ledger learns it too.
+    assert ExternalRecord.objects.get(pk=escalated.external_record_id).version == "3"
     assert Event.objects.get(kind="compensation_proposed", data__compensation=new.pk).data["supersedes"] == escalated.pk
 
 
