@@ -224,6 +224,8 @@ def compensation_detail(
         "live": compensation.state in (CompensationState.APPROVED, CompensationState.RUNNING),
         "can_decide": perms.can(user, perms.PROPOSE, perms.APPROVE),
         "versions": record_readings_compared(compensation=compensation),
+        # What replaced it, when it was proposed again: what is pending now.
+        "later": compensation.external_record.compensations.filter(pk__gt=compensation.pk).order_by("pk").first(),
     }
     if request.htmx and request.htmx.target == "compensation-status":
         response = render(request, "review/compensation.html#compensation-status", context)

@@ -4,6 +4,7 @@ person proposes again at the current version or accepts the record as it is."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -23,6 +24,7 @@ from stopdesk.views.auth import REAUTH_SESSION_KEY
 from stopdesk.views.selectors import queue_reversals
 from tests.web.conftest import system_url
 from tests.web.scenes import crm_effect, proposal
+from tests.web.test_compensation import _in_thread
 
 pytestmark = pytest.mark.django_db
 
@@ -122,6 +124,12 @@ def test_the_way_out_through_the_pages(escalated, as_user, roles):
     page = client.get(response["Location"]).content.decode()
     assert "Proposed again at version 2. Another person with the approver role must approve it." in page
     # The second approver sees it in the queue at version 2.
+    old_page = as_user("reviewer").get(reverse("compensation-detail", args=[escalated.pk])).content.decode()
+    assert (
+        f'Proposed again as <a href="{reverse("compensation-detail", args=[new.pk])}">compensation #{new.pk}</a>'
+        in old_page
+    )
+    assert "at version <code>2</code>: proposed." in old_page
     queue = as_user("approver2").get(reverse("review-queue")).content.decode()
     row = queue[queue.index(f'id="compensation-{new.pk}"') :]
     assert "version <code>2</code>" in row[: row.index("</li>")]
@@ -187,3 +195,39 @@ def test_the_proposer_is_told_it_escalated_not_that_it_waits_for_approval(escala
     assert "must approve it" not in page
     assert "It did not run and does not wait for an approval" in page
     assert "version <code>1</code> → <code>2</code>" in page
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_two_people_choosing_a_way_out_at_once_leave_one_decision(roles, crm, eager):
+    record = crm_effect(system_url("crm"))
+    c = proposal(record, roles["reviewer"])
+    crm.edit(record.record_id, actor="a colleague", phone="555-0100")
+    compensation_approve(compensation_id=c.pk, by=roles["approver"], reauthenticated_at=timezone.now())
+    c.refresh_from_db()
+    assert c.state == "escalated"
+    barrier = threading.Barrier(2)
+    results: list = []
+    errors: list = []
+
+    def propose_again():  # type: ignore[no-untyped-def]
+        barrier.wait()
+        return compensation_propose_current(compensation_id=c.pk, by=roles["approver"])
+
+    def accept():  # type: ignore[no-untyped-def]
+        barrier.wait()
+        return compensation_accept_as_is(compensation_id=c.pk, by=roles["approver2"], note="Keep it.")
+
+    threads = [_in_thread(propose_again, results, errors), _in_thread(accept, results, errors)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(results) == 1 and len(errors) == 1 and isinstance(errors[0], CompensationRefused)
+    decided = Event.objects.filter(
+        kind__in=("compensation_superseded", "compensation_accepted_as_is"), data__compensation=c.pk
+    )
+    assert decided.count() == 1
+    # Either one new proposal at version 2 or one acceptance, never both.
+    proposals = Compensation.objects.filter(external_record=record).exclude(pk=c.pk)
+    assert proposals.count() + RecordDecision.objects.count() == 1
