@@ -85,6 +85,13 @@ def test_the_escalated_page_shows_the_two_versions_side_by_side_with_what_change
     assert "Approve and run" not in page  # never against the old version
 
 
+def test_the_queue_row_of_a_stale_escalation_leads_to_the_comparison(escalated, as_user):
+    queue = as_user("approver").get(reverse("review-queue")).content.decode()
+    row = queue[queue.index(f'id="compensation-{escalated.pk}"') :]
+    row = row[: row.index("</li>")]
+    assert "now at version <code>2</code>" in row and "Compare and decide…" in row
+
+
 def test_proposing_again_at_the_current_version_needs_its_own_approval_and_then_runs(escalated, roles, crm, approve):
     new = compensation_propose_current(compensation_id=escalated.pk, by=roles["approver"], note="Still unwanted.")
     escalated.refresh_from_db()
