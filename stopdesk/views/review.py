@@ -193,7 +193,18 @@ def record_propose_view(request: HtmxHttpRequest, record_id: int) -> HttpRespons
         except CompensationRefused as exc:
             context.update(error=str(exc), values=request.POST)
             return _form_page(request, "review/propose.html", context, status=400)
-        messages.success(request, "Proposed. Another person with the approver role must approve it.")
+        moved = compensation.expected_version != record.version
+        messages.success(
+            request,
+            (
+                f"{record.system} answered that the record is now at version {compensation.expected_version} "
+                f"(stopdesk had recorded {record.version or 'no version'}); proposed at version "
+                f"{compensation.expected_version}. "
+                if moved
+                else "Proposed. "
+            )
+            + "Another person with the approver role must approve it.",
+        )
         return redirect("compensation-detail", compensation_id=compensation.pk)
     return _form_page(request, "review/propose.html", context)
 

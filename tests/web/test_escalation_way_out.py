@@ -238,3 +238,14 @@ def test_two_people_choosing_a_way_out_at_once_leave_one_decision(roles, crm, ea
     # Either one new proposal at version 2 or one acceptance, never both.
     proposals = Compensation.objects.filter(external_record=record).exclude(pk=c.pk)
     assert proposals.count() + RecordDecision.objects.count() == 1
+
+
+def test_a_record_edited_before_the_proposal_is_proposed_at_its_current_version(as_user, crm):
+    record = crm_effect(system_url("crm"))
+    crm.edit(record.record_id, actor="a colleague", phone="555-0100")  # before anyone proposes
+    client = as_user("reviewer")
+    response = client.post(reverse("record-propose", args=[record.pk]), {"action": "archive", "note": "undo"})
+    assert response.status_code == 302
+    assert Compensation.objects.get(external_record=record).expected_version == "2"
+    page = client.get(response["Location"]).content.decode()
+    assert "the record is now at version 2 (stopdesk had recorded 1); proposed at version 2." in page
