@@ -299,7 +299,9 @@ def compensation_propose_current(*, compensation_id: int, by: Any, note: str = "
     if not (by.has_perm(APPROVE_PERMISSION) or by.has_perm(PROPOSE_PERMISSION)):
         raise CompensationRefused("Proposing a compensation needs the reviewer or approver role.")
     with transaction.atomic():
-        old = Compensation.objects.select_related("external_record").get(pk=compensation_id)
+        # Locks in one order everywhere, the compensation then its record: accepting as is takes
+        # them in that order too (its decision row's foreign key locks the record).
+        old = Compensation.objects.select_for_update().get(pk=compensation_id)
         record = ExternalRecord.objects.select_for_update().get(pk=old.external_record_id)
         current = normalize_version(record.version)
         if old.state == C.ESCALATED and current == normalize_version(old.expected_version):
@@ -330,7 +332,7 @@ def compensation_accept_as_is(*, compensation_id: int, by: Any, note: str) -> Co
     if not note.strip():
         raise CompensationRefused("Say why the record can stay as it is.")
     with transaction.atomic():
-        compensation = Compensation.objects.select_related("external_record__item").get(pk=compensation_id)
+        compensation = Compensation.objects.select_for_update().get(pk=compensation_id)
         now = timezone.now()
         _move(
             compensation,

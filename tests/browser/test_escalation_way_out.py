@@ -78,6 +78,14 @@ def test_an_approver_finds_the_way_out_of_a_stale_version(live_server, browser, 
     assert changed.count() == 1 and "note" in changed.inner_text() and "(absent)" in changed.inner_text()
     assert page.get_by_role("button", name="Approve and run").count() == 0
     page.screenshot(path=shots / "way-out-2-escalated-versions.png", full_page=True)
+    phone = browser.new_context(viewport={"width": 390, "height": 844}, device_scale_factor=2, is_mobile=True)
+    mobile = phone.new_page()
+    _login(mobile, base, "approver")
+    mobile.goto(f"{base}/compensations/{first.pk}/#way-out")
+    width = mobile.evaluate("document.documentElement.scrollWidth")
+    mobile.screenshot(path=shots / "way-out-2-phone.png", full_page=True)
+    phone.close()
+    assert width <= 390, width  # the comparison fits a phone without sideways scrolling
 
     # ... and proposes again at version 2: a new proposal, which this approver cannot approve.
     _type(page, "Note for the approver", "Still created after Stop; archive it at v2.")
