@@ -8,6 +8,7 @@ row with no answer), then the call, then the answer in a new transaction (pretix
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -113,8 +114,8 @@ def record_readings_compared(*, compensation: Compensation) -> VersionsCompared 
     rows = [
         FieldRow(
             name,
-            before.fields.get(name) if before else None,
-            current.fields.get(name),
+            _shown(before.fields.get(name)) if before else None,
+            _shown(current.fields.get(name)),
             differs=before is not None and before.fields.get(name) != current.fields.get(name),
         )
         for name in names
@@ -240,6 +241,13 @@ def _event(record: ExternalRecord, kind: str, actor: str, message: str, reading:
             **({"version": reading.version} if reading.version else {}),
         },
     )
+
+
+def _shown(value: Any) -> str | None:
+    """A field's value as a person reads it: text as it is, anything else as JSON (never Python's repr)."""
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
 
 
 def _read_error(status_code: int | None, error: str) -> str:

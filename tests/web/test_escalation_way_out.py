@@ -249,3 +249,11 @@ def test_a_record_edited_before_the_proposal_is_proposed_at_its_current_version(
     assert Compensation.objects.get(external_record=record).expected_version == "2"
     page = client.get(response["Location"]).content.decode()
     assert "the record is now at version 2 (stopdesk had recorded 1); proposed at version 2." in page
+
+
+def test_a_structured_field_reads_as_json_not_as_python(escalated, roles, crm, as_user):
+    crm.edit(escalated.external_record.record_id, actor="a colleague", address={"city": "Köln", "zip": None})
+    compensation_reread(compensation_id=escalated.pk, by=roles["approver"])
+    page = as_user("approver").get(reverse("compensation-detail", args=[escalated.pk])).content.decode()
+    assert "{&quot;city&quot;: &quot;Köln&quot;, &quot;zip&quot;: null}" in page
+    assert "&#x27;city&#x27;" not in page and "None}" not in page
