@@ -76,7 +76,7 @@ def test_a_stale_escalation_keeps_both_reads_and_the_ledger_learns_the_new_versi
 def test_the_escalated_page_shows_the_two_versions_side_by_side_with_what_changed_first(escalated, as_user):
     page = as_user("approver").get(reverse("compensation-detail", args=[escalated.pk])).content.decode()
     table = page[page.index('id="versions-compared"') : page.index("</table>")]
-    assert "1 field differs" in table
+    assert "1 field differs" in table and "Now: version 2 (active)" in table
     assert table.index("phone") < table.index("name")  # the changed field leads
     assert "<code>555-0100</code>" in table and "(absent)" in table
     record = escalated.external_record
