@@ -10,12 +10,8 @@ from django.shortcuts import redirect
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from reconcile.services.compensation import (
-    CompensationRefused,
-    compensation_accept_as_is,
-    compensation_propose_current,
-    compensation_reread,
-)
+from reconcile.services.compensation import CompensationRefused
+from reconcile.services.escalation import compensation_accept_as_is, compensation_propose_current, compensation_reread
 from reconcile.services.records import RecordDecisionRefused, record_flag_for_reversal, records_accept_as_is
 from stopdesk import permissions as perms
 from stopdesk.views import HtmxHttpRequest

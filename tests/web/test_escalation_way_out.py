@@ -12,13 +12,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from reconcile.models import Compensation, Escalation, RecordDecision, RecordReading
-from reconcile.services.compensation import (
-    CompensationRefused,
-    compensation_accept_as_is,
-    compensation_approve,
-    compensation_propose_current,
-    compensation_reread,
-)
+from reconcile.services.compensation import CompensationRefused, compensation_approve
+from reconcile.services.escalation import compensation_accept_as_is, compensation_propose_current, compensation_reread
 from stopdesk.models import Event, ExternalRecord
 from stopdesk.views.auth import REAUTH_SESSION_KEY
 from stopdesk.views.selectors import queue_reversals
