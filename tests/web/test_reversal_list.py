@@ -15,7 +15,7 @@ from reconcile.services.records import RecordDecisionRefused, records_accept_as_
 from stopdesk.models import Event
 from stopdesk.views.auth import REAUTH_SESSION_KEY
 from stopdesk.views.selectors import queue_before_stop, queue_reversals
-from tests.web.conftest import system_url
+from tests.web.conftest import htmx, system_url
 from tests.web.scenes import crm_effect, mail_effect, proposal
 
 pytestmark = pytest.mark.django_db
@@ -123,3 +123,10 @@ def test_a_report_only_result_says_what_happened_and_no_empty_version(
     assert Event.objects.get(kind="compensation_done", data__compensation=c.pk).message == (
         "Reported only: nothing was sent to outbox."
     )
+
+
+def test_the_reversals_fragment_keeps_its_accept_form(as_user, crm):
+    after = crm_effect(system_url("crm"))
+    html = as_user("reviewer").get(reverse("review-queue"), **htmx("reversals")).content.decode()
+    assert html.lstrip().startswith('<section id="reversals"')
+    assert f'id="record-{after.pk}"' in html and "Accept the chosen ones" in html and "csrfmiddlewaretoken" in html
