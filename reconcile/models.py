@@ -107,6 +107,63 @@ class Escalation(models.Model):
         return f"Escalation to {self.to or 'the approvers'} ({'closed' if self.closed_at else 'open'})"
 
 
+class RecordReading(models.Model):
+    """What stopdesk saw when it read an external record through its adapter. Written twice: the
+    intent (asked, no answer yet) before the call and the answer after it, each committed on its
+    own, so a read that never returns still shows that it was asked for."""
+
+    external_record = models.ForeignKey(ExternalRecord, on_delete=models.PROTECT, related_name="readings")
+    compensation = models.ForeignKey(
+        Compensation, null=True, blank=True, on_delete=models.PROTECT, related_name="readings"
+    )
+    actor = models.CharField(max_length=200, help_text="Who asked: user:NAME or system:compensation.")
+    requested_at = models.DateTimeField(default=timezone.now)
+    answered_at = models.DateTimeField(null=True, blank=True)
+    ok = models.BooleanField(null=True, help_text="Empty while the read is under way.")
+    version = models.CharField(max_length=200, blank=True)
+    status = models.CharField(max_length=64, blank=True, help_text='The record\'s own status ("active", "archived").')
+    fields = models.JSONField(default=dict, blank=True, help_text="The record's fields as the system answered them.")
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-requested_at", "-id"]
+        indexes = [models.Index(fields=["external_record", "requested_at"], name="reading_per_record")]
+
+    def __str__(self) -> str:
+        return f"Reading of {self.external_record} ({self.version or self.error or 'pending'})"
+
+
+class RecordDecisionKind(models.TextChoices):
+    ACCEPTED = "accepted", "Accepted as is"
+    FLAGGED = "flagged", "Put on the reversal list"
+
+
+class RecordDecision(models.Model):
+    """One person's word on a completed effect, without a compensation: accept it as it is, or put
+    an effect completed before Stop on the reversal list."""
+
+    external_record = models.ForeignKey(ExternalRecord, on_delete=models.PROTECT, related_name="decisions")
+    kind = models.CharField(max_length=16, choices=RecordDecisionKind.choices)
+    by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    at = models.DateTimeField(default=timezone.now)
+    note = models.TextField(blank=True)
+    compensation = models.ForeignKey(
+        Compensation,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="The escalated compensation this decision closed, if any.",
+    )
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["external_record", "kind"], name="decision_per_record")]
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()}: {self.external_record}"
+
+
 class DrillRun(models.Model):
     """One run of `manage.py stopdrill`: the table it printed, kept."""
 

@@ -21,6 +21,7 @@ from django.utils import timezone
 from reconcile.mechanisms import registry
 from reconcile.mechanisms.http import HttpOperation
 from reconcile.models import COMPENSATION_TRANSITIONS, Compensation, CompensationState, Escalation
+from reconcile.services.records import normalize_version, record_learn_version, record_read
 from stopdesk.models import ExternalRecord
 from stopdesk.services.errors import LedgerError
 from stopdesk.services.events import actor_for, event_record
@@ -52,12 +53,6 @@ class Action:
 REPORT = Action(REPORT_ONLY, "Report only (nothing can be reversed)", writes=False)
 
 
-def normalize_version(value: str | int | None) -> str:
-    """`W/"v3"`, `"v3"`, `v3` and `3` are one version: systems and runtimes spell ETags differently."""
-    text = str(value if value is not None else "").strip()
-    return text.removeprefix("W/").strip('"').removeprefix("v")
-
-
 def _http() -> HttpOperation:
     """The HTTP adapter reads records back and reverses them, configured per system in
     STOPDESK_MECHANISMS["http"]["options"]["systems"] (or on the record's item)."""
@@ -70,35 +65,58 @@ def _reversal(record: ExternalRecord) -> dict[str, Any]:
 
 
 def compensation_actions(record: ExternalRecord) -> list[Action]:
-    """The record's declared reversal, if it has one, and report-only. A system without a declared
-    reversal (a sent email, a system nobody configured) gets report-only: never guess."""
+    """The record's declared reversal, when it has one; otherwise report-only. Never both: a
+    reversible record is reversed or accepted as it is (one person, `records_accept_as_is`); a
+    system without a declared reversal (a sent email, a system nobody configured) gets
+    report-only: never guess."""
     spec = _reversal(record)
     if not record.reversible or not spec.get("url") or not spec.get("action"):
         return [REPORT]
     name = str(spec["action"])
-    return [Action(name, str(spec.get("label") or f"{name.capitalize()} the record"), writes=True), REPORT]
+    return [Action(name, str(spec.get("label") or f"{name.capitalize()} the record"), writes=True)]
 
 
 def compensation_propose(*, record_id: int, action: str, by: Any, note: str = "") -> Compensation:
+    """A proposal that writes starts from a fresh read of the record (outside any transaction),
+    so it is made at the version the system holds now, and the approver can see what it held."""
     if not by.has_perm(PROPOSE_PERMISSION):
         raise CompensationRefused("Proposing a compensation needs the reviewer role.")
+    record = ExternalRecord.objects.select_related("item").get(pk=record_id)
+    offered = {a.name: a for a in compensation_actions(record)}
+    if action not in offered:
+        raise CompensationRefused(f"{action!r} is not an action {record.system} offers for this record.")
+    if offered[action].writes and not _in_progress(record):
+        record_read(record_id=record.pk, actor=actor_for(by))
+    return _propose(record_id=record.pk, action=action, by=by, note=note)
+
+
+def _in_progress(record: ExternalRecord) -> bool:
+    return record.compensations.exclude(state__in=(C.REJECTED, C.FAILED)).exists()
+
+
+def _propose(
+    *, record_id: int, action: str, by: Any, note: str, supersedes: Compensation | None = None
+) -> Compensation:
+    """Inside the caller's transaction when it has one (proposing again closes the old one in it)."""
     with transaction.atomic():
         record = ExternalRecord.objects.select_for_update().select_related("item").get(pk=record_id)
         if action not in {a.name for a in compensation_actions(record)}:
             raise CompensationRefused(f"{action!r} is not an action {record.system} offers for this record.")
-        if record.compensations.exclude(state__in=(C.REJECTED, C.FAILED)).exists():
+        if _in_progress(record):
             raise CompensationRefused("This record already has a compensation in progress or done.")
         compensation = Compensation.objects.create(
             external_record=record, action=action, expected_version=record.version, note=note, proposed_by=by
         )
+        again = f" again (replacing compensation #{supersedes.pk})" if supersedes else ""
         _event(
             compensation,
             "compensation_proposed",
             actor_for(by),
             "",
             C.PROPOSED,
-            f"Proposed {action} of {record.system} {record.record_id} at version {record.version or 'unknown'}.",
+            f"Proposed {action}{again} of {record.system} {record.record_id} at version {record.version or 'unknown'}.",
             note=note,
+            **({"supersedes": supersedes.pk} if supersedes else {}),
         )
     return compensation
 
@@ -119,7 +137,10 @@ def compensation_approve(*, compensation_id: int, by: Any, reauthenticated_at: d
             compensation.expected_version
         )
         if stale:
-            raise CompensationRefused("The record changed since this was proposed; reject it and propose again.")
+            raise CompensationRefused(
+                "The record changed since this was proposed; propose again at its current version, "
+                "or accept it as it is."
+            )
         now = timezone.now()
         _move(
             compensation,
@@ -206,28 +227,31 @@ def compensation_execute(*, compensation_id: int) -> Compensation:
         observed = expected
         result: dict[str, Any] = {
             "reported": True,
-            "note": f"{record.system} {record.record_id} cannot be reversed; reported only.",
+            "note": f"{record.system} {record.record_id} cannot be reversed; reported only, nothing was sent.",
         }
+        done = f"Reported only: nothing was sent to {record.system}."
     elif compensation.action not in {a.name for a in compensation_actions(record)}:
         return _fail(compensation, f"{record.system} offers no {compensation.action} for this record")
     else:
-        http = _http()
-        # Outside any transaction: the other system may be slow, and our rows must not wait on it.
-        read = http.read_version(record)
+        # The read is kept (the ledger learns a newer version from it); its call runs outside
+        # any transaction: the other system may be slow, and our rows must not wait on it.
+        read = record_read(record_id=record.pk, actor="system:compensation", compensation_id=compensation.pk)
         if not read.ok:
-            status = f"HTTP {read.status_code} " if read.status_code else ""
-            return _fail(compensation, f"Could not read the record's current version: {status}{read.error}".strip())
+            return _fail(compensation, f"Could not read the record's current version: {read.error}".strip())
         observed = normalize_version(read.version)
         if observed != expected:
             return _escalate_stale(compensation, expected, observed)
-        reversal = http.reverse(record, expected, actor="stopdesk:compensation")
+        reversal = _http().reverse(record, expected, actor="stopdesk:compensation")
         if reversal.outcome == "version_mismatch":
-            # Someone edited between our read and our write; the precondition caught it.
+            # Someone edited between our read and our write; the precondition caught it. Read
+            # again so the person deciding sees what the record holds now.
+            record_read(record_id=record.pk, actor="system:compensation", compensation_id=compensation.pk)
             return _escalate_stale(compensation, expected, normalize_version(reversal.current_version))
         if not reversal.done:
             status = f"HTTP {reversal.status_code} " if reversal.status_code else ""
             return _fail(compensation, f"{compensation.action} {record.record_id}: {status}{reversal.error}".strip())
         result = {"status": reversal.body.get("status"), "version": normalize_version(reversal.new_version)}
+        done = f"{compensation.action} done at version {expected}."
     with transaction.atomic():
         _move(
             compensation,
@@ -235,11 +259,14 @@ def compensation_execute(*, compensation_id: int) -> Compensation:
             C.DONE,
             "system:compensation",
             "compensation_done",
-            f"{compensation.action} done at version {expected}.",
+            done,
             finished_at=timezone.now(),
             observed_version=observed,
             result={**result, "expected_version": expected, "observed_version": observed},
         )
+        if result.get("version"):
+            # The reversal itself moved the record on (an archive is a new version).
+            record_learn_version(record=record, version=str(result["version"]), actor="system:compensation")
     return compensation
 
 

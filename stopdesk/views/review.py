@@ -24,6 +24,7 @@ from reconcile.services.compensation import (
     compensation_propose,
     compensation_reject,
 )
+from reconcile.services.records import record_readings_compared
 from reconcile.services.review import (
     OUTCOMES,
     ReviewRefused,
@@ -240,7 +241,18 @@ def record_propose_view(request: HtmxHttpRequest, record_id: int) -> HttpRespons
         except CompensationRefused as exc:
             context.update(error=str(exc), values=request.POST)
             return _form_page(request, "review/propose.html", context, status=400)
-        messages.success(request, "Proposed. Another person with the approver role must approve it.")
+        moved = compensation.expected_version != record.version
+        messages.success(
+            request,
+            (
+                f"{record.system} answered that the record is now at version {compensation.expected_version} "
+                f"(stopdesk had recorded {record.version or 'no version'}); proposed at version "
+                f"{compensation.expected_version}. "
+                if moved
+                else "Proposed. "
+            )
+            + "Another person with the approver role must approve it.",
+        )
         return redirect("compensation-detail", compensation_id=compensation.pk)
     return _form_page(request, "review/propose.html", context)
 
@@ -269,6 +281,10 @@ def compensation_detail(
         "is_approver": perms.can(user, perms.APPROVE),
         "people": _people().exclude(pk=user.pk),
         "live": compensation.state in (CompensationState.APPROVED, CompensationState.RUNNING),
+        "can_decide": perms.can(user, perms.PROPOSE, perms.APPROVE),
+        "versions": record_readings_compared(compensation=compensation),
+        # What replaced it, when it was proposed again: what is pending now.
+        "later": compensation.external_record.compensations.filter(pk__gt=compensation.pk).order_by("pk").first(),
     }
     if request.htmx and request.htmx.target == "compensation-status":
         response = render(request, "review/compensation.html#compensation-status", context)

@@ -10,7 +10,7 @@ from django.db.models import Count, Exists, F, OuterRef, Prefetch, Q, QuerySet, 
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
-from reconcile.models import Compensation, CompensationState, Escalation
+from reconcile.models import Compensation, CompensationState, Escalation, RecordDecision, RecordDecisionKind
 from stopdesk.models import CancellationAttempt, ExternalRecord, StopRequest, Task, WorkItem
 from stopdesk.paging import QUEUE_CAP, capped_count
 from stopdesk.states import UNSETTLED, ItemState
@@ -191,13 +191,46 @@ def queue_uncertain() -> QuerySet[WorkItem]:
 
 
 def queue_reversals() -> QuerySet[ExternalRecord]:
-    """Completed effects of stopped tasks with no compensation under way or done."""
+    """Completed effects of stopped tasks that may need reversal, with no compensation under way
+    or done and not accepted as they are: those completed after Stop, and those completed before
+    it that a reviewer put on the list."""
+    flagged = RecordDecision.objects.filter(external_record=OuterRef("pk"), kind=RecordDecisionKind.FLAGGED)
+    return (
+        _effects_of_stopped_tasks()
+        .filter(~_before_stop() | Q(Exists(flagged)))
+        .select_related("item__task")
+        .order_by("-recorded_at", "-id")
+    )
+
+
+def queue_before_stop() -> QuerySet[ExternalRecord]:
+    """Effects completed before their task was stopped, nobody has decided about yet: not
+    reversal candidates unless a reviewer puts them on the list."""
+    decided = RecordDecision.objects.filter(external_record=OuterRef("pk"))
+    return (
+        _effects_of_stopped_tasks()
+        .filter(_before_stop())
+        .exclude(Exists(decided))
+        .select_related("item__task")
+        .order_by("-recorded_at", "-id")
+    )
+
+
+def _effects_of_stopped_tasks() -> QuerySet[ExternalRecord]:
     active = Compensation.objects.filter(external_record=OuterRef("pk")).exclude(state__in=(C.REJECTED, C.FAILED))
+    accepted = RecordDecision.objects.filter(external_record=OuterRef("pk"), kind=RecordDecisionKind.ACCEPTED)
     return (
         ExternalRecord.objects.filter(item__state=S.COMPLETED, item__task__stop_requested_at__isnull=False)
         .exclude(Exists(active))
-        .select_related("item__task")
-        .order_by("-recorded_at", "-id")
+        .exclude(Exists(accepted))
+    )
+
+
+def _before_stop() -> Q:
+    """The item reached its outcome before Stop was requested (when the record was recorded, for
+    an item with no finish time)."""
+    return Q(item__finished_at__lt=F("item__task__stop_requested_at")) | Q(
+        item__finished_at__isnull=True, recorded_at__lt=F("item__task__stop_requested_at")
     )
 
 
@@ -239,6 +272,7 @@ SECTIONS = {
     "uncertain": queue_uncertain,
     "late": queue_late_results,
     "reversals": queue_reversals,
+    "before_stop": queue_before_stop,
     "proposals": queue_proposals,
     "escalations": queue_escalations,
     "escalated": queue_escalated_compensations,

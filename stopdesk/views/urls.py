@@ -3,7 +3,7 @@ from django.urls import path
 from django.views.generic import RedirectView
 
 from reconcile.views_readiness import readiness_page
-from stopdesk.views import auth, items, queue, review, tasks
+from stopdesk.views import auth, items, queue, records, review, tasks
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="task-list"), name="home"),
@@ -31,4 +31,13 @@ urlpatterns = [
     ),
     path("queue/decide/", queue.queue_decide, name="queue-decide"),
     path("queue/acknowledge/", queue.queue_acknowledge, name="queue-acknowledge"),
+    path("compensations/<int:compensation_id>/reread/", records.compensation_reread_view, name="compensation-reread"),
+    path(
+        "compensations/<int:compensation_id>/propose-current/",
+        records.compensation_propose_current_view,
+        name="compensation-propose-current",
+    ),
+    path("compensations/<int:compensation_id>/accept/", records.compensation_accept_view, name="compensation-accept"),
+    path("records/accept/", records.records_accept_view, name="records-accept"),
+    path("records/<int:record_id>/flag/", records.record_flag_view, name="record-flag"),
 ]

@@ -33,14 +33,22 @@ def uncertain_item(task: Task | None = None, *, label: str = "Upload to the part
     return item
 
 
-def crm_effect(crm_url: str, task: Task | None = None, *, name: str = "ACME Ltd") -> ExternalRecord:
-    """An external operation that really created a record in the sandbox CRM, on a stopped task."""
+def crm_effect(
+    crm_url: str, task: Task | None = None, *, name: str = "ACME Ltd", before_stop: bool = False
+) -> ExternalRecord:
+    """An external operation that really created a record in the sandbox CRM, on a stopped task:
+    sent before Stop and answered after it (a reversal candidate), or, with `before_stop`,
+    completed before anyone pressed Stop."""
+    from stopdesk.services.stop import task_request_stop
+
     task = task or make_task("Onboard new customers")
     item = item_register(task=task, kind=Kind.EXTERNAL_OPERATION, noun="record", actor=ACTOR, mechanism="http")
     key = f"onboard-{item.pk}"
     item_submit(item_id=item.pk, idempotency_key=key, actor=ACTOR)
     response = httpx.post(f"{crm_url}/records", json={"name": name}, headers={"Idempotency-Key": key})
     body = response.json()
+    if not before_stop:
+        task_request_stop(task_id=task.pk, actor=ACTOR, dispatch=lambda ids: None)
     record = item_attach_record(
         item_id=item.pk,
         system="crm",
@@ -53,9 +61,8 @@ def crm_effect(crm_url: str, task: Task | None = None, *, name: str = "ACME Ltd"
         link=f"{crm_url}/records/{body['id']}",
     )
     item_finish(item_id=item.pk, succeeded=True, actor=ACTOR)
-    from stopdesk.services.stop import task_request_stop
-
-    task_request_stop(task_id=task.pk, actor=ACTOR, dispatch=lambda ids: None)
+    if before_stop:
+        task_request_stop(task_id=task.pk, actor=ACTOR, dispatch=lambda ids: None)
     return record
 
 

@@ -44,6 +44,11 @@ ACTIONS = [
     ("post", "compensation-escalate", "compensation", {"reviewer", "approver"}),
     ("get", "item-detail", "item", {"operator", "reviewer", "approver"}),
     ("post", "item-report", "item", {"reviewer"}),
+    ("post", "compensation-reread", "compensation", {"reviewer", "approver"}),
+    ("post", "compensation-propose-current", "compensation", {"reviewer", "approver"}),
+    ("post", "compensation-accept", "compensation", {"reviewer", "approver"}),
+    ("post", "records-accept", None, {"reviewer"}),
+    ("post", "record-flag", "record", {"reviewer"}),
 ]
 
 
