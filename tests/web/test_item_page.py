@@ -146,7 +146,7 @@ def test_a_remote_tool_page_shows_the_tool_its_arguments_and_why_it_is_uncertain
 
 
 def test_an_external_operation_page_shows_its_key_record_version_and_link(crm, as_user):
-    record = crm_effect(system_url("crm"))
+    record = crm_effect(system_url("crm"), before_stop=True)
     item = record.item
     html = page(as_user("reviewer"), item)
     assert f'<code class="key">{item.idempotency_key}</code>' in html and item.idempotency_key.startswith("onboard-")
