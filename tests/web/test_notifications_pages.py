@@ -9,6 +9,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from stopdesk.notify.delivery import notifications_deliver
+from stopdesk.notify.digest import digests_send
 from stopdesk.notify.models import Delivery, EmailPreference, Notification
 from stopdesk.notify.topics import Topic
 from stopdesk.services.transitions import item_transition
@@ -56,6 +57,7 @@ def test_the_queue_counts_stop_at_a_cap_and_say_so_and_metrics_count_exactly():
 
 def test_the_deliveries_page_is_for_admins_and_lists_deliveries(as_user, roles):
     _uncertain(1)
+    digests_send(now=timezone.now() + timedelta(minutes=5))  # the reviewers' digest of it
     notifications_deliver(list(Notification.objects.values_list("id", flat=True)))
     assert Delivery.objects.exists()
     assert as_user("reviewer").get(reverse("notify-deliveries")).status_code == 302  # not staff: sign in as one
