@@ -78,3 +78,17 @@ def test_a_person_chooses_their_email_topics_and_a_bad_topic_writes_nothing(as_u
     client.post(reverse("notify-email"), {"topics": [Topic.ITEM_UNCERTAIN]})
     assert EmailPreference.objects.get(user=roles["approver"]).topics == [Topic.ITEM_UNCERTAIN]
     assert 'value="compensation_proposed" checked' not in client.get(reverse("notify-email")).content.decode()
+
+
+def test_a_person_asks_for_one_email_per_item_besides_the_digest(as_user, roles):
+    client = as_user("reviewer")
+    page = client.get(reverse("notify-email")).content.decode()
+    assert 'name="per_item"' in page and 'name="per_item" aria-describedby="per-item-help" checked' not in page
+    assert 'value="task_digest"' not in page  # a digest goes with the topics it gathers
+    client.post(reverse("notify-email"), {"topics": [Topic.ITEM_UNCERTAIN], "per_item": "on"})
+    choice = EmailPreference.objects.get(user=roles["reviewer"])
+    assert choice.per_item and choice.topics == [Topic.ITEM_UNCERTAIN]
+    assert (
+        'name="per_item" aria-describedby="per-item-help" checked'
+        in client.get(reverse("notify-email")).content.decode()
+    )
