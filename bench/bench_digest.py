@@ -41,7 +41,7 @@ def run() -> list[Figure]:
     from stopdesk.services.items import item_finish
     from stopdesk.services.stop import task_request_stop
     from stopdesk.services.transitions import item_transition
-    from stopdesk.states import ItemState, Kind
+    from stopdesk.states import DeliveryState, ItemState, Kind
 
     def deliver() -> None:
         waiting = Notification.objects.filter(expanded_at__isnull=True).order_by("id").values_list("id", flat=True)
@@ -85,7 +85,7 @@ def run() -> list[Figure]:
     finally:
         server.stop()
         pager_server.stop()
-    per_target = Counter(Delivery.objects.filter(state="delivered").values_list("target", flat=True))
+    per_target = Counter(Delivery.objects.filter(state=DeliveryState.DELIVERED).values_list("target", flat=True))
     digest_subscribers = [per_target[f"endpoint:{team.pk}"], per_target[f"user:{reviewer.pk}"]]
     # What arrived agrees with the delivery log, each message once.
     arrived = (len(receiver.deliveries()), emails[reviewer.email], len(pager_receiver.deliveries()))
