@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import OperationalError, connection, transaction
 from django.db.models import Count, Max, Min
 from django.utils import timezone
 
@@ -32,6 +32,9 @@ from stopdesk.states import UNSETTLED, ItemState
 
 # How soon an open digest is looked at again (the sweep runs every 10 s).
 RECHECK = timedelta(seconds=10)
+# How long the sweep waits for the transactions filing facts into a digest.
+LOCK_WAIT = timedelta(seconds=5)
+LOCK_NOT_AVAILABLE = "55P03"
 # Plural phrases of each gathered fact, in the order a message lists them.
 FACT_WORDS = {
     Topic.ITEM_UNCERTAIN: ("item became uncertain", "items became uncertain"),
@@ -58,8 +61,22 @@ def digests_send(*, now: datetime | None = None, limit: int = 200) -> int:
 
 def digest_step(digest_id: int, *, now: datetime) -> int:
     """Look at one digest: write its next message if one is due, close it once its task settled.
-    Returns 1 if it wrote a message."""
+    Returns 1 if it wrote a message, 0 if not (or if it is left to the next sweep)."""
+    try:
+        return _step(digest_id, now=now)
+    except OperationalError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+            raise
+        return 0  # facts kept being filed for LOCK_WAIT: the next sweep tries again
+
+
+def _step(digest_id: int, *, now: datetime) -> int:
     with transaction.atomic():
+        if connection.vendor == "postgresql":
+            # Shared locks can keep an exclusive one waiting while they overlap; a busy task's
+            # digest must not hold up the sweep's other work.
+            with connection.cursor() as cursor:
+                cursor.execute(f"SET LOCAL lock_timeout = '{int(LOCK_WAIT.total_seconds() * 1000)}ms'")
         # FOR UPDATE waits for every transaction still filing a fact here (they hold KEY SHARE),
         # and holds back new ones until this commits: what is counted below is all there is.
         digest = (

@@ -86,3 +86,33 @@ def test_facts_filed_while_digests_are_written_are_each_counted_once(settings):
         assert sum(m.data["new"][Topic.ITEM_UNCERTAIN] for m in own) == own[-1].data["total"][Topic.ITEM_UNCERTAIN]
         assert own[-1].data["total"][Topic.ITEM_UNCERTAIN] == digest.facts.count()
     assert Digest.objects.count() > 1  # the race was run: digests closed while facts kept coming
+
+
+def test_a_digest_whose_facts_are_still_being_filed_is_left_to_the_next_sweep(settings):
+    from django.db import transaction
+
+    settings.STOPDESK_NOTIFY = {**settings.STOPDESK_NOTIFY, "DIGEST_WINDOW_SECONDS": 0}
+    task = make_task("Update vendors")
+    first, second = make_item(task, state=ItemState.RUNNING), make_item(task, state=ItemState.RUNNING)
+    item_transition(item_id=first.pk, to_state=ItemState.UNCERTAIN, actor=ACTOR)
+    filed, release = threading.Event(), threading.Event()
+
+    def slow_writer() -> None:
+        try:
+            with transaction.atomic():  # files a fact, then holds its transaction open
+                item_transition(item_id=second.pk, to_state=ItemState.UNCERTAIN, actor=ACTOR)
+                filed.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    writer = threading.Thread(target=slow_writer)
+    writer.start()
+    assert filed.wait(10)
+    later = timezone.now() + timedelta(minutes=1)
+    assert digests_send(now=later) == 0  # waited its bounded time, wrote nothing, raised nothing
+    release.set()
+    writer.join()
+    assert digests_send(now=later) == 1
+    (message,) = Notification.objects.filter(topic=Topic.TASK_DIGEST)
+    assert message.data["total"] == {Topic.ITEM_UNCERTAIN: 2} and message.data["settled"]
