@@ -258,6 +258,10 @@ STOPDESK_NOTIFY = {
     "MAX_ATTEMPTS": int(os.environ.get("STOPDESK_NOTIFY_MAX_ATTEMPTS", "8")),
     # A notification without deliveries this long after it was written lost its job.
     "LOST_JOB_SECONDS": float(os.environ.get("STOPDESK_NOTIFY_LOST_JOB_SECONDS", "30")),
+    # Per-item alerts of a task are gathered into a digest: its first message after this window,
+    # then one when the task settles, and meanwhile at most one update per repeat interval.
+    "DIGEST_WINDOW_SECONDS": float(os.environ.get("STOPDESK_NOTIFY_DIGEST_WINDOW_SECONDS", "60")),
+    "DIGEST_REPEAT_MINUTES": float(os.environ.get("STOPDESK_NOTIFY_DIGEST_REPEAT_MINUTES", "30")),
 }
 # Mail (Django's MAILERS): the console backend prints notifications into the log unless an SMTP
 # host is set.

@@ -10,7 +10,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from stopdesk.notify.delivery import delivery_resend
-from stopdesk.notify.models import Delivery, DeliveryAttempt, EmailPreference, Notification, WebhookEndpoint
+from stopdesk.notify.models import Delivery, DeliveryAttempt, Digest, EmailPreference, Notification, WebhookEndpoint
 
 
 class AttemptInline(admin.TabularInline):
@@ -60,9 +60,18 @@ class NotificationAdmin(admin.ModelAdmin):
 
 @admin.register(WebhookEndpoint)
 class WebhookEndpointAdmin(admin.ModelAdmin):
-    list_display = ("name", "url", "active", "topics")
+    list_display = ("name", "url", "active", "topics", "per_item")
 
 
 @admin.register(EmailPreference)
 class EmailPreferenceAdmin(admin.ModelAdmin):
-    list_display = ("user", "topics")
+    list_display = ("user", "topics", "per_item")
+
+
+@admin.register(Digest)
+class DigestAdmin(admin.ModelAdmin):
+    list_display = ("id", "task_id", "opened_at", "messages", "last_message_at", "closed_at")
+    readonly_fields = [f.name for f in Digest._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False

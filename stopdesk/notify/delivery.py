@@ -29,7 +29,7 @@ from django.utils import timezone
 from standardwebhooks.webhooks import Webhook
 
 from stopdesk.notify.models import Delivery, DeliveryAttempt, EmailPreference, Notification, WebhookEndpoint
-from stopdesk.notify.topics import ADMIN_DEFAULTS, ROLE_DEFAULTS
+from stopdesk.notify.topics import ADMIN_DEFAULTS, DIGESTED, ROLE_DEFAULTS, Topic
 from stopdesk.states import DeliveryState
 
 D = DeliveryState
@@ -75,36 +75,50 @@ def email_topics(user: Any, groups: set[str]) -> frozenset[str]:
     return frozenset(topics)
 
 
-def _recipients(topic: str) -> list[tuple[int, str]]:
-    """(user id, address) of active people with an address who take this topic by email."""
+def _recipients(topics: frozenset[str], *, per_item: bool) -> list[tuple[int, str]]:
+    """(user id, address) of active people with an address who take any of these topics by email
+    (and, with `per_item`, who asked for one email per item)."""
     users = get_user_model().objects.filter(is_active=True).exclude(email="").prefetch_related("groups")
-    chosen = dict(EmailPreference.objects.values_list("user_id", "topics"))
+    chosen = {
+        user_id: (set(t), each)
+        for user_id, t, each in EmailPreference.objects.values_list("user_id", "topics", "per_item")
+    }
     found = []
     for user in users:
         if user.pk in chosen:
-            topics = frozenset(chosen[user.pk])
+            taken, each_item = chosen[user.pk]
         else:
-            topics = frozenset().union(*(ROLE_DEFAULTS.get(g.name, frozenset()) for g in user.groups.all()))
+            taken = set().union(*(ROLE_DEFAULTS.get(g.name, frozenset()) for g in user.groups.all()))
+            each_item = False
             if user.is_superuser:
-                topics |= ADMIN_DEFAULTS
-        if topic in topics:
+                taken |= ADMIN_DEFAULTS
+        if topics & taken and (each_item or not per_item):
             found.append((user.pk, user.email))
     return found
+
+
+def audience(notification: Notification) -> tuple[frozenset[str], bool]:
+    """The topics a subscriber must take to get this notification, and whether it is a per-item
+    alert (sent only to subscribers who asked for those; the others get their task's digest)."""
+    if notification.topic == Topic.TASK_DIGEST:
+        return frozenset({Topic.TASK_DIGEST, *notification.data.get("topics", ())}), False
+    return frozenset({notification.topic}), notification.topic in DIGESTED
 
 
 def _expand(notification: Notification) -> None:
     """Create the deliveries of a locked notification, once (a repeated call adds none)."""
     if notification.expanded_at is not None:
         return
+    topics, per_item = audience(notification)
     rows = [
         Delivery(notification=notification, channel="webhook", endpoint=e, target=f"endpoint:{e.pk}")
         for e in WebhookEndpoint.objects.filter(active=True)
-        if e.wants(notification.topic)
+        if e.wants(topics, per_item=per_item)
     ]
     if cfg()["EMAIL"]:
         rows += [
             Delivery(notification=notification, channel="email", recipient=address, target=f"user:{user_id}")
-            for user_id, address in _recipients(notification.topic)
+            for user_id, address in _recipients(topics, per_item=per_item)
         ]
     Delivery.objects.bulk_create(rows, ignore_conflicts=True)
     Notification.objects.filter(pk=notification.pk).update(expanded_at=timezone.now())

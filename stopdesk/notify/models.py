@@ -37,6 +37,8 @@ class Notification(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     # Set once its deliveries (one per recipient and endpoint) exist.
     expanded_at = models.DateTimeField(null=True, blank=True)
+    # The digest that counts this fact (a per-item topic of a task), exactly one.
+    digest = models.ForeignKey("Digest", null=True, blank=True, on_delete=models.PROTECT, related_name="facts")
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -58,14 +60,20 @@ class WebhookEndpoint(models.Model):
     url = models.URLField(max_length=500)
     secret = models.CharField(max_length=100, default=new_webhook_secret, help_text="whsec_... (Standard Webhooks)")
     topics = models.JSONField(default=list, blank=True, help_text="Topics to send; empty means all.")
+    per_item = models.BooleanField(
+        default=False,
+        help_text="Also one message per item (uncertain, late result, deadline); otherwise a digest per task.",
+    )
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     def __str__(self) -> str:
         return self.name
 
-    def wants(self, topic: str) -> bool:
-        return self.active and (not self.topics or topic in self.topics)
+    def wants(self, topics: frozenset[str], *, per_item: bool = False) -> bool:
+        """Whether it takes a notification for any of `topics`; a per-item alert only if it asked."""
+        taken = not self.topics or bool(topics & set(self.topics))
+        return self.active and taken and (self.per_item or not per_item)
 
 
 class Delivery(models.Model):
@@ -127,9 +135,38 @@ class EmailPreference(models.Model):
 
     user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     topics = models.JSONField(default=list, blank=True)
+    per_item = models.BooleanField(default=False, help_text="Also one email per item, besides the task's digest.")
 
     def __str__(self) -> str:
         return f"email topics of user {self.user_id}"
+
+
+class Digest(models.Model):
+    """The per-item facts of one task gathered into few messages: the first after a window, then
+    one when the task's items have settled (and, while they have not, at most one update per
+    repeat interval). The facts are the outbox rows pointing here; `counted_through` is the last
+    one a written message counted, so a fact is counted in exactly one message."""
+
+    task_id = models.BigIntegerField()
+    opened_at = models.DateTimeField(default=timezone.now)
+    # When the sweep next looks at it.
+    due_at = models.DateTimeField()
+    messages = models.PositiveIntegerField(default=0)
+    counted_through = models.BigIntegerField(default=0)
+    last_message_at = models.DateTimeField(null=True, blank=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-opened_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["task_id"], condition=Q(closed_at__isnull=True), name="notify_digest_one_open_per_task"
+            )
+        ]
+        indexes = [models.Index(fields=["due_at"], condition=Q(closed_at__isnull=True), name="notify_digest_due")]
+
+    def __str__(self) -> str:
+        return f"digest {self.pk} of task {self.task_id}"
 
 
 class Heartbeat(models.Model):

@@ -17,6 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from stopdesk.models import WorkItem
+from stopdesk.notify.gather import digests_attach
 from stopdesk.notify.models import Notification
 from stopdesk.notify.topics import Topic, topic_for
 from stopdesk.tracing import span_event
@@ -93,6 +94,7 @@ def notifications_write(rows: Iterable[Notification]) -> list[int]:
     if not rows:
         return []
     with transaction.atomic(savepoint=False):  # part of the caller's transaction (its event's)
+        digests_attach(rows)
         Notification.objects.bulk_create(rows, ignore_conflicts=True, batch_size=500)
         keys = [r.dedupe_key for r in rows]
         # ignore_conflicts leaves pks unset; read back this transaction's rows by key.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from stopdesk.notify.delivery import deliveries_due, notifications_deliver
+from stopdesk.notify.digest import digests_send
 from stopdesk.notify.heartbeat import WORKER, heartbeat_record
 from stopdesk.notify.tally import metrics_tally
 from stopdesk.notify.timed import notifications_scan
@@ -17,8 +18,9 @@ def deliver(notification_ids: list[int]) -> dict[str, int]:
 
 @shared_task(name="notify.sweep", time_limit=120, soft_time_limit=110)
 def sweep() -> int:
-    """Time-based notifications, then anything whose job was lost or whose retry is due."""
+    """Time-based notifications and digests, then anything whose job was lost or whose retry is due."""
     notifications_scan()
+    digests_send()
     ids = deliveries_due()
     for n in range(0, len(ids), 20):
         deliver.delay(ids[n : n + 20])

@@ -16,9 +16,15 @@ class Topic(models.TextChoices):
     COMPENSATION_ESCALATED = "compensation_escalated", "A compensation was escalated"
     COMPENSATION_FAILED = "compensation_failed", "A compensation failed"
     STOP_UNSETTLED = "stop_unsettled", "A stop has not settled in time"
+    TASK_DIGEST = "task_digest", "A digest of one task's item alerts"
 
 
 T = Topic
+# Facts about single items: a burst of them (a Stop with 150 unknowns) reaches a subscriber as a
+# digest per task (notify/digest.py); one message per item only for those who ask (`per_item`).
+DIGESTED = frozenset({T.ITEM_UNCERTAIN, T.LATE_RESULT, T.INVESTIGATE_NEAR, T.INVESTIGATE_PASSED})
+# What a person chooses among (a digest goes to whoever takes any topic it gathers).
+CHOOSABLE = tuple(t for t in Topic if t != T.TASK_DIGEST)
 # Email topics a person gets when they have not chosen (by role: the Django group names).
 ROLE_DEFAULTS: dict[str, frozenset[str]] = {
     "reviewers": frozenset(

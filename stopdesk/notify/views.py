@@ -12,7 +12,7 @@ from django.shortcuts import redirect, render
 from stopdesk.notify.delivery import email_topics
 from stopdesk.notify.models import EmailPreference
 from stopdesk.notify.selectors import deliveries_recent
-from stopdesk.notify.topics import Topic
+from stopdesk.notify.topics import CHOOSABLE
 
 
 @login_required
@@ -29,18 +29,22 @@ def email_choices(request: HttpRequest) -> HttpResponse:
     error = ""
     if request.method == "POST":
         chosen = request.POST.getlist("topics")
-        unknown = sorted(set(chosen) - set(Topic.values))
+        unknown = sorted(set(chosen) - {t.value for t in CHOOSABLE})
         if unknown:
             error = f"Unknown topic(s): {', '.join(unknown)}."
         else:
-            EmailPreference.objects.update_or_create(user=user, defaults={"topics": sorted(set(chosen))})
+            per_item = request.POST.get("per_item") == "on"
+            EmailPreference.objects.update_or_create(
+                user=user, defaults={"topics": sorted(set(chosen)), "per_item": per_item}
+            )
             return redirect("notify-email")
     groups = set(user.groups.values_list("name", flat=True))
     current = email_topics(user, groups)
-    chosen_before = EmailPreference.objects.filter(user=user).exists()
+    saved = EmailPreference.objects.filter(user=user).first()
     context = {
-        "topics": [(t.value, t.label, t.value in current) for t in Topic],
-        "chosen_before": chosen_before,
+        "topics": [(t.value, t.label, t.value in current) for t in CHOOSABLE],
+        "per_item": bool(saved and saved.per_item),
+        "chosen_before": saved is not None,
         "email": user.email,
         "error": error,
     }

@@ -27,10 +27,20 @@ def receiver(receiver_server):  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def endpoint(receiver_server, db):  # type: ignore[no-untyped-def]
+    """An endpoint that asked for one message per item: what the delivery tests follow."""
     from stopdesk.notify.models import WebhookEndpoint
 
     party, server = receiver_server
-    return WebhookEndpoint.objects.create(name="ops", url=server.url + "/hooks", secret=party.secret)
+    return WebhookEndpoint.objects.create(name="ops", url=server.url + "/hooks", secret=party.secret, per_item=True)
+
+
+@pytest.fixture
+def digest_endpoint(receiver_server, db):  # type: ignore[no-untyped-def]
+    """An endpoint as it is created by default: per-item alerts reach it as digests."""
+    from stopdesk.notify.models import WebhookEndpoint
+
+    party, server = receiver_server
+    return WebhookEndpoint.objects.create(name="team", url=server.url + "/hooks", secret=party.secret)
 
 
 @pytest.fixture(autouse=True)

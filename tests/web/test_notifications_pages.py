@@ -9,6 +9,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from stopdesk.notify.delivery import notifications_deliver
+from stopdesk.notify.digest import digests_send
 from stopdesk.notify.models import Delivery, EmailPreference, Notification
 from stopdesk.notify.topics import Topic
 from stopdesk.services.transitions import item_transition
@@ -56,6 +57,7 @@ def test_the_queue_counts_stop_at_a_cap_and_say_so_and_metrics_count_exactly():
 
 def test_the_deliveries_page_is_for_admins_and_lists_deliveries(as_user, roles):
     _uncertain(1)
+    digests_send(now=timezone.now() + timedelta(minutes=5))  # the reviewers' digest of it
     notifications_deliver(list(Notification.objects.values_list("id", flat=True)))
     assert Delivery.objects.exists()
     assert as_user("reviewer").get(reverse("notify-deliveries")).status_code == 302  # not staff: sign in as one
@@ -76,3 +78,17 @@ def test_a_person_chooses_their_email_topics_and_a_bad_topic_writes_nothing(as_u
     client.post(reverse("notify-email"), {"topics": [Topic.ITEM_UNCERTAIN]})
     assert EmailPreference.objects.get(user=roles["approver"]).topics == [Topic.ITEM_UNCERTAIN]
     assert 'value="compensation_proposed" checked' not in client.get(reverse("notify-email")).content.decode()
+
+
+def test_a_person_asks_for_one_email_per_item_besides_the_digest(as_user, roles):
+    client = as_user("reviewer")
+    page = client.get(reverse("notify-email")).content.decode()
+    assert 'name="per_item"' in page and 'name="per_item" aria-describedby="per-item-help" checked' not in page
+    assert 'value="task_digest"' not in page  # a digest goes with the topics it gathers
+    client.post(reverse("notify-email"), {"topics": [Topic.ITEM_UNCERTAIN], "per_item": "on"})
+    choice = EmailPreference.objects.get(user=roles["reviewer"])
+    assert choice.per_item and choice.topics == [Topic.ITEM_UNCERTAIN]
+    assert (
+        'name="per_item" aria-describedby="per-item-help" checked'
+        in client.get(reverse("notify-email")).content.decode()
+    )
