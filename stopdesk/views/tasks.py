@@ -95,7 +95,14 @@ def task_stop(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
             return response
         return render(request, "tasks/detail.html", context)
     task = perms.task_for(request.user, task_id)
-    reason = request.POST.get("reason", "").strip()[:STOP_REASON_MAX]
+    reason = request.POST.get("reason", "").strip()
+    if len(reason) > STOP_REASON_MAX:
+        # Refused whole, as the runtime API refuses it (422 naming the field): never cut short.
+        context = _task_context(request, task_id, confirm=True)
+        context["typed_reason"] = reason  # given back, to shorten rather than type again
+        context["reason_error"] = f"The reason is {len(reason):,} characters; at most {STOP_REASON_MAX:,} are kept."
+        template = "tasks/detail.html#stop-action" if request.htmx else "tasks/detail.html"
+        return render(request, template, context, status=400)
     task_request_stop(task_id=task.pk, actor=actor_for(request.user), by=request.user, reason=reason)
     if not request.htmx:
         return redirect("task-detail", task_id=task.pk)
