@@ -136,8 +136,12 @@ def test_a_registration_racing_the_close_either_commits_before_it_or_is_refused(
     while len(registered) < 20:
         pass
     closed, _ = task_close(task_id=task.pk, actor="runtime:test")
+    at_close = WorkItem.objects.filter(task=task).count()
     for t in threads:
         t.join()
+
+    # Nothing committed after the close: the registrations under way when it came finished first.
+    assert WorkItem.objects.filter(task=task).count() == at_close
 
     assert refused, "the close should land mid-race for this test to mean anything"
     items = WorkItem.objects.filter(task=task, noun="vendor", state=S.QUEUED)
