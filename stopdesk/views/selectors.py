@@ -46,11 +46,13 @@ def tasks_listing(tasks: QuerySet[Task], *, status: str = "", q: str = "") -> Qu
     stopped = Q(stop_requested_at__isnull=False)
     unsettled = Exists(WorkItem.objects.filter(task=OuterRef("pk"), state__in=UNSETTLED))
     uncertain = Exists(WorkItem.objects.filter(task=OuterRef("pk"), state=S.UNCERTAIN))
+    # Running until closed: a task whose items have all settled may get new work (services/closing.py).
+    closed = Q(closed_at__isnull=False)
     filters = {
-        "running": ~stopped & Q(unsettled),
+        "running": ~stopped & (Q(unsettled) | ~closed),
         "stopping": stopped & Q(unsettled),
         "stopped": stopped & ~Q(unsettled),
-        "finished": ~stopped & ~Q(unsettled),
+        "finished": ~stopped & ~Q(unsettled) & closed,
         "review": Q(uncertain),
     }
     if status in filters:
@@ -74,7 +76,7 @@ def tasks_flag(tasks: list[Task]) -> None:
 def task_status(task: Any) -> str:
     if task.stop_requested_at:
         return "stopping" if task.has_unsettled else "stopped"
-    return "running" if task.has_unsettled else "finished"
+    return "finished" if task.closed_at is not None and not task.has_unsettled else "running"
 
 
 @dataclass

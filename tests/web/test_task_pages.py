@@ -49,6 +49,19 @@ def test_task_list_filters_by_state_and_searches(as_user):
     assert "Running one" in html
 
 
+def test_the_list_calls_a_settled_open_task_running_and_only_a_closed_one_finished(as_user):
+    open_task = make_task("Between two children")
+    make_item(open_task, state=S.COMPLETED)
+    closed_task = make_task("Closed by its runtime")
+    make_item(closed_task, state=S.COMPLETED)
+    task_close(task_id=closed_task.pk, actor="runtime:test")
+    client = as_user("operator")
+    running = client.get(reverse("task-list"), {"status": "running"}).content.decode()
+    assert "Between two children" in running and "Closed by its runtime" not in running
+    finished = client.get(reverse("task-list"), {"status": "finished"}).content.decode()
+    assert "Closed by its runtime" in finished and "Between two children" not in finished
+
+
 def test_task_list_paginates(as_user):
     for n in range(30):
         make_task(f"Task number {n}")
