@@ -170,3 +170,18 @@ def test_a_too_long_reason_is_refused_whole_by_both_doors_and_writes_nothing(api
     # At the limit, both doors keep it whole.
     assert dashboard.post(f"/tasks/{task_id}/stop/", {"reason": "y" * 2000}).status_code == 302
     assert StopRequest.objects.get(task_id=task_id).reason == "y" * 2000
+
+
+def test_closing_answers_alike_in_process_and_over_the_api(api):
+    local = LocalRuntime(runtime=Runtime.objects.get())
+    in_process = _settled_task(api)
+    over_http = _settled_task(api)
+    closed_here = local.close_task(in_process, reason="done").to_json()
+    closed_there = api.post(f"/tasks/{over_http}/close", {"reason": "done"}).body
+    assert closed_here["closed"] is closed_there["closed"] is True
+    assert set(closed_here) == set(closed_there)
+    # Idempotent at both doors: the second close changes nothing.
+    assert local.close_task(in_process).to_json()["closed_at"] == closed_here["closed_at"]
+    assert api.post(f"/tasks/{over_http}/close", {}).body["closed_at"] == closed_there["closed_at"]
+    # Another runtime's task is not found, whichever door.
+    assert api.post("/tasks/999999/close", {}).status == 404
