@@ -117,9 +117,10 @@ class TaskOverview:
 
     @property
     def over(self) -> bool:
-        """No work can start and none is moving: closed, or stopped (the boundary refuses every
-        start), with nothing left unsettled. Only then does the page stop refreshing."""
-        return self.unsettled == 0 and (self.closed or self.task.stop_requested_at is not None)
+        """Closed, with nothing left unsettled: nothing can start or change any more. Only then
+        does the page stop refreshing (a stopped task keeps refreshing until it closes, so a late
+        result shows up live)."""
+        return self.closed and self.unsettled == 0
 
     @property
     def stop_offered(self) -> bool:

@@ -229,3 +229,17 @@ def test_the_page_shows_when_the_task_settled_as_the_api_does(as_user):
     assert task.settled_at is not None
     html = as_user("operator").get(reverse("task-detail", args=[task.pk])).content.decode()
     assert f'settled <time datetime="{task.settled_at.isoformat()}' in html
+
+
+def test_a_stopped_settled_task_keeps_refreshing_until_it_closes(as_user):
+    from stopdesk.services.stop import task_request_stop
+
+    task = make_task("Stopped between two children")
+    make_item(task, state=S.COMPLETED)
+    task_request_stop(task_id=task.pk, actor="user:operator", dispatch=lambda ids: None)
+    client = as_user("operator")
+    page = client.get(reverse("task-detail", args=[task.pk])).content.decode()
+    assert "Stop…" not in page and 'hx-trigger="every 1s"' in page
+    assert client.get(reverse("task-detail", args=[task.pk]), **htmx("live")).status_code == 200
+    task_close(task_id=task.pk, actor="system:idle-close")
+    assert client.get(reverse("task-detail", args=[task.pk]), **htmx("live")).status_code == 286
