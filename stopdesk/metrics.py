@@ -22,6 +22,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from stopdesk.api.auth import bearer_token
+from stopdesk.api.errors import error_response
+from stopdesk.client.errors import Unauthorized
 from stopdesk.notify.models import Heartbeat
 from stopdesk.notify.selectors import UNSEALED_CAP, age_seconds, audit_backlog, review_queue_facts
 from stopdesk.notify.tally import SETTLE_BUCKETS, TALLY
@@ -134,8 +137,8 @@ def metrics_text() -> bytes:
 
 def _authorised(request: HttpRequest) -> bool:
     token = settings.STOPDESK_METRICS_TOKEN
-    given = request.headers.get("Authorization", "")
-    return bool(token) and hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
+    given = bearer_token(request.headers.get("Authorization", ""))
+    return bool(token) and hmac.compare_digest(given.encode(), token.encode())
 
 
 @never_cache
@@ -144,7 +147,8 @@ def metrics(request: HttpRequest) -> HttpResponse:
     if not settings.STOPDESK_METRICS_TOKEN:
         return HttpResponse("metrics are off: set STOPDESK_METRICS_TOKEN\n", status=404, content_type="text/plain")
     if not _authorised(request):
-        response = HttpResponse("a bearer token is required\n", status=401, content_type="text/plain")
+        # The runtime API's refusal, in its shape (stopdesk.api.errors), with this realm.
+        response = error_response(Unauthorized("Send the metrics token as 'Authorization: Bearer <token>'."))
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response
     return HttpResponse(metrics_text(), content_type=CONTENT_TYPE)

@@ -56,6 +56,10 @@ class Task(models.Model):
     # starts an item; it is set exactly once.
     stop_requested_at = models.DateTimeField(null=True, blank=True, db_index=True)
     settled_at = models.DateTimeField(null=True, blank=True)
+    # Set once, when the runtime says the task is over or it stayed idle past the timeout
+    # (stopdesk.services.closing): from then on no new work can be registered. Until then a task
+    # whose items have all settled is still open, and still offers Stop.
+    closed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -64,6 +68,8 @@ class Task(models.Model):
             models.Index(fields=["created_at", "id"], name="task_created"),
             # The settle sweep's candidates: tasks not settled yet, however long the history.
             models.Index(fields=["id"], condition=Q(settled_at__isnull=True), name="task_unsettled"),
+            # The idle-close sweep's candidates: open tasks, by when they settled.
+            models.Index(fields=["settled_at"], condition=Q(closed_at__isnull=True), name="task_open_settled"),
         ]
 
     def __str__(self) -> str:
@@ -73,6 +79,10 @@ class Task(models.Model):
     @property
     def is_stopped(self) -> bool:
         return self.stop_requested_at is not None
+
+    @property
+    def is_closed(self) -> bool:
+        return self.closed_at is not None
 
 
 class WorkItem(models.Model):

@@ -213,6 +213,8 @@ CELERY_BEAT_SCHEDULE = {
     # Tasks whose items have all settled but whose settle check after commit never ran (the
     # process died) or raced (stopdesk/services/transitions/settled.py).
     "settle-tasks": {"task": "stopdesk.settle_tasks", "schedule": 60.0},
+    # Open tasks idle past STOPDESK_TASK_IDLE_CLOSE_MINUTES are closed (stopdesk/services/closing.py).
+    "close-idle-tasks": {"task": "stopdesk.close_idle_tasks", "schedule": 60.0},
     # Bounded batch of items awaiting reconciliation or due for a re-check (reconcile/services).
     "reconcile-sweep": {"task": "reconcile.sweep", "schedule": 5.0},
     # Approved compensations whose job was lost are queued again; ones whose worker died mid-run
@@ -239,6 +241,9 @@ STOPDESK = {
     "LEASE_SECONDS": config.integer("STOPDESK_LEASE_SECONDS", 60),
     "HEARTBEAT_SECONDS": config.integer("STOPDESK_HEARTBEAT_SECONDS", 10),
     "INVESTIGATE_BY_HOURS": config.integer("STOPDESK_INVESTIGATE_BY_HOURS", 24),
+    # An open task with no new work this long (settled that long ago, or no item since it was
+    # created) is closed by the idle-close sweep; until then it keeps its Stop (services/closing.py).
+    "TASK_IDLE_CLOSE_MINUTES": config.integer("STOPDESK_TASK_IDLE_CLOSE_MINUTES", 60),
 }
 
 # Notifications (stopdesk/notify): who hears what is chosen per person (defaults by role); the

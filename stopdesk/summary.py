@@ -84,10 +84,12 @@ def task_summary(task: Task) -> str:
         .annotate(n=Count("item", distinct=True), late=Count("item", distinct=True, filter=contradicted))
         .order_by("item__noun", "effect")
     )
-    return compose([dict(r) for r in rows], [dict(e) for e in effects], stopped=task.is_stopped)
+    return compose(
+        [dict(r) for r in rows], [dict(e) for e in effects], stopped=task.is_stopped, closed=task.closed_at is not None
+    )
 
 
-def compose(rows: list[dict[str, Any]], effects: list[dict[str, Any]], *, stopped: bool) -> str:
+def compose(rows: list[dict[str, Any]], effects: list[dict[str, Any]], *, stopped: bool, closed: bool = True) -> str:
     """rows: per (state, reported, noun, kind): n items, of which `started` had started and
     `reconciled` were in flight when Stop came. effects: per (noun, effect, reversible) of items
     whose latest outcome is completed: n items, of which `late` were recorded otherwise first."""
@@ -136,6 +138,9 @@ def compose(rows: list[dict[str, Any]], effects: list[dict[str, Any]], *, stoppe
     elif unsettled:
         done = total - unsettled
         sentences.append(f"Running: {done} of {total} {'item' if total == 1 else 'items'} finished.")
+    elif not closed:
+        # Settled is not over: an open task can get new work at any moment (services/closing.py).
+        sentences.append("Every item so far has finished; the task is still open.")
     else:
         sentences.append("Finished.")
 

@@ -6,6 +6,7 @@ from django.core.cache import cache
 from django.db import close_old_connections
 
 from stopdesk.services.audit_seal import audit_seal
+from stopdesk.services.closing import tasks_close_idle
 from stopdesk.services.partitions import event_partitions_ensure
 from stopdesk.services.reaper import api_replays_purge, items_reap_stale
 from stopdesk.services.stop import stops_resume_fanout
@@ -48,6 +49,11 @@ def settle_tasks() -> int:
     settled, after = tasks_settle_sweep(after=cache.get(SETTLE_CURSOR, 0))
     cache.set(SETTLE_CURSOR, after, None)
     return len(settled)
+
+
+@shared_task(name="stopdesk.close_idle_tasks", time_limit=120, soft_time_limit=110)
+def close_idle_tasks() -> int:
+    return len(tasks_close_idle())
 
 
 @worker_ready.connect

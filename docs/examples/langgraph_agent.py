@@ -72,6 +72,8 @@ async def main() -> None:
             print(state["messages"][-1].content)
         except RunStopped:
             print("stopped: the run ended and no tool ran after Stop")
+        # The task is over: it takes no new work. Until this, it stays open and keeps its Stop.
+        await sd.close_task(task.id)
         print((await sd.get_task(task.id)).summary)
 
 

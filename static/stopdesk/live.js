@@ -3,7 +3,13 @@
    replaced while a person is using it (an open form, focus inside it, typed text): the next poll
    after they are done brings it up to date. A part whose content did not change is not replaced
    at all, so nothing moves on the screen and a live region announces each change once. Evidence
-   trails a person opened stay open across refreshes. */
+   trails a person opened stay open across refreshes.
+
+   Focus follows a person's own swaps at once: into the field marked autofocus (the Stop
+   confirmation's reason), or, when the control they used is gone (Stop was pressed), to the new
+   state it names in data-focus-next. htmx would focus [autofocus] only when the swap settles,
+   20 ms later; a key pressed in between went nowhere, and a check of the focus in that gap found
+   <body>. */
 (function () {
   "use strict";
 
@@ -25,6 +31,26 @@
     copy.querySelectorAll(".htmx-added").forEach(function (n) { n.classList.remove("htmx-added"); });
     return copy.isEqualNode(incoming);
   }
+
+  function focusLost() {
+    var active = document.activeElement;
+    return !active || active === document.body || !document.body.contains(active);
+  }
+
+  // htmx:afterSwap fires on each new element, in the same task as the swap itself. Only the
+  // element the request targeted moves focus: a refresh's out-of-band parts never do.
+  document.addEventListener("htmx:afterSwap", function (event) {
+    var el = event.target;
+    var target = event.detail && event.detail.target;
+    if (!el || !el.id || !target || target.id !== el.id || !focusLost()) return;
+    var next = el.matches("[autofocus]") ? el : el.querySelector("[autofocus]");
+    if (next) {
+      next.removeAttribute("autofocus"); // focused now; htmx's settle must not take it back later
+    } else if (el.dataset.focusNext) {
+      next = document.getElementById(el.dataset.focusNext);
+    }
+    if (next) next.focus();
+  });
 
   document.addEventListener("htmx:oobBeforeSwap", function (event) {
     var target = event.detail.target;

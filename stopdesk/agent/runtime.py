@@ -29,6 +29,7 @@ from pydantic import BaseModel
 from stopdesk.agent import schemas
 from stopdesk.client.action import ExternalAction
 from stopdesk.client.errors import Conflict, IdempotencyKeyReused, InvalidRequest, NotFound, StopRequested
+from stopdesk.client.errors import TaskClosed as ClientTaskClosed
 from stopdesk.client.types import (
     HeartbeatInfo,
     ItemInfo,
@@ -40,7 +41,15 @@ from stopdesk.client.types import (
     TaskInfo,
 )
 from stopdesk.models import ApiIdempotency, ExternalRecord, Runtime, StopRequest, Task, WorkItem
-from stopdesk.services.errors import HandleConflict, IllegalTransition, TaskStopped, ToolNotReady, UnknownMechanism
+from stopdesk.services.closing import task_close
+from stopdesk.services.errors import (
+    HandleConflict,
+    IllegalTransition,
+    TaskClosed,
+    TaskStopped,
+    ToolNotReady,
+    UnknownMechanism,
+)
 from stopdesk.services.items import (
     item_attach_record,
     item_finish,
@@ -110,6 +119,14 @@ class LocalRuntime:
             task_id=task.pk, actor=self.actor, reason=args.reason, dispatch=self.dispatch or _dispatch_or_log
         )
         return stop_info(outcome.stop_request, created=outcome.created)
+
+    def close_task(self, task_id: int, *, reason: str = "") -> TaskInfo:
+        """Say the task is over: it takes no new work from now on (a registration is refused with
+        TaskClosed). Until then a task whose items have all settled stays open and keeps its Stop.
+        Idempotent."""
+        args = schemas.CloseTask.parse({"reason": reason})
+        task, _ = task_close(task_id=self._task(task_id).pk, actor=self.actor, reason=args.reason)
+        return task_info(task)
 
     def watch_stop(self, task_id: int, *, poll_s: float = 25.0) -> LocalStopWatch:
         """A handle set (like a threading.Event) the moment the task's Stop commits, pushed by the
@@ -565,6 +582,8 @@ def _ledger_errors() -> Iterator[None]:
         yield
     except TaskStopped as exc:
         raise StopRequested(str(exc), task=exc.task_id, item=exc.item_id) from exc
+    except TaskClosed as exc:
+        raise ClientTaskClosed(str(exc), task=exc.extra.get("task")) from exc
     except IllegalTransition as exc:
         raise Conflict(str(exc), state=exc.current, item=exc.item_id) from exc
     except ToolNotReady as exc:
@@ -583,6 +602,8 @@ def task_info(task: Task) -> TaskInfo:
         stop_requested_at=task.stop_requested_at,
         settled_at=task.settled_at,
         stopped=task.stop_requested_at is not None,
+        closed_at=task.closed_at,
+        closed=task.closed_at is not None,
     )
 
 

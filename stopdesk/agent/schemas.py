@@ -172,6 +172,10 @@ class RequestStop(Body):
     reason: Text(2000) = ""  # type: ignore[valid-type]
 
 
+class CloseTask(Body):
+    reason: Text(2000) = ""  # type: ignore[valid-type]
+
+
 # The calls a framework run makes most (stopdesk.agent.frameworks.local.FrameworkRuntime), over HTTP.
 
 

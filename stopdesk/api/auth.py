@@ -12,11 +12,17 @@ def authenticate(request: HttpRequest) -> Runtime:
     return runtime_for(request.headers.get("Authorization", ""))
 
 
+def bearer_token(authorization: str) -> str:
+    """The token of an `Authorization: Bearer <token>` header, "" if it is not one. The scheme is
+    case-insensitive (RFC 9110, section 11.1): the runtime API and /metrics read it here alike."""
+    scheme, _, token = authorization.strip().partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
 def runtime_for(authorization: str) -> Runtime:
     """The runtime an Authorization header's bearer token belongs to."""
-    scheme, _, token = authorization.partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token:
+    token = bearer_token(authorization)
+    if not token:
         raise Unauthorized("Send the runtime's token as 'Authorization: Bearer <token>'.")
     runtime = Runtime.objects.filter(token_hash=Runtime.hash_token(token), revoked_at__isnull=True).first()
     if runtime is None:

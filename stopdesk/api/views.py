@@ -214,9 +214,10 @@ def get_task(sd: LocalRuntime, args: None, key: None, task_id: int) -> Any:
     return sd.get_task(task_id)
 
 
-@endpoint("POST", "/tasks/{task_id}/items", body=schemas.RegisterItem, returns="ItemInfo", status=201)
+@endpoint("POST", "/tasks/{task_id}/items", body=schemas.RegisterItem, returns="ItemInfo", status=201, conflicts=True)
 def register(sd: LocalRuntime, args: schemas.RegisterItem, key: str | None, task_id: int) -> Any:
-    """Register a work item before dispatching it. Allowed after Stop, but such an item can never start."""
+    """Register a work item before dispatching it. Allowed after Stop, but such an item can never start. A closed
+    task takes no new work: 409 task_closed, and nothing is written."""
     return sd.register(task_id, **args.model_dump(), request_key=key)
 
 
@@ -226,6 +227,14 @@ def register(sd: LocalRuntime, args: schemas.RegisterItem, key: str | None, task
 def request_stop(sd: LocalRuntime, args: schemas.RequestStop, key: None, task_id: int) -> Any:
     """Request Stop. Idempotent: every call returns the task's one stop request (`created` only the first time)."""
     return sd.request_stop(task_id, reason=args.reason)  # traced as `stopdesk.stop` by the service
+
+
+@endpoint("POST", "/tasks/{task_id}/close", body=schemas.CloseTask, returns="TaskInfo", replayable=False)
+def close_task(sd: LocalRuntime, args: schemas.CloseTask, key: None, task_id: int) -> Any:
+    """Say the task is over: from now on it takes no new work (registering is 409 task_closed, writing nothing).
+    Until then a task whose items have all settled stays open and keeps its Stop; an open task idle for
+    STOPDESK_TASK_IDLE_CLOSE_MINUTES is closed by the server. Idempotent."""
+    return sd.close_task(task_id, reason=args.reason)
 
 
 @endpoint("GET", "/items/{item_id}", returns="ItemInfo")
@@ -318,7 +327,8 @@ def cancel(sd: LocalRuntime, args: schemas.Cancel, key: str | None, item_id: int
 def register_started(sd: FrameworkRuntime, args: schemas.RegisterStarted, key: str | None, task_id: int) -> Any:
     """Register a work item and pass the boundary in one request: started, or submitted with `submit_key` (an
     external action). For work that starts the moment it is known (a framework's tool call or model request).
-    After Stop: 409 task_stopped naming the item, which is recorded, cancelled."""
+    After Stop: 409 task_stopped naming the item, which is recorded, cancelled. On a closed task: 409 task_closed,
+    and nothing is written."""
     fields = args.model_dump()
     if args.parent is not None and not WorkItem.objects.filter(pk=args.parent, task_id=sd._task(task_id).pk).exists():
         raise InvalidRequest("parent must be an item of the same task.", field="parent")

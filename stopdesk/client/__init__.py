@@ -27,6 +27,7 @@ from stopdesk.client.errors import (
     ServerError,
     StopdeskError,
     StopRequested,
+    TaskClosed,
     Unauthorized,
 )
 from stopdesk.client.sync import Client
@@ -52,6 +53,7 @@ __all__ = [
     "StopWatch",
     "StopWatchInfo",
     "StopdeskError",
+    "TaskClosed",
     "TaskDetail",
     "TaskInfo",
     "Unauthorized",

@@ -90,6 +90,12 @@ class AsyncClient:
     async def request_stop(self, task_id: int, *, reason: str = "") -> StopInfo:
         return await self._run(calls.request_stop(task_id, reason))
 
+    async def close_task(self, task_id: int, *, reason: str = "") -> TaskInfo:
+        """Say the task is over: it takes no new work from now on (a registration is refused with
+        TaskClosed). Until then a task whose items have all settled stays open and keeps its Stop.
+        Idempotent."""
+        return await self._run(calls.close_task(task_id, reason))
+
     async def watch_stop(self, task_id: int, *, poll_s: float = POLL_S) -> StopWatchInfo:
         """Return the moment the task's Stop commits (long polls answered by push)."""
         return await watch_stop_async(self, task_id, poll_s=poll_s)

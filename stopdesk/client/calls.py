@@ -106,6 +106,11 @@ def request_stop(task_id: int, reason: str) -> Call[StopInfo]:
     return _post(f"/tasks/{int(task_id)}/stop", {"reason": reason}, StopInfo.from_json, None, keyed=False, safe=True)
 
 
+def close_task(task_id: int, reason: str) -> Call[TaskInfo]:
+    # Closing is idempotent by nature: a repeat finds the task closed and changes nothing.
+    return _post(f"/tasks/{int(task_id)}/close", {"reason": reason}, TaskInfo.from_json, None, keyed=False, safe=True)
+
+
 # The calls a framework run makes most, each one request. Only register_started carries a key: the
 # others are safe to repeat by nature (the same result, a report of the stop, a launched call
 # recorded by its call id, a settle check, a read).

@@ -85,6 +85,13 @@ class NotFound(StopdeskError):
     code = "not_found"
 
 
+class TaskClosed(StopRequested):
+    """The task was closed (its runtime said it is over, or it stayed idle past the timeout): it
+    takes no new work. A StopRequested, so an agent loop that ends on Stop ends here too."""
+
+    code = "task_closed"
+
+
 class Conflict(StopdeskError):
     """The item's state does not allow the move; `state` names the current one."""
 
@@ -130,6 +137,8 @@ def error_from_response(status: int, body: Any) -> StopdeskError:
     extra = {k: v for k, v in body.items() if k not in ("error", "detail", "field")}
     if code == StopRequested.code:
         return StopRequested(detail, **extra)
+    if code == TaskClosed.code:
+        return TaskClosed(detail, **extra)
     cls = _BY_STATUS.get(status, ServerError if status >= 500 else StopdeskError)
     if status == 422 and code == IdempotencyKeyReused.code:
         cls = IdempotencyKeyReused

@@ -82,6 +82,12 @@ class Client:
     def request_stop(self, task_id: int, *, reason: str = "") -> StopInfo:
         return self._run(calls.request_stop(task_id, reason))
 
+    def close_task(self, task_id: int, *, reason: str = "") -> TaskInfo:
+        """Say the task is over: it takes no new work from now on (a registration is refused with
+        TaskClosed). Until then a task whose items have all settled stays open and keeps its Stop.
+        Idempotent."""
+        return self._run(calls.close_task(task_id, reason))
+
     def watch_stop(self, task_id: int, *, poll_s: float = POLL_S) -> StopWatch:
         """A handle set (like a threading.Event) the moment the task's Stop commits. One daemon
         thread long-polls the server, which answers by push, not by polling the database."""

@@ -47,8 +47,12 @@ class TaskInfo(_Json):
     stop_requested_at: datetime | None = None
     settled_at: datetime | None = None
     stopped: bool = False
+    # Closed: the runtime said the task is over, or it stayed idle past the timeout; it takes no
+    # new work. A task whose items have all settled is not closed by that alone.
+    closed_at: datetime | None = None
+    closed: bool = False
 
-    _datetimes = frozenset({"created_at", "stop_requested_at", "settled_at"})
+    _datetimes = frozenset({"created_at", "stop_requested_at", "settled_at", "closed_at"})
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ runtime does, in stages, paced so a person has time to press Stop at each one:
 2. tools:  an MCP tool call (a remote tool; read-only, so stopping it costs nothing);
 3. record: a CRM record, created with an idempotency key (reversible: archive, with approval);
 4. email:  a message through the outbox (irreversible: it can only be reported);
-5. done:   waits for the drafts, then finishes.
+5. done:   waits for the drafts, then finishes and closes its task (no more work will come).
 
 Every child is registered before it is started, and passes the boundary before it starts and
 before its external action (the agent helpers `response_create` and `http_submit` in `stopdesk.agent` do both). Between
@@ -32,6 +32,7 @@ from stopdesk.agent.openai import openai_client, response_create
 from stopdesk.agent.workers import LedgerTask, StopRequested
 from stopdesk.demo import sandbox
 from stopdesk.logs import log_context
+from stopdesk.services.closing import task_close
 from stopdesk.services.errors import TaskStopped
 from stopdesk.services.items import item_finish, item_register
 from stopdesk.states import Kind
@@ -223,10 +224,14 @@ def invoice_analysis(
 ) -> dict[str, Any]:
     agent = InvoiceAnalysis(self, task_id=stopdesk_task_id, item_id=item_id, fast_until=fast_until, pace=pace)
     try:
-        return agent.run()
+        result = agent.run()
     except TaskStopped as exc:
         # A child was refused at the boundary: Stop came first, nothing was sent for it.
         raise StopRequested() from exc
+    # The agent owns its whole task, so it says when the task is over; until then the task page
+    # keeps offering Stop, even while every child so far has settled.
+    task_close(task_id=stopdesk_task_id, actor=agent.actor, reason="The invoice analysis finished.")
+    return result
 
 
 def _system_url(name: str) -> str:

@@ -1,4 +1,5 @@
 from stopdesk.client.errors import StopRequested
+from stopdesk.client.errors import TaskClosed as ClientTaskClosed
 
 
 class LedgerError(Exception):
@@ -18,6 +19,17 @@ class TaskStopped(LedgerError, StopRequested):
     def __init__(self, task_id: int, item_id: int | None = None) -> None:
         super().__init__(
             f"Task {task_id} was stopped; item {item_id} was not started and is cancelled.", task=task_id, item=item_id
+        )
+
+
+class TaskClosed(LedgerError, ClientTaskClosed):
+    """The task is closed: nothing new is registered on it, and nothing was written."""
+
+    code = "task_closed"
+
+    def __init__(self, task_id: int) -> None:
+        super().__init__(
+            f"Task {task_id} is closed; it takes no new work. Create a new task for new work.", task=task_id
         )
 
 

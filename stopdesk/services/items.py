@@ -15,6 +15,7 @@ from django.utils.module_loading import import_string
 from reconcile.mechanisms import registry
 from stopdesk.models import ExternalRecord, Task, WorkItem
 from stopdesk.record_ids import record_id_problem
+from stopdesk.services.closing import task_open_check
 from stopdesk.services.errors import HandleConflict, IllegalTransition, InvalidRecordId, TaskStopped, UnknownMechanism
 from stopdesk.services.events import event_record
 from stopdesk.services.sql import ClockNow, is_postgres
@@ -64,11 +65,14 @@ def item_register(
     on the provider's side, found in its output): it is registered and then recorded running
     (`item_observed_started`), because it did start, and is not cancelled by a Stop that came
     after it started. Its start is `started_at` when the caller knows it, else the start of the
-    parent that launched it (the response was active then), never the time it was found."""
+    parent that launched it (the response was active then), never the time it was found.
+
+    A closed task takes no new work: TaskClosed, and nothing is written."""
     _registrable(kind=kind, mechanism=mechanism, detail=detail)
     task_id = task if isinstance(task, int) else task.pk
     parent_id = parent if isinstance(parent, int) or parent is None else parent.pk
     with transaction.atomic():
+        task_open_check(task_id=task_id)
         item = WorkItem.objects.create(
             task_id=task_id,
             parent_id=parent_id,

@@ -46,11 +46,13 @@ def tasks_listing(tasks: QuerySet[Task], *, status: str = "", q: str = "") -> Qu
     stopped = Q(stop_requested_at__isnull=False)
     unsettled = Exists(WorkItem.objects.filter(task=OuterRef("pk"), state__in=UNSETTLED))
     uncertain = Exists(WorkItem.objects.filter(task=OuterRef("pk"), state=S.UNCERTAIN))
+    # Running until closed: a task whose items have all settled may get new work (services/closing.py).
+    closed = Q(closed_at__isnull=False)
     filters = {
-        "running": ~stopped & Q(unsettled),
+        "running": ~stopped & (Q(unsettled) | ~closed),
         "stopping": stopped & Q(unsettled),
         "stopped": stopped & ~Q(unsettled),
-        "finished": ~stopped & ~Q(unsettled),
+        "finished": ~stopped & ~Q(unsettled) & closed,
         "review": Q(uncertain),
     }
     if status in filters:
@@ -74,7 +76,7 @@ def tasks_flag(tasks: list[Task]) -> None:
 def task_status(task: Any) -> str:
     if task.stop_requested_at:
         return "stopping" if task.has_unsettled else "stopped"
-    return "running" if task.has_unsettled else "finished"
+    return "finished" if task.closed_at is not None and not task.has_unsettled else "running"
 
 
 @dataclass
@@ -103,19 +105,39 @@ class TaskOverview:
     @property
     def settled(self) -> bool:
         """Nothing left moving. A task with no items yet is not settled unless it was stopped:
-        its agent may still register work, and the page keeps watching for it."""
+        its agent may still register work, and the page keeps watching for it. Settled is not
+        over: an open task can get new work at any moment (see `closed`)."""
         return self.unsettled == 0 and (self.total > 0 or self.task.stop_requested_at is not None)
 
     @property
+    def closed(self) -> bool:
+        """The runtime said the task is over, or it stayed idle past the timeout: it takes no new
+        work (stopdesk.services.closing)."""
+        return self.task.closed_at is not None
+
+    @property
+    def over(self) -> bool:
+        """Closed, with nothing left unsettled: nothing can start or change any more. Only then
+        does the page stop refreshing (a stopped task keeps refreshing until it closes, so a late
+        result shows up live)."""
+        return self.closed and self.unsettled == 0
+
+    @property
+    def stop_offered(self) -> bool:
+        """Stop is offered whenever work can still start: until a stop is recorded, unless the
+        task is closed with nothing left moving."""
+        return self.stop_request is None and not (self.closed and self.unsettled == 0)
+
+    @property
     def finished(self) -> bool:
-        """Every item reached its outcome without a Stop: there is nothing left to stop."""
-        return self.settled and self.task.stop_requested_at is None
+        """Closed without a Stop, every item at its outcome: nothing can start, nothing to stop."""
+        return self.over and self.task.stop_requested_at is None
 
     @property
     def status(self) -> str:
         if self.task.stop_requested_at:
             return "stopping" if self.unsettled else "stopped"
-        return "running" if self.unsettled else "finished"
+        return "finished" if self.finished else "running"
 
 
 def items_with_trail(items: QuerySet[WorkItem]) -> QuerySet[WorkItem]:

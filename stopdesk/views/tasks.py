@@ -23,6 +23,7 @@ from stopdesk.views.selectors import (
 )
 
 POLL_SETTLED = 286  # htmx stops polling on this status
+STOP_REASON_MAX = 2000  # as the runtime API takes it (stopdesk.agent.schemas.RequestStop)
 
 
 @perms.require(perms.VIEW)
@@ -63,7 +64,7 @@ def _live(request: HtmxHttpRequest, context: dict, primary: str | None) -> HttpR
     for name in LIVE_PARTS:
         if name != primary:
             parts.append(render_to_string(f"tasks/detail.html#{name}", {**context, "oob": True}, request))
-    status = POLL_SETTLED if context["o"].settled else 200
+    status = POLL_SETTLED if context["o"].over else 200
     return HttpResponse("".join(parts), status=status)
 
 
@@ -81,21 +82,27 @@ def task_detail(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 @perms.require(perms.STOP)
 def task_stop(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
-    """GET is the confirmation step; POST is Stop. A repeated POST (a second click, a second
-    browser) gets the same stop request back: task_request_stop is idempotent. A task whose every
-    item already finished is not stopped: the page says why instead."""
+    """GET is the confirmation step; POST is Stop, and always records it, as the runtime API
+    does: a task whose items have all settled may get new work the next moment, so "nothing is
+    running now" is no reason to drop a person's Stop (and a closed task records it too, changing
+    nothing that could start). A repeated POST (a second click, a second browser) gets the same
+    stop request back, counted: task_request_stop is idempotent."""
     if request.method == "GET":
         context = _task_context(request, task_id, confirm=True)
         if request.htmx:
-            return _live(request, context, "stop-action")
+            response = _live(request, context, "stop-action")
+            response.status_code = 200  # the form must arrive, whatever the task's state
+            return response
         return render(request, "tasks/detail.html", context)
     task = perms.task_for(request.user, task_id)
-    context = _task_context(request, task_id)
-    if context["o"].finished:
-        if request.htmx:
-            return _live(request, context, "stop-action")
-        return render(request, "tasks/detail.html", context, status=409)
-    reason = request.POST.get("reason", "").strip()[:1000]
+    reason = request.POST.get("reason", "").strip()
+    if len(reason) > STOP_REASON_MAX:
+        # Refused whole, as the runtime API refuses it (422 naming the field): never cut short.
+        context = _task_context(request, task_id, confirm=True)
+        context["typed_reason"] = reason  # given back, to shorten rather than type again
+        context["reason_error"] = f"The reason is {len(reason):,} characters; at most {STOP_REASON_MAX:,} are kept."
+        template = "tasks/detail.html#stop-action" if request.htmx else "tasks/detail.html"
+        return render(request, template, context, status=400)
     task_request_stop(task_id=task.pk, actor=actor_for(request.user), by=request.user, reason=reason)
     if not request.htmx:
         return redirect("task-detail", task_id=task.pk)

@@ -79,6 +79,8 @@ def test_the_external_action_attaches_the_record_and_completes(sd):
         )
     done = sd.get_item(item.id)
     assert done.state == S.COMPLETED and done.idempotency_key == "crm-1" and action.item.state == S.COMPLETED
+    assert sd.get_task(task.id).summary == "Every item so far has finished; the task is still open. One record created."
+    sd.close_task(task.id)
     assert sd.get_task(task.id).summary == "Finished. One record created."
 
 

@@ -139,6 +139,7 @@ def test_an_external_action_records_its_key_and_its_record(api, task):
     )
     assert updated.body["id"] == record.body["id"] and ExternalRecord.objects.get().version == "v2"
     api.post(f"/items/{item['id']}/finish", {"status": "completed"})
+    api.post(f"/tasks/{task.pk}/close", {})
     detail = api.get(f"/tasks/{task.pk}").body
     assert detail["counts"][S.COMPLETED] == 1 and detail["summary"] == "Finished. One record created."
 
@@ -171,6 +172,7 @@ def test_the_openapi_document_is_served_and_names_every_endpoint(api):
         "get_task",
         "register",
         "request_stop",
+        "close_task",
         "get_item",
         "start",
         "heartbeat",

@@ -6,6 +6,7 @@ import pytest
 from django.urls import reverse
 
 from stopdesk.models import StopRequest, WorkItem
+from stopdesk.services.closing import task_close
 from stopdesk.states import ItemState
 from tests.factories import make_item, make_task
 from tests.web.conftest import HTMX, htmx
@@ -48,6 +49,19 @@ def test_task_list_filters_by_state_and_searches(as_user):
     assert "Running one" in html
 
 
+def test_the_list_calls_a_settled_open_task_running_and_only_a_closed_one_finished(as_user):
+    open_task = make_task("Between two children")
+    make_item(open_task, state=S.COMPLETED)
+    closed_task = make_task("Closed by its runtime")
+    make_item(closed_task, state=S.COMPLETED)
+    task_close(task_id=closed_task.pk, actor="runtime:test")
+    client = as_user("operator")
+    running = client.get(reverse("task-list"), {"status": "running"}).content.decode()
+    assert "Between two children" in running and "Closed by its runtime" not in running
+    finished = client.get(reverse("task-list"), {"status": "finished"}).content.decode()
+    assert "Closed by its runtime" in finished and "Between two children" not in finished
+
+
 def test_task_list_paginates(as_user):
     for n in range(30):
         make_task(f"Task number {n}")
@@ -70,7 +84,7 @@ def test_task_page_shows_summary_groups_records_and_trail(as_user):
     assert 'hx-trigger="every 1s"' in html
 
 
-def test_task_page_summary_fragment_polls_until_settled_then_answers_286(as_user):
+def test_task_page_summary_fragment_polls_until_closed_then_answers_286(as_user):
     task = running_task()
     client = as_user("operator")
     response = client.get(reverse("task-detail", args=[task.pk]), **htmx("summary"))
@@ -91,6 +105,10 @@ def test_task_page_summary_fragment_polls_until_settled_then_answers_286(as_user
             item_transition(item_id=item.pk, to_state=S.CANCELLED, actor="test")
         else:
             settle(item.pk, S.COMPLETED)
+    # Settled, but open: its agent may register more, so the page keeps refreshing.
+    response = client.get(reverse("task-detail", args=[task.pk]), **htmx("summary"))
+    assert response.status_code == 200
+    task_close(task_id=task.pk, actor="runtime:test")
     response = client.get(reverse("task-detail", args=[task.pk]), **htmx("summary"))
     assert response.status_code == 286
     assert "every 1s" not in response.content.decode()
@@ -168,18 +186,30 @@ def test_the_poll_swaps_nothing_itself_and_brings_every_live_part_out_of_band(as
     assert 'id="stop-action" class="stop-action" data-live-guard' in html
 
 
-def test_a_finished_task_offers_no_stop_and_says_why(as_user):
+def test_a_settled_open_task_still_offers_stop_keeps_watching_and_records_the_stop(as_user):
+    task = make_task("Between two children")
+    make_item(task, state=S.COMPLETED, noun="draft")
+    client = as_user("operator")
+    html = client.get(reverse("task-detail", args=[task.pk])).content.decode()
+    assert "Stop…" in html and 'hx-trigger="every 1s"' in html and "still open" in html
+    confirm = client.get(reverse("task-stop", args=[task.pk]), **htmx("stop-action"))
+    assert confirm.status_code == 200 and "Stop this task?" in confirm.content.decode()
+    stopped = client.post(reverse("task-stop", args=[task.pk]), {"reason": "wrong vendor list"})
+    assert stopped.status_code == 302
+    assert StopRequest.objects.get(task=task).reason == "wrong vendor list"
+
+
+def test_a_closed_finished_task_offers_no_stop_says_why_and_still_records_a_stop(as_user):
     task = make_task("All done")
     make_item(task, state=S.COMPLETED, noun="draft")
+    task_close(task_id=task.pk, actor="runtime:test")
     client = as_user("operator")
     html = client.get(reverse("task-detail", args=[task.pk])).content.decode()
     assert "Stop…" not in html and "nothing left to stop" in html
     assert 'hx-trigger="every 1s"' not in html
-    refused = client.post(reverse("task-stop", args=[task.pk]), {"reason": "late"})
-    assert refused.status_code == 409 and "nothing left to stop" in refused.content.decode()
-    assert not StopRequest.objects.filter(task=task).exists()
-    confirm = client.get(reverse("task-stop", args=[task.pk])).content.decode()
-    assert "Stop this task?" not in confirm and "nothing left to stop" in confirm
+    recorded = client.post(reverse("task-stop", args=[task.pk]), {"reason": "late"}, **htmx("stop-action"))
+    assert recorded.status_code == 200
+    assert StopRequest.objects.get(task=task).reason == "late"
 
 
 def test_a_task_with_no_work_yet_still_offers_stop_and_keeps_watching(as_user):
@@ -199,3 +229,17 @@ def test_the_page_shows_when_the_task_settled_as_the_api_does(as_user):
     assert task.settled_at is not None
     html = as_user("operator").get(reverse("task-detail", args=[task.pk])).content.decode()
     assert f'settled <time datetime="{task.settled_at.isoformat()}' in html
+
+
+def test_a_stopped_settled_task_keeps_refreshing_until_it_closes(as_user):
+    from stopdesk.services.stop import task_request_stop
+
+    task = make_task("Stopped between two children")
+    make_item(task, state=S.COMPLETED)
+    task_request_stop(task_id=task.pk, actor="user:operator", dispatch=lambda ids: None)
+    client = as_user("operator")
+    page = client.get(reverse("task-detail", args=[task.pk])).content.decode()
+    assert "Stop…" not in page and 'hx-trigger="every 1s"' in page
+    assert client.get(reverse("task-detail", args=[task.pk]), **htmx("live")).status_code == 200
+    task_close(task_id=task.pk, actor="system:idle-close")
+    assert client.get(reverse("task-detail", args=[task.pk]), **htmx("live")).status_code == 286

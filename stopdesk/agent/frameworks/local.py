@@ -25,7 +25,8 @@ from reconcile.services.launched import response_launched_record
 from stopdesk.agent import schemas
 from stopdesk.agent.runtime import LocalRuntime, _id
 from stopdesk.client.errors import NotFound, StopRequested
-from stopdesk.services.errors import TaskStopped
+from stopdesk.client.errors import TaskClosed as ClientTaskClosed
+from stopdesk.services.errors import TaskClosed, TaskStopped
 from stopdesk.services.items import item_register_started, item_report_stopped
 from stopdesk.services.sql import is_postgres, thread_connection_ready
 from stopdesk.services.transitions import item_close_running, task_settle_check
@@ -47,6 +48,8 @@ class FrameworkRuntime(LocalRuntime):
             )
         except TaskStopped as exc:
             raise StopRequested(str(exc), task=task_id, item=exc.item_id, state=ItemState.CANCELLED) from exc
+        except TaskClosed as exc:
+            raise ClientTaskClosed(str(exc), task=task_id) from exc
         if item_id is None:
             raise NotFound(f"No task {task_id}.")
         return item_id

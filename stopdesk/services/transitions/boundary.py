@@ -30,7 +30,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from stopdesk.models import Task, WorkItem
-from stopdesk.services.errors import IllegalTransition, TaskStopped
+from stopdesk.services.errors import IllegalTransition, TaskClosed, TaskStopped
 from stopdesk.services.events import event_record
 from stopdesk.services.sql import is_postgres, server_side_cursor
 from stopdesk.services.transitions.settled import task_settle_after_commit
@@ -81,18 +81,20 @@ SELECT state FROM u
 # makes a settle that is writing settled_at finish first, so a settled task is seen and reopened
 # (and two registrations do not both reopen it), the item inserted already running (or submitted), its two events appended, and a settled
 # task reopened with its event. A stopped task gets nothing here: the caller then takes the
-# portable path, which records the item and its refusal. A task outside the runtime's scope
-# matches no row.
+# portable path, which records the item and its refusal. A closed task gets nothing either, and
+# is refused (stopdesk.services.closing); its close, committed while this waited for the row, is
+# read from the row's newest version, which FOR NO KEY UPDATE returns. A task outside the
+# runtime's scope matches no row.
 _REGISTER_AND_START_SQL = """
 WITH g AS (SELECT stopdesk_gate(%(task)s::bigint) AS stopped),
 t AS (
-    SELECT id, (SELECT stopped FROM g) AS stopped, settled_at IS NOT NULL AS settled
+    SELECT id, (SELECT stopped FROM g) AS stopped, settled_at IS NOT NULL AS settled, closed_at IS NOT NULL AS closed
     FROM stopdesk_task
     WHERE id = %(task)s AND (%(runtime)s::bigint IS NULL OR runtime_id = %(runtime)s::bigint)
       AND (SELECT stopped FROM g) IS NOT NULL
     FOR NO KEY UPDATE
 ),
-n AS (SELECT t.id AS task_id, t.settled, clock_timestamp() AS at FROM t WHERE NOT t.stopped),
+n AS (SELECT t.id AS task_id, t.settled, clock_timestamp() AS at FROM t WHERE NOT t.stopped AND NOT t.closed),
 i AS (
     INSERT INTO stopdesk_workitem (
         task_id, parent_id, kind, noun, noun_plural, mechanism, handle, label, idempotency_key, detail,
@@ -130,7 +132,7 @@ e AS (
     ) x
     ORDER BY x.ord  -- the events in the order the portable path writes them
 )
-SELECT (SELECT count(*) FROM t), (SELECT id FROM i)
+SELECT (SELECT count(*) FROM t), (SELECT id FROM i), (SELECT closed FROM t)
 """
 
 
@@ -159,7 +161,8 @@ def item_register_pass(
     """Register a child and pass the boundary (start, or submit with `submit_key`) in one statement,
     so one round trip, which under autocommit is also the commit (PostgreSQL only; the caller
     checks the kind, mechanism and readiness first). Returns the item id, None if the task is not
-    there (or not the runtime's); raises Refused, having written nothing, if the task is stopped."""
+    there (or not the runtime's); raises Refused, having written nothing, if the task is stopped,
+    and TaskClosed if it is closed."""
     lease = lease_seconds or settings.STOPDESK["LEASE_SECONDS"]
     params: dict[str, Any] = {
         "task": task_id,
@@ -183,9 +186,11 @@ def item_register_pass(
     }
     with server_side_cursor() as cursor:
         cursor.execute(_REGISTER_AND_START_SQL, params)
-        found, item_id = cursor.fetchone()
+        found, item_id, closed = cursor.fetchone()
     if not found:
         return None
+    if closed:
+        raise TaskClosed(task_id)
     if item_id is None:
         raise Refused(task_id)
     return int(item_id)
