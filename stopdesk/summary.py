@@ -101,7 +101,7 @@ def task_summary(task: Task) -> str:
             n=Count("id"),
             started=Count("id", filter=Q(started_at__isnull=False)),
             reconciled=Count("id", filter=Q(cancel_requested_at__isnull=False)),
-            review=Count("id", filter=needs_review()),
+            review=Count("id", filter=needs_review(task=task)),
         )
         .order_by("state", "noun")
     )
@@ -126,7 +126,7 @@ def task_summary(task: Task) -> str:
         .annotate(
             n=Count("item", distinct=True),
             late=Count("item", distinct=True, filter=contradicted),
-            review=Count("item", distinct=True, filter=needs_review("item__")),
+            review=Count("item", distinct=True, filter=needs_review("item__", task=task)),
             compensation=Min("compensation_id"),
         )
         .order_by("item__noun", "effect", "followup")

@@ -63,24 +63,25 @@ class TaskReview:
 
 
 def task_review(task: Task) -> TaskReview:
-    """Four queries, whatever the number of items."""
+    """Two queries, whatever the number of items (three past ten compensations)."""
     reported = KT("evidence__late_result__reported")
+    pending = ExternalRecord.objects.filter(reversal_pending(), item__task=task).values("item_id")
     counts = (
         WorkItem.objects.filter(task=task)
         .annotate(reported=reported)
         .aggregate(
-            count=Count("id", filter=needs_review()),
+            count=Count("id", filter=needs_review(task=task)),
             uncertain=Count("id", filter=Q(state=S.UNCERTAIN)),
             flagged=Count("id", filter=Q(needs_review=True) & ~Q(state=S.UNCERTAIN)),
             resolved=Count("id", filter=Q(evidence__has_key="resolution")),
             acknowledged=Count("id", filter=Q(reported__isnull=False, needs_review=False)),
+            reversals=Count("id", filter=Q(pk__in=pending)),
         )
     )
-    reversals = ExternalRecord.objects.filter(reversal_pending(), item__task=task).values("item").distinct().count()
     compensations = (
         Compensation.objects.filter(external_record__item__task=task).select_related("external_record").order_by("-id")
     )
     shown = list(compensations[:DECISIONS_SHOWN])
     total = len(shown) if len(shown) < DECISIONS_SHOWN else compensations.count()
     decisions = [Decision.of(c) for c in shown]
-    return TaskReview(reversals=reversals, decisions=decisions, compensations_total=total, **counts)
+    return TaskReview(decisions=decisions, compensations_total=total, **counts)

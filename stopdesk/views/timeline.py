@@ -110,8 +110,8 @@ def _in_flight_at(stop_at: datetime) -> Q:
     return Q(begun) & ended_after & ~(went_uncertain & Q(Exists(went_uncertain_before)))
 
 
-def _rows(task: Task, stop_at: datetime | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
-    """(in flight at Stop, a sample of the rest, how many were in flight): four queries."""
+def _rows(task: Task, total: int, stop_at: datetime | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+    """(in flight at Stop, a sample of the rest, how many were in flight): three queries."""
     items: QuerySet[WorkItem] = WorkItem.objects.filter(task=task).annotate(
         reported=KT("evidence__late_result__reported"),
         resolved_at=KT("evidence__resolution__at"),
@@ -127,7 +127,7 @@ def _rows(task: Task, stop_at: datetime | None) -> tuple[list[dict[str, Any]], l
     room = LIMIT - len(first)
     if room <= 0:
         return first, [], crossed
-    rest = items.count()
+    rest = total - crossed
     ranked = items.annotate(rank=Window(RowNumber(), order_by=[F("created_at").asc(), F("id").asc()]))
     # Evenly spread over the rest, first to last, exactly `room` of them when there are more.
     picks = sorted({1 + (i * rest) // room for i in range(room)}) if rest > room else list(range(1, rest + 1))
@@ -140,7 +140,7 @@ def task_timeline(task: Task, *, total: int, now: datetime | None = None) -> Tim
         return None
     now = now or timezone.now()
     stop_at = task.stop_requested_at
-    first, sample, crossed = _rows(task, stop_at)
+    first, sample, crossed = _rows(task, total, stop_at)
     rows = first + sample
     # When an item that a person resolved had gone uncertain: its outcome as the system knew it.
     settled_ids = [r["id"] for r in rows if r["state"] == S.UNCERTAIN or r["resolved_at"]]
