@@ -55,23 +55,15 @@ def needs_review(prefix: str = "", *, task: Task | None = None) -> Q:
     return flagged | Q(Exists(records))
 
 
-def items_needing_review(items: QuerySet[WorkItem]) -> QuerySet[WorkItem]:
-    return items.filter(needs_review())
-
-
 def tasks_needing_review(tasks: QuerySet[Task]) -> QuerySet[Task]:
-    """Tasks with at least one item that needs a person: one EXISTS probe per task."""
-    return tasks.filter(Exists(items_needing_review(WorkItem.objects.filter(task=OuterRef("pk")))))
-
-
-def task_has_review() -> Exists:
-    """An annotation for a task queryset: True when one of its items needs a person."""
-    return Exists(items_needing_review(WorkItem.objects.filter(task=OuterRef("pk"))))
+    """Tasks with at least one item that needs a person, found from the few rows that need one
+    (uncertain and flagged items have partial indexes; pending reversals are records of stopped
+    tasks) rather than by reading every task's items."""
+    flagged = WorkItem.objects.filter(Q(state=S.UNCERTAIN) | Q(needs_review=True)).values("task_id")
+    pending = ExternalRecord.objects.filter(reversal_pending()).values("item__task_id")
+    return tasks.filter(Q(pk__in=flagged) | Q(pk__in=pending))
 
 
 def tasks_needing_review_count(tasks: QuerySet[Task], cap: int) -> int:
-    """How many of `tasks` need review, counted from the few rows that need a person (uncertain
-    items, flagged items, pending reversals) rather than by probing every task; at most cap + 1."""
-    flagged = WorkItem.objects.filter(Q(state=S.UNCERTAIN) | Q(needs_review=True)).values("task_id")
-    pending = ExternalRecord.objects.filter(reversal_pending()).values("item__task_id")
-    return tasks.filter(Q(pk__in=flagged) | Q(pk__in=pending)).order_by()[: cap + 1].count()
+    """How many of `tasks` need review, at most cap + 1."""
+    return tasks_needing_review(tasks).order_by()[: cap + 1].count()
