@@ -114,4 +114,15 @@ def test_a_big_stopped_task_reads_right_and_holds_still_while_it_settles(
     page.screenshot(path=shots / f"big-task-{width}-stopped-top.png")
     page.locator("#timeline").screenshot(path=shots / f"big-task-{width}-timeline.png")
     assert re.search(r"30 had crossed the boundary", page.locator("#timeline-desc").inner_text())
+
+    # What needs a person, read-only for the operator, and the same count on the task list.
+    review = page.locator(".review-state")
+    assert review.locator("h2").inner_text() == "Needs a person: 24 items"
+    review.screenshot(path=shots / f"big-task-{width}-needs-a-person.png")
+    page.get_by_role("link", name="Tasks", exact=True).first.click()
+    page.locator("#task-table").wait_for()
+    assert "24 items need review" in page.locator("#task-table").inner_text()
+    page.get_by_role("link", name="1 task needs review").click()
+    page.wait_for_url(re.compile(r"status=review"))
+    page.screenshot(path=shots / f"big-task-{width}-list-needs-review.png")
     context.close()
