@@ -20,6 +20,17 @@ Every phrase follows an item's *latest known* outcome, not only its recorded sta
 Completed wins a contradiction: of two reports, the one that may have changed another system is
 the one a person must look at. "Nothing was left to stop" is said only when Stop found no item to
 cancel and none in flight to reconcile.
+
+What needs a person comes first, right after the opening sentence: unknown outcomes, then
+contradicting reports, then effects waiting for a reversal decision. "Review required" is said of
+exactly the items `stopdesk.review_state.needs_review` selects, the definition the task list's tag
+and filter use too; a record already reversed is told with its compensation ("One record
+created, then archived by compensation #2.") and no longer asks for review.
+
+Numbers: words from zero to ten, digits from 11 on, everywhere in the summary. Completed work
+without an effect is called "completed with no effect recorded" when effects of the same noun
+are told beside it, so "Five emails sent." and "Two emails completed." never read as two counts
+of the same emails.
 """
 
 from __future__ import annotations
@@ -28,18 +39,23 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Count, Q
+from django.db.models import Count, Min, OuterRef, Q, Subquery
 from django.db.models.fields.json import KT
 
+from reconcile.models import Compensation, CompensationState
 from stopdesk.models import ExternalRecord, Task, WorkItem, pluralize
-from stopdesk.states import UNSETTLED, ItemState, Kind
+from stopdesk.review_state import needs_review
+from stopdesk.states import ItemState, Kind
 
 S = ItemState
-_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve"]
+C = CompensationState
+_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
+REVIEW = "review required"
 
 
 def number_word(n: int) -> str:
-    return _WORDS[n] if n < len(_WORDS) else str(n)
+    """Words from zero to ten, digits from 11 on: the summary's one number style."""
+    return _WORDS[n] if 0 <= n < len(_WORDS) else str(n)
 
 
 @dataclass(frozen=True)
@@ -50,6 +66,19 @@ class _Group:
     def count(self, n: int) -> str:
         words = number_word(n)
         return f"{words[0].upper()}{words[1:]} {self.noun if n == 1 else self.plural}"
+
+
+@dataclass(frozen=True)
+class _Phrase:
+    """What a sentence says of its items, after "<Number> <noun>"."""
+
+    singular: str
+    plural: str
+    order: int  # the place among sentences of the same kind (needing review or not)
+
+    def of(self, n: int, *, review: bool) -> str:
+        text = self.singular if n == 1 else self.plural
+        return f"{text}; {REVIEW}" if review and REVIEW not in text else text
 
 
 def latest_outcome(state: str, reported: str | None) -> str:
@@ -72,119 +101,200 @@ def task_summary(task: Task) -> str:
             n=Count("id"),
             started=Count("id", filter=Q(started_at__isnull=False)),
             reconciled=Count("id", filter=Q(cancel_requested_at__isnull=False)),
+            review=Count("id", filter=needs_review(task=task)),
         )
         .order_by("state", "noun")
     )
     completed = Q(item__state=S.COMPLETED) | Q(item__evidence__late_result__reported=S.COMPLETED)
     # Latest outcome completed, and a report contradicts the record (either way round).
     contradicted = ~Q(item__state=S.COMPLETED) | Q(item__evidence__late_result__reported__in=[S.FAILED, S.CANCELLED])
+    # The record's latest compensation that is not a dead end (rejected or failed ones leave the
+    # record as if none had been proposed).
+    latest = (
+        Compensation.objects.filter(external_record=OuterRef("pk"))
+        .exclude(state__in=(C.REJECTED, C.FAILED))
+        .order_by("-id")
+    )
     effects = (
         ExternalRecord.objects.filter(completed, item__task=task)
-        .values("item__noun", "item__noun_plural", "effect", "reversible")
-        .annotate(n=Count("item", distinct=True), late=Count("item", distinct=True, filter=contradicted))
-        .order_by("item__noun", "effect")
+        .annotate(
+            followup=Subquery(latest.values("state")[:1]),
+            action=Subquery(latest.values("action")[:1]),
+            compensation_id=Subquery(latest.values("id")[:1]),
+        )
+        .values("item__noun", "item__noun_plural", "effect", "reversible", "followup", "action")
+        .annotate(
+            n=Count("item", distinct=True),
+            late=Count("item", distinct=True, filter=contradicted),
+            review=Count("item", distinct=True, filter=needs_review("item__", task=task)),
+            compensation=Min("compensation_id"),
+        )
+        .order_by("item__noun", "effect", "followup")
     )
     return compose(
         [dict(r) for r in rows], [dict(e) for e in effects], stopped=task.is_stopped, closed=task.closed_at is not None
     )
 
 
+def past_tense(action: str) -> str:
+    """A compensation's action as done: "archive" → "archived", "report_only" → "reported as is"."""
+    if action == "report_only":
+        return "reported as is"
+    words = str(action or "reverse").replace("_", " ")
+    return words + ("d" if words.endswith("e") else "ed")
+
+
+def _effect_phrase(eff: dict[str, Any]) -> tuple[str, str]:
+    """(singular, plural) for completed work told by its effect in another system, with what
+    became of it since: a reversal under way, done, or waiting for an approver."""
+    effect, followup, number = eff["effect"], eff.get("followup") or "", eff.get("compensation")
+    by = f"compensation #{number}" if number else "compensation"
+    if followup == C.DONE:
+        past = past_tense(eff.get("action") or "")
+        return f"{effect}, then {past} by {by}", f"{effect}, then {past} by compensations"
+    if followup in (C.APPROVED, C.RUNNING):
+        return f"{effect}; its reversal is under way ({by})", f"{effect}; their reversals are under way"
+    if followup == C.ESCALATED:
+        return f"{effect}; its reversal is escalated", f"{effect}; their reversals are escalated"
+    if followup == C.PROPOSED:
+        return f"{effect}; its reversal waits for approval", f"{effect}; their reversals wait for approval"
+    if eff["reversible"]:
+        return effect, effect
+    if effect == "sent":
+        return f"{effect}; it cannot be recalled", f"{effect}; they cannot be recalled"
+    return f"{effect}; it cannot be undone", f"{effect}; they cannot be undone"
+
+
+# Sentence kinds, in the order they are told (needing a person first, then the rest).
+UNKNOWN = _Phrase("with unknown outcome; review required", "with unknown outcome; review required", 0)
+_CONTRADICTS = "; a late report contradicts its record: review required"
+_CONTRADICT = "; late reports contradict their records: review required"
+_CONTRADICTED = "; a late report contradicted its record, reviewed"
+_CONTRADICTED_MANY = "; late reports contradicted their records, reviewed"
+DISCARDED = _Phrase("discarded", "discarded", 10)
+NEVER_STARTED = _Phrase("cancelled before it started", "cancelled before they started", 11)
+STOPPED_EARLY = _Phrase("stopped before it finished", "stopped before they finished", 12)
+EFFECT_ORDER = 20
+COMPLETED = _Phrase("completed", "completed", 30)
+COMPLETED_BESIDE_EFFECTS = _Phrase("completed with no effect recorded", "completed with no effect recorded", 30)
+FAILED = _Phrase("failed", "failed", 40)
+CHECKING = _Phrase("still being checked", "still being checked", 60)
+
+
+def _late(outcome: str, *, review: bool) -> _Phrase:
+    verb = "stopped" if outcome == S.CANCELLED else outcome
+    one, many = (_CONTRADICTS, _CONTRADICT) if review else (_CONTRADICTED, _CONTRADICTED_MANY)
+    order = {str(S.COMPLETED): 31, str(S.FAILED): 41, str(S.CANCELLED): 42}[outcome]
+    return _Phrase(verb + one, verb + many, order)
+
+
 def compose(rows: list[dict[str, Any]], effects: list[dict[str, Any]], *, stopped: bool, closed: bool = True) -> str:
-    """rows: per (state, reported, noun, kind): n items, of which `started` had started and
-    `reconciled` were in flight when Stop came. effects: per (noun, effect, reversible) of items
-    whose latest outcome is completed: n items, of which `late` were recorded otherwise first."""
-    by_outcome: dict[str, Counter[_Group]] = {s: Counter() for s in S.values}
-    discarded: Counter[_Group] = Counter()
-    never_started: Counter[_Group] = Counter()
-    late: dict[str, Counter[_Group]] = {S.COMPLETED: Counter(), S.FAILED: Counter(), S.CANCELLED: Counter()}
-    reconciled = 0
-    crossed = 0
+    """rows: per (state, reported, noun, kind): n items, of which `started` had started,
+    `reconciled` were in flight when Stop came and `review` need a person. effects: per (noun,
+    effect, reversible, followup, action) of items whose latest outcome is completed: n items, of
+    which `late` were recorded otherwise first and `review` need a person; `compensation` names
+    the record's compensation where there is one."""
+    told: Counter[tuple[_Phrase, _Group, bool]] = Counter()
+    unsettled_by: dict[_Group, list[int]] = {}  # before Stop these are told as progress
+    reconciled = crossed = discarded = cancelled = uncertain = 0
+    # Completed items of a group, and how many of them an effect sentence tells.
+    completed_left: Counter[tuple[_Group, bool, bool]] = Counter()  # (group, late, review)
     for row in rows:
         group = _Group(row["noun"], row["noun_plural"] or pluralize(row["noun"]))
         n, started = row["n"], row.get("started", row["n"])
+        review = min(row.get("review", 0), n)
         reconciled += row.get("reconciled", 0)
         reported = row.get("reported")
         outcome = latest_outcome(row["state"], reported)
-        if reported and reported != row["state"] and outcome in late:
-            late[outcome][group] += n
-            if row["state"] == S.CANCELLED:
-                # Recorded cancelled (by Stop or the boundary), yet it ran: Stop met work in flight.
-                crossed += n
+        is_late = bool(reported and reported != row["state"])
+
+        def tell(phrase: _Phrase, count: int, review_count: int, *, group: _Group = group) -> None:
+            told[(phrase, group, True)] += review_count
+            told[(phrase, group, False)] += count - review_count
+
+        if is_late and row["state"] == S.CANCELLED:
+            crossed += n  # recorded cancelled (by Stop or the boundary), yet it ran: Stop met it in flight
+        if outcome == S.COMPLETED:
+            completed_left[(group, is_late, True)] += review
+            completed_left[(group, is_late, False)] += n - review
+        elif is_late:
+            told[(_late(outcome, review=True), group, True)] += review
+            told[(_late(outcome, review=False), group, False)] += n - review
+            cancelled += n if outcome == S.CANCELLED else 0
         elif outcome == S.CANCELLED and row["kind"] == Kind.MODEL_REQUEST:
-            discarded[group] += n
+            tell(DISCARDED, n, review)
+            discarded += n
         elif outcome == S.CANCELLED:
-            never_started[group] += n - started
-            by_outcome[S.CANCELLED][group] += started
+            # Which of them had started is not split by review: a flag on a cancelled item is rare.
+            never = n - started
+            tell(NEVER_STARTED, never, min(review, never))
+            tell(STOPPED_EARLY, started, review - min(review, never))
+            cancelled += n
+        elif outcome == S.UNCERTAIN:
+            tell(UNKNOWN, n, n)
+            uncertain += n
+        elif outcome == S.FAILED:
+            tell(FAILED, n, review)
         else:
-            by_outcome[outcome][group] += n
-
-    sentences: list[str] = []
-    total = sum(r["n"] for r in rows)
-    unsettled = sum(by_outcome[s].total() for s in UNSETTLED)
-    if stopped:
-        had_work = (
-            reconciled
-            + discarded.total()
-            + never_started.total()
-            + by_outcome[S.CANCELLED].total()
-            + late[S.CANCELLED].total()
-            + unsettled
-            + by_outcome[S.UNCERTAIN].total()
-            + crossed
-        )
-        sentences.append("Stopped new work." if had_work else "Stop requested; nothing was left to stop.")
-    elif total == 0:
-        return "No work recorded yet."
-    elif unsettled:
-        done = total - unsettled
-        sentences.append(f"Running: {done} of {total} {'item' if total == 1 else 'items'} finished.")
-    elif not closed:
-        # Settled is not over: an open task can get new work at any moment (services/closing.py).
-        sentences.append("Every item so far has finished; the task is still open.")
-    else:
-        sentences.append("Finished.")
-
-    def say(counter: Counter[_Group], singular: str, plural: str) -> None:
-        for group, n in counter.items():
-            if n > 0:
-                sentences.append(f"{group.count(n)} {singular if n == 1 else plural}.")
-
-    say(discarded, "discarded", "discarded")
-    say(never_started, "cancelled before it started", "cancelled before they started")
-    say(by_outcome[S.CANCELLED], "stopped before it finished", "stopped before they finished")
+            unsettled_by.setdefault(group, [0, 0])
+            unsettled_by[group][0] += n
+            unsettled_by[group][1] += review
 
     # Completed work, told by its effect where it had one in another system.
-    with_effect: Counter[_Group] = Counter()
-    late_with_effect: Counter[_Group] = Counter()
+    with_effect: set[_Group] = set()
     for eff in effects:
         group = _Group(eff["item__noun"], eff["item__noun_plural"] or pluralize(eff["item__noun"]))
         n, n_late = eff["n"], eff.get("late", 0)
-        with_effect[group] += n - n_late
-        late_with_effect[group] += n_late
-        they = "it" if n == 1 else "they"
-        if eff["reversible"]:
-            tail = "; review required." if stopped or n_late else "."
-        elif eff["effect"] == "sent":
-            tail = f"; {they} cannot be recalled{'; review required' if n_late else ''}."
+        review = min(eff.get("review", 0), n)
+        with_effect.add(group)
+        one, many = _effect_phrase(eff)
+        # A late report keeps its flag until someone acknowledges it, so the late ones are
+        # counted first among those needing review.
+        late_review = min(n_late, review)
+        for is_late, count, count_review in ((True, n_late, late_review), (False, n - n_late, review - late_review)):
+            for needs, k in ((True, count_review), (False, count - count_review)):
+                if k <= 0:
+                    continue
+                if is_late:
+                    tail_one, tail_many = (_CONTRADICTS, _CONTRADICT) if needs else (_CONTRADICTED, _CONTRADICTED_MANY)
+                else:
+                    tail_one = tail_many = ""
+                told[(_Phrase(one + tail_one, many + tail_many, EFFECT_ORDER), group, needs)] += k
+                completed_left[(group, is_late, needs)] -= k
+    for (group, is_late, review), n in completed_left.items():
+        if n <= 0:
+            continue
+        if is_late:
+            told[(_late(S.COMPLETED, review=review), group, review)] += n
         else:
-            tail = f"; {they} cannot be undone{'; review required' if n_late else ''}."
-        sentences.append(f"{group.count(n)} {eff['effect']}{tail}")
-    for group, n in by_outcome[S.COMPLETED].items():
-        rest = n - with_effect[group]
-        if rest > 0:
-            sentences.append(f"{group.count(rest)} completed.")
-    contradicted = "; a late report contradicts its record: review required"
-    contradicted_many = "; late reports contradict their records: review required"
-    for group, n in late[S.COMPLETED].items():
-        rest = n - late_with_effect[group]
-        if rest > 0:
-            sentences.append(f"{group.count(rest)} completed{contradicted if rest == 1 else contradicted_many}.")
+            told[(COMPLETED_BESIDE_EFFECTS if group in with_effect else COMPLETED, group, review)] += n
 
-    say(by_outcome[S.FAILED], "failed", "failed")
-    say(late[S.FAILED], "failed" + contradicted, "failed" + contradicted_many)
-    say(late[S.CANCELLED], "stopped" + contradicted, "stopped" + contradicted_many)
+    total = sum(r["n"] for r in rows)
+    unsettled = sum(n for n, _ in unsettled_by.values())
     if stopped:
-        for state in (S.RUNNING, S.AWAITING_RECONCILIATION, S.QUEUED):
-            say(by_outcome[state], "still being checked", "still being checked")
-    say(by_outcome[S.UNCERTAIN], "with unknown outcome; review required", "with unknown outcome; review required")
+        had_work = reconciled + discarded + cancelled + unsettled + uncertain + crossed
+        head = "Stopped new work." if had_work else "Stop requested; nothing was left to stop."
+        for group, (n, review) in unsettled_by.items():
+            told[(CHECKING, group, True)] += review
+            told[(CHECKING, group, False)] += n - review
+    elif total == 0:
+        return "No work recorded yet."
+    elif unsettled:
+        items = "item" if total == 1 else "items"
+        head = f"Running: {number_word(total - unsettled)} of {number_word(total)} {items} finished."
+        # Running work that already needs a person (a flagged item) is still told.
+        for group, (_, review) in unsettled_by.items():
+            told[(CHECKING, group, True)] += review
+    elif not closed:
+        # Settled is not over: an open task can get new work at any moment (services/closing.py).
+        head = "Every item so far has finished; the task is still open."
+    else:
+        head = "Finished."
+
+    sentences = [head]
+    for review in (True, False):
+        chosen = [(phrase, group, n) for (phrase, group, r), n in told.items() if r == review and n > 0]
+        chosen.sort(key=lambda c: c[0].order)  # stable: groups keep the order they were read in
+        for phrase, group, n in chosen:
+            sentences.append(f"{group.count(n)} {phrase.of(n, review=review)}.")
     return " ".join(sentences)

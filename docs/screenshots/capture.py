@@ -51,7 +51,7 @@ def start(data_dir: str) -> tuple[subprocess.Popen[str], dict[str, str]]:
             break
     admin = re.search(r"Sign in    admin / (\S+)", out)
     cast = re.search(r"Demo cast  .* / (\S+)", out)
-    crm = re.search(r"Sandbox    CRM (\S+)/", out)
+    crm = re.search(r"CRM +(\S+?)/? +\(sandbox\)", out)
     assert admin and cast and crm, out
     return proc, {"admin": admin[1], "cast": cast[1], "crm": crm[1], "data": data_dir}
 

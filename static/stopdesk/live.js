@@ -3,7 +3,9 @@
    replaced while a person is using it (an open form, focus inside it, typed text): the next poll
    after they are done brings it up to date. A part whose content did not change is not replaced
    at all, so nothing moves on the screen and a live region announces each change once. Evidence
-   trails a person opened stay open across refreshes.
+   trails a person opened stay open across refreshes. A wrapper marked data-keep-height never gets
+   shorter during a visit, so the parts below it do not move up as items settle (the wrapper, not
+   the swapped part: htmx's settle step would drop a style set on the part).
 
    Focus follows a person's own swaps at once: into the field marked autofocus (the Stop
    confirmation's reason), or, when the control they used is gone (Stop was pressed), to the new
@@ -64,6 +66,8 @@
       event.detail.shouldSwap = false;
       return;
     }
+    var keep = target.parentElement && target.parentElement.closest("[data-keep-height]");
+    if (keep) keep.style.minHeight = Math.max(parseFloat(keep.style.minHeight) || 0, keep.getBoundingClientRect().height) + "px";
     // Keep open the evidence trails a person opened.
     target.querySelectorAll("details[open][id]").forEach(function (d) {
       var twin = incoming.querySelector("#" + CSS.escape(d.id));

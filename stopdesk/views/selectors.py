@@ -6,15 +6,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Count, Exists, F, OuterRef, Prefetch, Q, QuerySet, Window
+from django.db.models import Count, Exists, F, OuterRef, Prefetch, Q, QuerySet, Subquery, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from reconcile.models import Compensation, CompensationState, Escalation, RecordDecision, RecordDecisionKind
 from stopdesk.models import CancellationAttempt, ExternalRecord, StopRequest, Task, WorkItem
-from stopdesk.paging import QUEUE_CAP, capped_count
+from stopdesk.paging import QUEUE_CAP, capped, capped_count
+from stopdesk.review_state import needs_review, tasks_needing_review, tasks_needing_review_count
 from stopdesk.states import UNSETTLED, ItemState
 from stopdesk.summary import task_summary
+from stopdesk.views.task_review import TaskReview, task_review
 from stopdesk.views.timeline import task_timeline
 
 S = ItemState
@@ -45,7 +47,6 @@ def tasks_listing(tasks: QuerySet[Task], *, status: str = "", q: str = "") -> Qu
     # until the page is full.
     stopped = Q(stop_requested_at__isnull=False)
     unsettled = Exists(WorkItem.objects.filter(task=OuterRef("pk"), state__in=UNSETTLED))
-    uncertain = Exists(WorkItem.objects.filter(task=OuterRef("pk"), state=S.UNCERTAIN))
     # Running until closed: a task whose items have all settled may get new work (services/closing.py).
     closed = Q(closed_at__isnull=False)
     filters = {
@@ -53,23 +54,36 @@ def tasks_listing(tasks: QuerySet[Task], *, status: str = "", q: str = "") -> Qu
         "stopping": stopped & Q(unsettled),
         "stopped": stopped & ~Q(unsettled),
         "finished": ~stopped & ~Q(unsettled) & closed,
-        "review": Q(uncertain),
     }
     if status in filters:
         tasks = tasks.filter(filters[status])
+    elif status == "review":
+        tasks = tasks_needing_review(tasks)
     return tasks.select_related("owner", "runtime").order_by("-created_at", "-id")
 
 
+def tasks_review_count(tasks: QuerySet[Task]) -> int:
+    """How many tasks need review: exact up to the queue's cap, "1,000+" beyond it."""
+    return capped(tasks_needing_review_count(tasks, QUEUE_CAP), QUEUE_CAP)
+
+
 def tasks_flag(tasks: list[Task]) -> None:
-    """Set has_unsettled, has_uncertain and status on one page of tasks: one query, one index
-    probe per task and flag."""
+    """Set has_unsettled, review_count and status on one page of tasks: one query, one index
+    probe per task for the flag and one count of the items that need a person (the same
+    definition as the "Needs review" filter and the summary's "review required")."""
     unsettled = WorkItem.objects.filter(task=OuterRef("pk"), state__in=UNSETTLED)
-    uncertain = WorkItem.objects.filter(task=OuterRef("pk"), state=S.UNCERTAIN)
+    review = (
+        WorkItem.objects.filter(needs_review(), task=OuterRef("pk"))
+        .order_by()
+        .values("task")
+        .annotate(n=Count("id"))
+        .values("n")
+    )
     page = Task.objects.filter(pk__in=[t.pk for t in tasks])
-    flagged = page.annotate(has_unsettled=Exists(unsettled), has_uncertain=Exists(uncertain))
-    flags = {pk: (a, b) for pk, a, b in flagged.values_list("pk", "has_unsettled", "has_uncertain")}
+    flagged = page.annotate(has_unsettled=Exists(unsettled), review_count=Subquery(review))
+    flags = {pk: (a, b or 0) for pk, a, b in flagged.values_list("pk", "has_unsettled", "review_count")}
     for task in tasks:
-        task.has_unsettled, task.has_uncertain = flags[task.pk]  # type: ignore[attr-defined]
+        task.has_unsettled, task.review_count = flags[task.pk]  # type: ignore[attr-defined]
         task.status = task_status(task)  # type: ignore[attr-defined]
 
 
@@ -101,6 +115,7 @@ class TaskOverview:
     stop_request: StopRequest | None
 
     timeline: Any = None
+    review: TaskReview | None = None
 
     @property
     def settled(self) -> bool:
@@ -172,6 +187,7 @@ def task_overview(task: Task, *, with_items: bool = True) -> TaskOverview:
         unsettled=sum(counts.get(s, 0) for s in UNSETTLED),
         stop_request=stop_request,
         timeline=task_timeline(task, total=total) if with_items else None,
+        review=task_review(task) if with_items else None,
     )
 
 

@@ -20,6 +20,7 @@ from stopdesk.views.selectors import (
     task_overview,
     tasks_flag,
     tasks_listing,
+    tasks_review_count,
 )
 
 POLL_SETTLED = 286  # htmx stops polling on this status
@@ -33,7 +34,13 @@ def task_list(request: HtmxHttpRequest) -> HttpResponse:
     tasks = tasks_listing(perms.tasks_for(request.user), status=status, q=q)
     page = CappedPaginator(tasks, 25).get_page(request.GET.get("page"))
     tasks_flag(list(page.object_list))
-    context = {"page": page, "status": status, "q": q, "statuses": TASK_STATUSES}
+    context = {
+        "page": page,
+        "status": status,
+        "q": q,
+        "statuses": TASK_STATUSES,
+        "review_count": tasks_review_count(perms.tasks_for(request.user)),
+    }
     template = "tasks/list.html"
     if request.htmx and request.htmx.target == "task-table":
         template += "#task-table"

@@ -290,7 +290,7 @@ def test_stop_after_the_external_action_was_submitted_reconciles_the_record(fram
     assert (record.system, record.record_id) == ("crm", crm_party.records()[0]["id"])
     # The lead landed and reconciliation found it: the summary says so rather than "cancelled".
     assert task_summary(lead.task) == (
-        "Stopped new work. One agent run stopped before it finished. One lead created; review required. "
+        "Stopped new work. One lead created; review required. One agent run stopped before it finished. "
         "One draft completed."
     )
 

@@ -139,7 +139,7 @@ def test_live_regions_change_only_when_their_content_does(live_server, page, tas
     assert page.evaluate("document.getElementById('stop-state') === window.__state")
     export = WorkItem.objects.get(task=task, noun="export")
     settle(export.pk, ItemState.COMPLETED)
-    page.locator("#summary", has_text="Running: 2 of 4 items finished.").wait_for()
+    page.locator("#summary", has_text="Running: two of four items finished.").wait_for()
     changed = page.evaluate("window.__mutations")
     assert 1 <= changed <= 2  # one replacement of the summary (its removal and its insertion)
     page.evaluate("window.__summary = document.getElementById('summary')")

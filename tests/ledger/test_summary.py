@@ -21,7 +21,7 @@ def test_the_canonical_sentence_two_drafts_discarded_one_record_created():
     make_item(task, noun="draft")
     make_item(task, noun="draft")
     make_external_effect(task, noun="record", effect="created", reversible=True)
-    assert _stop(task) == "Stopped new work. Two drafts discarded. One record created; review required."
+    assert _stop(task) == "Stopped new work. One record created; review required. Two drafts discarded."
 
 
 def test_nothing_to_stop_when_everything_had_finished():
@@ -80,7 +80,7 @@ def test_a_running_task_counts_progress():
     make_item(task, state=S.COMPLETED)
     make_item(task, state=S.RUNNING)
     make_item(task)
-    assert task_summary(task) == "Running: 1 of 3 items finished. One draft completed."
+    assert task_summary(task) == "Running: one of three items finished. One draft completed."
 
 
 def test_large_counts_use_digits_and_plural_rules():
@@ -103,8 +103,8 @@ def test_a_draft_cancelled_then_reported_completed_counts_as_completed_with_revi
     item_finish(item_id=flipped.pk, succeeded=True, actor="test:openai")  # the response flipped
     text = task_summary(task)
     assert text == (
-        "Stopped new work. One draft discarded. "
-        "One draft completed; a late report contradicts its record: review required."
+        "Stopped new work. One draft completed; a late report contradicts its record: review required. "
+        "One draft discarded."
     )
 
 

@@ -1,8 +1,11 @@
-"""The summary as a property: for any ledger (every state, late results, records with each effect
-and reversibility, nouns, one or many), no item whose latest outcome is completed is counted as
-discarded or cancelled, the counts add up to the items, and each sentence's number matches the
-items it names. compose() is the summary's pure core; task_summary feeds it from two aggregates,
-which tests/ledger/test_summary.py exercises through the services."""
+"""The summary as a property: for any ledger (every state, late results acknowledged or not,
+records with each effect and reversibility, compensations in every state, nouns, one or many), no
+item whose latest outcome is completed is counted as discarded or cancelled, the counts add up to
+the items, and each sentence's number matches the items it names; "review required" names exactly
+the items that need a person, and those sentences come first; numbers are words up to ten and
+digits from 11; no two sentences count the same noun the same way. compose() is the summary's pure
+core; task_summary feeds it from two aggregates, which tests/ledger/test_summary.py exercises
+through the services, and tests/ledger/test_review_state.py checks against the one definition."""
 
 from __future__ import annotations
 
@@ -13,10 +16,13 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from reconcile.models import CompensationState
 from stopdesk.states import Effect, ItemState, Kind
-from stopdesk.summary import _WORDS, compose, latest_outcome
+from stopdesk.summary import _WORDS, REVIEW, compose, latest_outcome, number_word
 
 S = ItemState
+C = CompensationState
+DECIDED = {C.APPROVED, C.RUNNING, C.DONE}
 NOUNS = {"draft": "drafts", "query": "queries", "summary": "summaries", "box": "boxes", "email": "emails"}
 SINGULAR = {plural: noun for noun, plural in NOUNS.items()}
 UNSETTLED = {S.QUEUED, S.RUNNING, S.AWAITING_RECONCILIATION}
@@ -31,6 +37,20 @@ class Item:
     started: bool
     reconciled: bool
     record: tuple[str, bool] | None  # effect, reversible
+    flagged: bool = False  # needs_review: a late report (or a shared record) nobody acknowledged yet
+    followup: str | None = None  # the record's latest compensation that is not rejected or failed
+    action: str = "archive"
+
+    def review(self, stopped: bool) -> bool:
+        """The one definition (stopdesk.review_state), written out again as the oracle."""
+        pending = bool(
+            self.record
+            and self.record[1]
+            and stopped
+            and latest_outcome(self.state, self.reported) == S.COMPLETED
+            and self.followup not in DECIDED
+        )
+        return self.state == S.UNCERTAIN or self.flagged or pending
 
 
 @st.composite
@@ -42,6 +62,7 @@ def items(draw) -> Item:  # type: ignore[no-untyped-def]
     started = state not in (S.QUEUED, S.CANCELLED) or draw(st.booleans())
     reconciled = started and draw(st.booleans())
     record = draw(st.one_of(st.none(), st.tuples(st.sampled_from(Effect.values), st.booleans())))
+    followup = draw(st.one_of(st.none(), st.sampled_from(sorted(set(C.values) - {C.REJECTED, C.FAILED}))))
     return Item(
         state,
         reported,
@@ -50,6 +71,9 @@ def items(draw) -> Item:  # type: ignore[no-untyped-def]
         started,
         reconciled,
         record,
+        flagged=(bool(reported) and draw(st.booleans())) or draw(st.integers(0, 9)) == 0,
+        followup=followup if record else None,
+        action=draw(st.sampled_from(["archive", "report_only"])),
     )
 
 
@@ -58,17 +82,24 @@ def _aggregate(ledger: list[Item], stopped: bool) -> tuple[list[dict], list[dict
     rows: Counter[tuple] = Counter()  # type: ignore[type-arg]
     started: Counter[tuple] = Counter()  # type: ignore[type-arg]
     reconciled: Counter[tuple] = Counter()  # type: ignore[type-arg]
+    review: Counter[tuple] = Counter()  # type: ignore[type-arg]
     effects: Counter[tuple] = Counter()  # type: ignore[type-arg]
     late: Counter[tuple] = Counter()  # type: ignore[type-arg]
-    for it in ledger:
+    effect_review: Counter[tuple] = Counter()  # type: ignore[type-arg]
+    compensation: dict[tuple, int] = {}  # type: ignore[type-arg]
+    for number, it in enumerate(ledger, start=1):
         key = (it.state, it.reported, it.noun, it.kind)
         rows[key] += 1
         started[key] += it.started
         reconciled[key] += it.reconciled and stopped
+        review[key] += it.review(stopped)
         if it.record and latest_outcome(it.state, it.reported) == S.COMPLETED:
-            ekey = (it.noun, it.record[0], it.record[1])
+            ekey = (it.noun, it.record[0], it.record[1], it.followup, it.action if it.followup else None)
             effects[ekey] += 1
             late[ekey] += bool(it.reported)
+            effect_review[ekey] += it.review(stopped)
+            if it.followup:
+                compensation[ekey] = min(compensation.get(ekey, number), number)
     return (
         [
             {
@@ -80,11 +111,23 @@ def _aggregate(ledger: list[Item], stopped: bool) -> tuple[list[dict], list[dict
                 "n": n,
                 "started": started[k],
                 "reconciled": reconciled[k],
+                "review": review[k],
             }
             for k, n in rows.items()
         ],
         [
-            {"item__noun": k[0], "item__noun_plural": "", "effect": k[1], "reversible": k[2], "n": n, "late": late[k]}
+            {
+                "item__noun": k[0],
+                "item__noun_plural": "",
+                "effect": k[1],
+                "reversible": k[2],
+                "followup": k[3],
+                "action": k[4],
+                "n": n,
+                "late": late[k],
+                "review": effect_review[k],
+                "compensation": compensation.get(k),
+            }
             for k, n in effects.items()
         ],
     )
@@ -98,7 +141,7 @@ def _number(word: str) -> int:
 def _category(phrase: str) -> str:
     if phrase.startswith("discarded") or phrase.startswith("cancelled before") or phrase.startswith("stopped"):
         return S.CANCELLED
-    if phrase.startswith("completed") or phrase.split(";")[0] in Effect.values:
+    if phrase.startswith("completed") or re.split(r"[;,]", phrase)[0] in Effect.values:
         return S.COMPLETED
     if phrase.startswith("failed"):
         return S.FAILED
@@ -139,14 +182,15 @@ def test_every_sentence_counts_the_items_it_names_by_their_latest_outcome(ledger
     expected: Counter[tuple[str, str]] = Counter()
     for it in ledger:
         category = _expected_category(it)
-        if category == "unsettled" and not stopped:
-            continue  # a running task tells these as progress ("Running: 2 of 5 items finished.")
+        if category == "unsettled" and not stopped and not it.review(stopped):
+            continue  # a running task tells these as progress ("Running: two of five items finished.")
         expected[(it.noun, category)] += 1
     # Each sentence's number matches the items it names; no completed item is called discarded or
     # cancelled (it would be counted under the wrong category); the counts add up to the items.
     assert named == expected, text
     unsettled = sum(1 for it in ledger if _expected_category(it) == "unsettled")
-    assert sum(named.values()) + (0 if stopped else unsettled) == len(ledger)
+    untold = sum(1 for it in ledger if _expected_category(it) == "unsettled" and not it.review(stopped))
+    assert sum(named.values()) + (0 if stopped else untold) == len(ledger)
 
     if stopped:
         had_work = any(
@@ -163,15 +207,36 @@ def test_every_sentence_counts_the_items_it_names_by_their_latest_outcome(ledger
     elif not ledger:
         assert text == "No work recorded yet."
     elif unsettled:
-        assert (
-            head
-            == f"Running: {len(ledger) - unsettled} of {len(ledger)} item{'s' if len(ledger) != 1 else ''} finished."
-        )
+        done, total = number_word(len(ledger) - unsettled), number_word(len(ledger))
+        assert head == f"Running: {done} of {total} item{'s' if len(ledger) != 1 else ''} finished."
     else:
         assert head == "Finished."
-    # A contradicted item always asks for review.
-    if any(it.reported for it in ledger):
+    # A contradiction nobody acknowledged yet always asks for review.
+    if any(it.reported and it.flagged for it in ledger):
         assert "review required" in text
+
+    # "Review required" names exactly the items that need a person, and they come first.
+    needing = [REVIEW in sentence for sentence in claims]
+    assert needing == sorted(needing, reverse=True), text
+    told_review = sum(_number(sentence.split()[0]) for sentence in claims if REVIEW in sentence)
+    assert told_review == sum(it.review(stopped) for it in ledger), text
+
+    # One number style: words up to ten, digits from 11 (a compensation's "#3" is a name).
+    for digits in re.findall(r"(?<![#\d])\b\d+\b", text):
+        assert int(digits) > 10, text
+
+    # No two sentences count one noun the same way, and completed work beside an effect of the
+    # same noun says it had none ("Five emails sent." beside "Two emails completed." would read
+    # as two counts of the same emails).
+    said = Counter()
+    for sentence in claims:
+        _, noun_word, phrase = re.fullmatch(r"(\w+) (\w+) (.+)\.", sentence).groups()  # type: ignore[union-attr]
+        said[(SINGULAR.get(noun_word, noun_word), phrase)] += 1
+    assert max(said.values(), default=1) == 1, text
+    for noun in NOUNS:
+        phrases = [phrase.removesuffix("; " + REVIEW) for (n, phrase) in said if n == noun]
+        if any(re.split(r"[;,]", p)[0] in Effect.values for p in phrases):
+            assert "completed" not in phrases, text
 
 
 def test_the_seed_sentence():
@@ -195,12 +260,21 @@ def test_the_seed_sentence():
             "n": 1,
             "started": 1,
             "reconciled": 0,
+            "review": 1,
         },
     ]
     effects = [
-        {"item__noun": "record", "item__noun_plural": "", "effect": "created", "reversible": True, "n": 1, "late": 0}
+        {
+            "item__noun": "record",
+            "item__noun_plural": "",
+            "effect": "created",
+            "reversible": True,
+            "n": 1,
+            "late": 0,
+            "review": 1,
+        }
     ]
     assert (
         compose(rows, effects, stopped=True)
-        == "Stopped new work. Two drafts discarded. One record created; review required."
+        == "Stopped new work. One record created; review required. Two drafts discarded."
     )

@@ -77,7 +77,7 @@ def test_task_page_shows_summary_groups_records_and_trail(as_user):
     uncertain_item(task)
     html = as_user("operator").get(reverse("task-detail", args=[task.pk])).content.decode()
     assert 'id="summary"' in html and 'aria-live="polite"' in html
-    assert "Running: 2 of 5 items finished." in html
+    assert "Running: two of five items finished." in html
     assert 'id="group-running"' in html and 'id="group-queued"' in html and 'id="group-uncertain"' in html
     assert "celery-7f3a" in html and "mcp-req-42" in html
     # Still running: the summary polls.

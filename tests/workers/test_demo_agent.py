@@ -40,8 +40,8 @@ def test_stop_after_the_email_reads_back_every_child_and_says_so(start_worker, s
 
         task = Task.objects.get(pk=task.pk)
         assert task_summary(task) == (
-            "Stopped new work. Two drafts discarded. One agent run stopped before it finished. "
-            "One email sent; it cannot be recalled. One record created; review required. One lookup completed."
+            "Stopped new work. One record created; review required. Two drafts discarded. "
+            "One agent run stopped before it finished. One email sent; it cannot be recalled. One lookup completed."
         )
         # The drafts were cancelled on the stand-in itself, not only in our ledger.
         drafts = WorkItem.objects.filter(task=task, noun="draft")
