@@ -8,7 +8,8 @@ An item needs a person when any of these holds:
   items of one runtime recorded the same external record, and nobody has acknowledged it yet;
 - its latest outcome is completed and it left a **reversible record** on a stopped task with no
   reversal decided: no compensation, or only a rejected or failed one, or one that still waits
-  for an approver (proposed or escalated). An approved, running or done compensation closes it.
+  for an approver (proposed or escalated). An approved, running or done compensation closes it,
+  and so does a reviewer accepting the record as it is.
 
 A record that was reversed stays in the account ("One record created, then archived by
 compensation #2."), but it no longer asks for review.
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
-from reconcile.models import Compensation, CompensationState
+from reconcile.models import Compensation, CompensationState, RecordDecision, RecordDecisionKind
 from stopdesk.models import ExternalRecord, Task, WorkItem
 from stopdesk.states import ItemState
 
@@ -34,11 +35,12 @@ def reversal_pending(prefix: str = "") -> Q:
     """For ExternalRecord rows (reached through `prefix`, e.g. "external_records__"): a
     reversible effect of completed work on a stopped task with no reversal decided."""
     decided = Compensation.objects.filter(external_record=OuterRef(f"{prefix}pk"), state__in=REVERSAL_DECIDED)
+    accepted = RecordDecision.objects.filter(external_record=OuterRef(f"{prefix}pk"), kind=RecordDecisionKind.ACCEPTED)
     completed = Q(**{f"{prefix}item__state": S.COMPLETED}) | Q(
         **{f"{prefix}item__evidence__late_result__reported": S.COMPLETED}
     )
     return Q(**{f"{prefix}reversible": True, f"{prefix}item__task__stop_requested_at__isnull": False}) & Q(
-        completed, ~Exists(decided)
+        completed, ~Exists(decided), ~Exists(accepted)
     )
 
 

@@ -20,6 +20,7 @@ from reconcile.services.compensation import (
     compensation_propose,
     compensation_reject,
 )
+from reconcile.services.records import records_accept_as_is
 from reconcile.services.review import item_acknowledge_late_result, item_resolve
 from stopdesk.models import Task
 from stopdesk.review_state import tasks_needing_review, tasks_needing_review_count
@@ -131,7 +132,8 @@ def _count(sentence: str) -> int:
 def test_a_record_archived_by_its_compensation_no_longer_asks_for_review(as_user, roles, crm):
     record = crm_effect(system_url("crm"))
     task = Task.objects.get(pk=record.item.task_id)
-    assert task_summary(task) == "Stop requested; nothing was left to stop. One record created; review required."
+    # Sent before Stop, answered after it: Stop met it in flight.
+    assert task_summary(task) == "Stopped new work. One record created; review required."
     c = proposal(record, roles["reviewer"])
     compensation_approve(compensation_id=c.pk, by=roles["approver"], reauthenticated_at=timezone.now())
     compensation_execute(compensation_id=c.pk)
@@ -139,13 +141,23 @@ def test_a_record_archived_by_its_compensation_no_longer_asks_for_review(as_user
     assert c.state == C.DONE
 
     assert task_summary(task) == (
-        f"Stop requested; nothing was left to stop. One record created, then archived by compensation #{c.pk}."
+        f"Stopped new work. One record created, then archived by compensation #{c.pk}."
     )
     page = as_user("reviewer").get(reverse("task-detail", args=[task.pk])).content.decode()
     assert "Nothing needs a person now" in page
     assert f'archived by\n        <a href="/compensations/{c.pk}/">compensation #{c.pk}</a>' in page
     listing = as_user("operator").get(reverse("task-list")).content.decode()
     assert "need review" not in listing and "No task needs review." in listing
+
+
+def test_a_record_accepted_as_it_is_no_longer_asks_for_review(roles, crm):
+    record = crm_effect(system_url("crm"))
+    task = Task.objects.get(pk=record.item.task_id)
+    assert tasks_needing_review(Task.objects.all()).filter(pk=task.pk).exists()
+    records_accept_as_is(record_ids=[record.pk], by=roles["reviewer"], note="The customer asked for it.")
+    assert not tasks_needing_review(Task.objects.all()).filter(pk=task.pk).exists()
+    assert "review required" not in task_summary(task)
+    assert task_overview(task).review.count == 0
 
 
 def test_an_acknowledged_late_report_is_told_as_reviewed(roles):
