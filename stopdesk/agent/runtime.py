@@ -40,7 +40,14 @@ from stopdesk.client.types import (
     TaskInfo,
 )
 from stopdesk.models import ApiIdempotency, ExternalRecord, Runtime, StopRequest, Task, WorkItem
-from stopdesk.services.errors import HandleConflict, IllegalTransition, TaskStopped, ToolNotReady, UnknownMechanism
+from stopdesk.services.errors import (
+    DeclarationRefused,
+    HandleConflict,
+    IllegalTransition,
+    TaskStopped,
+    ToolNotReady,
+    UnknownMechanism,
+)
 from stopdesk.services.items import (
     item_attach_record,
     item_finish,
@@ -573,6 +580,8 @@ def _ledger_errors() -> Iterator[None]:
         raise InvalidRequest(str(exc), code=exc.code, field="mechanism") from exc
     except HandleConflict as exc:
         raise Conflict(str(exc), code=exc.code, field="handle", item=exc.item_id, handle=exc.handle) from exc
+    except DeclarationRefused as exc:
+        raise InvalidRequest(str(exc), code=exc.code, field=exc.field) from exc
 
 
 def task_info(task: Task) -> TaskInfo:
