@@ -212,7 +212,14 @@ class HttpOperation(Mechanism):
             return Observation(
                 Seen.UNKNOWABLE, remote_status=f"HTTP {response.status_code}", message=response.text[:200]
             )
-        fact = record_fact(decl, response)
+        try:
+            fact = record_fact(decl, response)
+        except (KeyError, TypeError, ValueError):  # not JSON, not an object, or no id in it
+            return Observation(
+                Seen.UNKNOWABLE,
+                remote_status="unreadable answer",
+                message=f"The lookup answered without a record id: {response.text[:160]}",
+            )
         if (problem := record_id_problem(fact.record_id)) is not None:
             return Observation(
                 Seen.UNKNOWABLE, remote_status="unsafe record id", message=unsafe_record_id_outcome(fact, problem)

@@ -7,12 +7,13 @@ from __future__ import annotations
 import pytest
 
 from reconcile.mechanisms import registry
+from reconcile.mechanisms.base import ItemRef
 from reconcile.services.cancel import item_cancel
 from stopdesk.models import WorkItem
 from stopdesk.states import ItemState
 from tests.factories import make_external_effect, make_task
 from tests.listener import Listener
-from tests.reconcile.conftest import configure_openai
+from tests.reconcile.conftest import configure_openai, configure_system
 from tests.reconcile.helpers import stop
 from tests.reconcile.test_openai import started
 
@@ -61,14 +62,45 @@ def test_an_http_item_naming_its_own_urls_is_looked_up_only_at_its_configured_sy
     WorkItem.objects.filter(pk=item.pk).update(detail={"http": override}, idempotency_key="k-1")
     item.refresh_from_db()
     http = registry.get("http")
-    http.cancel(http_ref(item))
+    http.cancel(ItemRef.of(item))
     record = item.external_records.get()
     http.read_version(record)  # type: ignore[attr-defined]
     http.reverse(record, "1")  # type: ignore[attr-defined]
     assert listener.arrivals == []
 
 
-def http_ref(item):  # type: ignore[no-untyped-def]
-    from reconcile.mechanisms.base import ItemRef
+def _request_lines(listener) -> list[str]:  # type: ignore[no-untyped-def]
+    return [a.request.split(b"\r\n", 1)[0].decode() for a in listener.arrivals]
 
-    return ItemRef.of(item)
+
+def test_a_handle_reaches_the_configured_endpoint_as_one_path_segment(settings, listener):
+    configure_openai(settings, base_url=listener.url + "/v1", api_key=SERVER_KEY)
+    item = make_external_effect(make_task())
+    WorkItem.objects.filter(pk=item.pk).update(mechanism="openai", handle="../../admin?x=1#y")
+    item.refresh_from_db()
+    registry.get("openai").cancel(ItemRef.of(item))
+    assert _request_lines(listener)[:2] == [
+        "POST /v1/responses/..%2F..%2Fadmin%3Fx%3D1%23y/cancel HTTP/1.1",
+        "GET /v1/responses/..%2F..%2Fadmin%3Fx%3D1%23y HTTP/1.1",
+    ]
+
+
+def test_an_idempotency_key_and_a_version_stay_data_in_the_configured_requests(settings, listener):
+    configure_system(settings, "crm", base_url=listener.url)
+    item = make_external_effect(make_task())
+    WorkItem.objects.filter(pk=item.pk).update(idempotency_key="k&admin=1#x?y", detail={"http": {"system": "crm"}})
+    item.refresh_from_db()
+    http = registry.get("http")
+    looked = http.inspect(ItemRef.of(item))
+    assert _request_lines(listener) == ["GET /records?idempotency_key=k%26admin%3D1%23x%3Fy HTTP/1.1"]
+    assert looked.remote_status == "unreadable answer"  # the listener's {} names no record
+    # A key that cannot be one segment is not sent at all.
+    WorkItem.objects.filter(pk=item.pk).update(idempotency_key="../admin")
+    item.refresh_from_db()
+    assert http.inspect(ItemRef.of(item)).remote_status == "unsafe key"
+    assert len(listener.arrivals) == 1
+    # A version cannot add a header to the reversal: the request is refused before it is sent.
+    record = item.external_records.get()
+    reversal = http.reverse(record, 'v1"\r\nX-Evil: 1')  # type: ignore[attr-defined]
+    assert reversal.outcome == "error"
+    assert not any(b"X-Evil" in a.request for a in listener.arrivals)
