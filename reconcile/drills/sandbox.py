@@ -160,6 +160,18 @@ class DrillSandbox:
             configure_system(system, like=name, base_url=self.urls[name])
         return system
 
+    def endpoints(self) -> dict[str, dict[str, Any]]:
+        """The sandbox's OpenAI stand-in and MCP server as the mechanisms' configured endpoints
+        (settings overrides for the drills): the reconciler reaches only configured ones."""
+        from django.conf import settings
+
+        mcp = dict(getattr(settings, "STOPDESK_MECHANISMS", {}).get("mcp", {}).get("options", {}))
+        mcp["servers"] = {**mcp.get("servers", {}), "drill-sandbox": {"url": self.urls["mcp"]}}
+        return {
+            "openai": {"options": {"base_url": self.urls["openai"], "api_key": "sandbox"}},
+            "mcp": {"options": mcp},
+        }
+
     def reset(self) -> None:
         self.sandbox.reset()
         self.log.clear()
