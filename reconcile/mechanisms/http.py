@@ -146,7 +146,7 @@ class HttpOperation(Mechanism):
     )
 
     def can(self, capability: Capability, item: ItemRef | None = None) -> bool:
-        """Per item, what the operation's declaration (on the item, or its system's) provides."""
+        """Per item, what the configured system the item names provides."""
         if item is None:
             return capability in self.capabilities
         decl = self.declaration(item.detail)
