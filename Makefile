@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-sqlite bench lint format lock clean reference-servers
+.PHONY: run test test-sqlite bench lint format lock clean reference-servers fuzz-steering
 
 $(STAMP): requirements.lock
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ test-sqlite: $(STAMP)
 ## Benchmarks: one line per figure, `name value unit`, with the ratio to its target.
 bench: $(STAMP)
 	$(PY) -m bench
+
+## The steering fuzzer at full length: 5,000 API requests with hostile declarations, and not one
+## connection from the server to an address nobody configured (the CI run makes 600).
+fuzz-steering: $(STAMP)
+	STOPDESK_FUZZ_REQUESTS=5000 $(PY) -m pytest tests/api/test_fuzz_steering.py -s -q -p no:logging $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

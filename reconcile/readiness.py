@@ -104,7 +104,7 @@ def _ref(mechanism: str, kind: str = "", detail: dict[str, Any] | None = None) -
 
 
 def _can(adapter: Mechanism, capability: Capability, ref: ItemRef | None) -> bool:
-    # Per item where it depends on the item's declaration (an HTTP operation's lookup URL...).
+    # Per item where it depends on the item's declaration (the configured system an HTTP operation names...).
     return adapter.can(capability, ref)
 
 

@@ -83,12 +83,18 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+_LINE_BREAKS = str.maketrans({"\n": "\\n", "\r": "\\r", "\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\x85"})
+
+
 class KeyValueFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         ids = "".join(
             f" {name}={getattr(record, name)}" for name in ("task_id", "item_id") if getattr(record, name, "") != ""
         )
-        line = f"{self.formatTime(record)} {record.levelname} {record.name}{ids} {record.getMessage()}"
+        # Messages carry runtime text (a task title, a handle): a line break in it must not start
+        # what reads as another log line.
+        message = record.getMessage().translate(_LINE_BREAKS)
+        line = f"{self.formatTime(record)} {record.levelname} {record.name}{ids} {message}"
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line

@@ -9,28 +9,22 @@ from typing import Any
 
 from celery import shared_task
 
+from reconcile.drills.sandbox import configure_system
 from stopdesk.agent.workers import LedgerTask, StopRequested
 from stopdesk.services.errors import TaskStopped
 from stopdesk.states import Kind
 
 
 def crm_declaration(base: str, system: str = "crm") -> dict[str, Any]:
-    return {
-        "system": system,
-        "effect": "created",
-        "lookup_url": base + "/records?idempotency_key={idempotency_key}",
-        "record_url": base + "/records/{record_id}",
-        "reverse": {"action": "archive", "url": base + "/records/{record_id}/archive"},
-    }
+    """An item's http declaration names its system; where the system is (`base`) is configuration,
+    written by `configure_system` in the process that reconciles."""
+    configure_system(system, like="crm", base_url=base)
+    return {"system": system, "effect": "created"}
 
 
 def outbox_declaration(base: str, system: str = "outbox") -> dict[str, Any]:
-    return {
-        "system": system,
-        "effect": "sent",
-        "lookup_url": base + "/messages?idempotency_key={idempotency_key}",
-        "record_url": base + "/messages/{record_id}",
-    }
+    configure_system(system, like="outbox", base_url=base)
+    return {"system": system, "effect": "sent"}
 
 
 def crm_step(*, parent_id: int, task_id: int, crm_url: str, key: str, actor: str, system: str = "crm") -> None:

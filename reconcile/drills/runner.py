@@ -196,6 +196,8 @@ def run_drills(
     cleanup: list[str] = []
     missing: list[str] = []
     overrides = {**(settings_overrides or {}), **(target.settings_overrides() if target is not None else {})}
+    if sandbox is not None and target is None:
+        overrides = {**sandbox.endpoints(), **overrides}
     try:
         with drill_settings(overrides):
             if target is not None:

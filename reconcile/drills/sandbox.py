@@ -153,8 +153,24 @@ class DrillSandbox:
     def system(self, name: str) -> str:
         """The name the ledger records effects under. A reset party numbers its records from 1
         again ("crm-1"), and (system, record id) is unique in the ledger, so each reset gets a
-        system name of its own instead of colliding with an earlier drill's record."""
-        return f"{name}~{self.epoch}"
+        system name of its own instead of colliding with an earlier drill's record. The name is
+        configured (at this sandbox's party), as the server reaches only configured systems."""
+        system = f"{name}~{self.epoch}"
+        if name in self.urls:
+            configure_system(system, like=name, base_url=self.urls[name])
+        return system
+
+    def endpoints(self) -> dict[str, dict[str, Any]]:
+        """The sandbox's OpenAI stand-in and MCP server as the mechanisms' configured endpoints
+        (settings overrides for the drills): the reconciler reaches only configured ones."""
+        from django.conf import settings
+
+        mcp = dict(getattr(settings, "STOPDESK_MECHANISMS", {}).get("mcp", {}).get("options", {}))
+        mcp["servers"] = {**mcp.get("servers", {}), "drill-sandbox": {"url": self.urls["mcp"]}}
+        return {
+            "openai": {"options": {"base_url": self.urls["openai"], "api_key": "sandbox"}},
+            "mcp": {"options": mcp},
+        }
 
     def reset(self) -> None:
         self.sandbox.reset()
@@ -194,3 +210,17 @@ def _wrapped_factory(log: ArrivalLog, name: str, factory: Callable[[], Any]) -> 
         return log.wrap(name, factory())
 
     return build
+
+
+def configure_system(system: str, *, like: str, base_url: str) -> None:
+    """Configure `system` as the settings' `like` system at `base_url` (a drill's sandbox party,
+    or the CRM given to `stopdrill --crm-url`), as an operator would in STOPDESK_MECHANISMS."""
+    from django.conf import settings
+
+    from reconcile.mechanisms import registry
+
+    systems = settings.STOPDESK_MECHANISMS.setdefault("http", {}).setdefault("options", {}).setdefault("systems", {})
+    wanted = {**systems.get(like, {}), "base_url": base_url.rstrip("/")}
+    if systems.get(system) != wanted:
+        systems[system] = wanted
+        registry.reset()

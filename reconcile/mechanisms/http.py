@@ -1,23 +1,29 @@
 """Generic HTTP operations (httpx): an external action declared with an idempotency key, a status
 lookup, an optional cancel endpoint and an optional reversal.
 
-The declaration lives on the item (`detail["http"]`), written before the action is submitted:
+Every URL the adapter calls comes from configuration: a system is declared once in settings,
+STOPDESK_MECHANISMS["http"]["options"]["systems"][name]:
 
-    {"system": "crm", "effect": "created",
-     "lookup_url": "http://crm/records?idempotency_key={idempotency_key}",
-     "record_url": "http://crm/records/{record_id}",               # read_version()
-     "cancel_url": "http://crm/ops/{idempotency_key}/cancel",       # optional
-     "reverse": {"action": "archive", "url": "http://crm/records/{record_id}/archive",  # optional
+    {"base_url": "https://crm.example",
+     "lookup_url": "/records?idempotency_key={idempotency_key}",
+     "record_url": "/records/{record_id}",                          # read_version()
+     "cancel_url": "/ops/{idempotency_key}/cancel",                 # optional
+     "reverse": {"action": "archive", "url": "/records/{record_id}/archive",  # optional
                  "label": "Archive the record", "if_match": '"v{version}"'},
      "id_field": "id", "version_field": "version"}
 
-Systems may also be declared once in settings, STOPDESK_MECHANISMS["http"]["options"]["systems"]
-[name], with the same keys plus `base_url`, which URLs starting with "/" are joined to; the item's
-declaration wins. `reverse.if_match` is how the system wants its version back in If-Match
-(default: the version, quoted as an ETag).
+URLs starting with "/" are joined to `base_url`. An item only *names* its system and its effect
+(`detail["http"] = {"system": "crm", "effect": "created"}`, written before the action is
+submitted); the ids filled into the templates (idempotency key, record id) are each one
+percent-encoded path segment, so they can never add a segment, a query or a host. An item that
+names a system nobody configured has no lookup, no cancel and no reversal: it is settled by a
+person. `reverse.if_match` is how the system wants its version back in If-Match (default: the
+version, quoted as an ETag).
 
 For compensation (run only after approval, by the compensation workflow): `read_version(record)`
-and `reverse(record, expected_version)`, which sends the version as If-Match and never forces.
+and `reverse(record, expected_version)`, which sends the version as If-Match and never forces;
+`reversal_request(record)` is the request `reverse` would send, for people to see before they
+approve it.
 """
 
 from __future__ import annotations
@@ -42,9 +48,14 @@ RETRYABLE_STATUS = frozenset({408, 425, 429}) | frozenset(range(500, 600))
 
 
 def declaration(detail: dict[str, Any], systems: dict[str, Any], system: str | None = None) -> dict[str, Any]:
-    """The item's declaration over its system's configured one: the item's keys win."""
-    declared = dict(detail.get("http") or {})
-    return {**systems.get(system or declared.get("system", ""), {}), **declared}
+    """The configured declaration of the system the item names (or `system`, a record's). Of the
+    item's own declaration only the system's name and the effect count: any URL, header or
+    reversal an item carries (a row written before such overrides were refused) is never used."""
+    declared = detail.get("http") or {}
+    declared = declared if isinstance(declared, dict) else {}
+    name = str(system or declared.get("system") or "")
+    effect = {"effect": str(declared["effect"])} if isinstance(declared.get("effect"), str) else {}
+    return {**(systems.get(name) or {}), **effect, "system": name} if name else effect
 
 
 def _fill(template: str, base_url: str = "", **values: str) -> str:
@@ -113,6 +124,7 @@ class Reversal:
     new_version: str = ""  # when done: the version after the reversal
     error: str = ""
     body: dict[str, Any] = field(default_factory=dict)
+    request: str = ""  # what was sent: "POST https://crm.example/records/acc-10/archive"
 
     @property
     def done(self) -> bool:
@@ -134,7 +146,7 @@ class HttpOperation(Mechanism):
     )
 
     def can(self, capability: Capability, item: ItemRef | None = None) -> bool:
-        """Per item, what the operation's declaration (on the item, or its system's) provides."""
+        """Per item, what the configured system the item names provides."""
         if item is None:
             return capability in self.capabilities
         decl = self.declaration(item.detail)
@@ -200,7 +212,14 @@ class HttpOperation(Mechanism):
             return Observation(
                 Seen.UNKNOWABLE, remote_status=f"HTTP {response.status_code}", message=response.text[:200]
             )
-        fact = record_fact(decl, response)
+        try:
+            fact = record_fact(decl, response)
+        except (KeyError, TypeError, ValueError):  # not JSON, not an object, or no id in it
+            return Observation(
+                Seen.UNKNOWABLE,
+                remote_status="unreadable answer",
+                message=f"The lookup answered without a record id: {response.text[:160]}",
+            )
         if (problem := record_id_problem(fact.record_id)) is not None:
             return Observation(
                 Seen.UNKNOWABLE, remote_status="unsafe record id", message=unsafe_record_id_outcome(fact, problem)
@@ -218,11 +237,10 @@ class HttpOperation(Mechanism):
 
     def read_version(self, record: Any, *, timeout_s: float | None = None) -> VersionRead:
         """GET the external record and report its current version. Never raises for remote failures."""
-        item = getattr(record, "item", None)
-        decl = self.declaration(item.detail if item is not None else {}, system=record.system)
+        decl = self.declaration({}, system=record.system)
         url = decl.get("record_url")
         if not url:
-            return VersionRead(False, error=f"no record_url declared for system {record.system!r}")
+            return VersionRead(False, error=f"no record_url configured for system {record.system!r}")
         try:
             with httpx.Client(timeout=timeout_s or self.settings.call_timeout_s) as http:
                 response = http.get(_fill(url, decl.get("base_url", ""), record_id=record.record_id))
@@ -238,29 +256,49 @@ class HttpOperation(Mechanism):
         version = _version_of(response, body, decl.get("version_field", "version"))
         return VersionRead(True, version, str(body.get("status", "")), response.status_code, body=body)
 
+    def reversal_request(self, record: Any) -> tuple[str, str] | None:
+        """The method and URL `reverse` sends for `record`: the configured system's template with
+        the recorded record id. None when the system offers no reversal or the id cannot be one
+        path segment."""
+        decl = self.declaration({}, system=record.system)
+        spec = decl.get("reverse") or {}
+        if not spec.get("url"):
+            return None
+        try:
+            return str(spec.get("method", "POST")).upper(), _fill(
+                spec["url"], decl.get("base_url", ""), record_id=record.record_id
+            )
+        except UnsafeRecordId:
+            return None
+
     def reverse(
         self, record: Any, expected_version: str, *, actor: str = "stopdesk", timeout_s: float | None = None
     ) -> Reversal:
         """Run the declared reversal with `expected_version` as If-Match. A changed record is a
         `version_mismatch` (HTTP 412), never forced. Idempotent where the system replays a repeat."""
-        item = getattr(record, "item", None)
-        decl = self.declaration(item.detail if item is not None else {}, system=record.system)
+        decl = self.declaration({}, system=record.system)
         spec = decl.get("reverse") or {}
         if not spec.get("url"):
-            return Reversal("not_reversible", error=f"no reversal declared for system {record.system!r}")
+            return Reversal("not_reversible", error=f"no reversal configured for system {record.system!r}")
         if not expected_version:
             return Reversal("error", error="a reversal needs the version it expects")
         try:
-            with httpx.Client(timeout=timeout_s or self.settings.call_timeout_s) as http:
-                response = http.request(
-                    spec.get("method", "POST"),
-                    _fill(spec["url"], decl.get("base_url", ""), record_id=record.record_id),
-                    headers={"If-Match": _if_match(expected_version, spec.get("if_match", "")), "X-Actor": actor},
-                )
+            method, url = (
+                spec.get("method", "POST").upper(),
+                _fill(spec["url"], decl.get("base_url", ""), record_id=record.record_id),
+            )
         except UnsafeRecordId as exc:
             return Reversal("error", error=str(exc))
+        sent = f"{method} {url}"
+        try:
+            with httpx.Client(timeout=timeout_s or self.settings.call_timeout_s) as http:
+                response = http.request(
+                    method,
+                    url,
+                    headers={"If-Match": _if_match(expected_version, spec.get("if_match", "")), "X-Actor": actor},
+                )
         except httpx.HTTPError as exc:
-            return Reversal("error", error=type(exc).__name__)
+            return Reversal("error", error=type(exc).__name__, request=sent)
         try:
             body = response.json()
         except ValueError:
@@ -269,9 +307,11 @@ class HttpOperation(Mechanism):
         field_name = decl.get("version_field", "version")
         if response.status_code == 412:
             current = str(body.get(field_name, "")) or response.headers.get("etag", "")
-            return Reversal("version_mismatch", 412, current_version=current, body=body)
+            return Reversal("version_mismatch", 412, current_version=current, body=body, request=sent)
         if response.status_code == 404:
-            return Reversal("not_found", 404, body=body)
+            return Reversal("not_found", 404, body=body, request=sent)
         if response.status_code >= 300:
-            return Reversal("error", response.status_code, error=response.text[:200], body=body)
-        return Reversal("done", response.status_code, new_version=_version_of(response, body, field_name), body=body)
+            return Reversal("error", response.status_code, error=response.text[:200], body=body, request=sent)
+        return Reversal(
+            "done", response.status_code, new_version=_version_of(response, body, field_name), body=body, request=sent
+        )

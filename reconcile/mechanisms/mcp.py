@@ -215,7 +215,14 @@ class McpToolCall(Mechanism):
             )
         if check:
             try:
-                spec = mcp_servers.from_detail(item.detail.get("mcp") or {}, self.settings.options)
+                facts = item.detail.get("mcp") or {}
+                spec = mcp_servers.from_detail(facts, self.settings.options)
+                configured = spec.status_checks.get(str(facts.get("tool") or ""))
+                if configured is None or configured.tool != check["tool"]:
+                    # Which tool the server calls is configuration; the item only fills in its arguments.
+                    raise mcp_servers.ServerConfigError(
+                        f"no status check {check['tool']!r} is configured for {facts.get('tool')!r} on {spec.name!r}"
+                    )
                 return anyio.run(run_status_check, spec, check, self.settings.call_timeout_s)
             except mcp_servers.ServerConfigError as exc:
                 return Observation(Seen.UNKNOWABLE, remote_status="status check impossible", message=str(exc))

@@ -196,15 +196,23 @@ def resolve(server: str | StdioServerParameters | ServerSpec, options: dict[str,
 
 
 def from_detail(facts: dict[str, Any], options: dict[str, Any]) -> ServerSpec:
-    """The server an item's recorded facts name. A stdio server is only reachable by its
-    configured name: a command is never taken from the ledger."""
+    """The configured server an item's recorded facts name. The reconciler reaches only configured
+    servers: a URL or a command recorded on an item is where the agent side went, and is never
+    dialled or run from the ledger (a runtime could otherwise point the server, with the
+    configured headers, anywhere)."""
     name = str(facts.get("server") or "")
     configured = configured_servers(options)
     if name in configured:
         return configured[name]
-    if facts.get("transport", HTTP) == HTTP and (facts.get("url") or name).startswith(("http://", "https://")):
-        return resolve(str(facts.get("url") or name), options)
-    raise ServerConfigError(f"the stdio MCP server {name!r} is not configured, so it cannot be started to look")
+    # Called by its URL, and that URL is a configured server's: the configured entry (its URL,
+    # its headers) is what is used.
+    for spec in configured.values():
+        if spec.transport == HTTP and spec.url and spec.url in (name, str(facts.get("url") or "")):
+            return spec
+    raise ServerConfigError(
+        f"the MCP server {name!r} is not configured, so the server cannot reach it to look "
+        "(only configured servers are reached from the ledger)"
+    )
 
 
 def _errlog() -> TextIO:

@@ -236,9 +236,12 @@ class OpenAIResponses(Mechanism):
     )
 
     def _http(self, item: ItemRef) -> PlainEndpoint:
-        base_url = (item.detail.get("openai") or {}).get("base_url") or self.settings.options.get("base_url")
+        # The endpoint and the key are configuration, bound together: never an item's (a runtime
+        # that could name the endpoint would receive the server's key).
         return plain_endpoint_for(
-            base_url=base_url, api_key=self.settings.options.get("api_key"), timeout_s=self.settings.call_timeout_s
+            base_url=self.settings.options.get("base_url"),
+            api_key=self.settings.options.get("api_key"),
+            timeout_s=self.settings.call_timeout_s,
         )
 
     def cancel(self, item: ItemRef) -> Observation:

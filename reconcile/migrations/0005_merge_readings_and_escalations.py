@@ -4,11 +4,9 @@ from django.db import migrations
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('reconcile', '0004_escalations_by_stopdesk'),
-        ('reconcile', '0004_record_readings_and_decisions'),
+        ("reconcile", "0004_escalations_by_stopdesk"),
+        ("reconcile", "0004_record_readings_and_decisions"),
     ]
 
-    operations = [
-    ]
+    operations = []

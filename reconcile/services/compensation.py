@@ -55,13 +55,21 @@ REPORT = Action(REPORT_ONLY, "Report only (nothing can be reversed)", writes=Fal
 
 def _http() -> HttpOperation:
     """The HTTP adapter reads records back and reverses them, configured per system in
-    STOPDESK_MECHANISMS["http"]["options"]["systems"] (or on the record's item)."""
+    STOPDESK_MECHANISMS["http"]["options"]["systems"] (never by the record's item)."""
     return cast(HttpOperation, registry.get("http"))
 
 
 def _reversal(record: ExternalRecord) -> dict[str, Any]:
     item = record.item if record.item_id else None
     return dict(_http().declaration(item.detail if item is not None else {}, system=record.system).get("reverse") or {})
+
+
+def compensation_request(record: ExternalRecord) -> str:
+    """The request a reversal of `record` sends ("POST https://crm.example/records/acc-10/archive"):
+    the configured system's template and the recorded record id, shown to people before they
+    approve. Empty when the record cannot be reversed."""
+    planned = _http().reversal_request(record) if record.reversible else None
+    return f"{planned[0]} {planned[1]}" if planned else ""
 
 
 def compensation_actions(record: ExternalRecord) -> list[Action]:
@@ -250,7 +258,11 @@ def compensation_execute(*, compensation_id: int) -> Compensation:
         if not reversal.done:
             status = f"HTTP {reversal.status_code} " if reversal.status_code else ""
             return _fail(compensation, f"{compensation.action} {record.record_id}: {status}{reversal.error}".strip())
-        result = {"status": reversal.body.get("status"), "version": normalize_version(reversal.new_version)}
+        result = {
+            "status": reversal.body.get("status"),
+            "version": normalize_version(reversal.new_version),
+            "request": reversal.request,
+        }
         done = f"{compensation.action} done at version {expected}."
     with transaction.atomic():
         _move(

@@ -9,7 +9,7 @@ from django.db import transaction
 
 from reconcile.mechanisms.base import RecordFact
 from stopdesk.models import ExternalRecord, WorkItem
-from stopdesk.services.items import item_attach_record, item_note_evidence, item_set_handle
+from stopdesk.services.items import detail_declarable, item_attach_record, item_note_evidence, item_set_handle
 
 
 def item_record_handle(*, item_id: int, handle: str, actor: str, detail: dict[str, Any] | None = None) -> WorkItem:
@@ -20,6 +20,7 @@ def item_record_handle(*, item_id: int, handle: str, actor: str, detail: dict[st
 
 def item_record_detail(*, item_id: int, detail: dict[str, Any]) -> None:
     """Merge mechanism facts (server, tool annotations, protocol version...) into the item."""
+    detail_declarable(detail)
     with transaction.atomic():
         item = WorkItem.objects.select_for_update().get(pk=item_id)
         item.detail = {**item.detail, **detail}

@@ -59,7 +59,7 @@ def response_create(
     }
     client = openai_client(base_url=base_url, api_key=api_key, timeout_s=timeout_s)
     response = client.responses.create(background=True, metadata=metadata, **params)
-    item_record_handle(
-        item_id=item_id, handle=response.id, actor=actor, detail={"openai": {"base_url": str(client.base_url)}}
-    )
+    # Only the id: the reconciler cancels and reads back at the configured endpoint, never at one
+    # an item names (the server's key goes with it).
+    item_record_handle(item_id=item_id, handle=response.id, actor=actor)
     return response

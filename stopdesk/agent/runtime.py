@@ -43,6 +43,7 @@ from stopdesk.client.types import (
 from stopdesk.models import ApiIdempotency, ExternalRecord, Runtime, StopRequest, Task, WorkItem
 from stopdesk.services.closing import task_close
 from stopdesk.services.errors import (
+    DeclarationRefused,
     HandleConflict,
     IllegalTransition,
     TaskClosed,
@@ -592,6 +593,8 @@ def _ledger_errors() -> Iterator[None]:
         raise InvalidRequest(str(exc), code=exc.code, field="mechanism") from exc
     except HandleConflict as exc:
         raise Conflict(str(exc), code=exc.code, field="handle", item=exc.item_id, handle=exc.handle) from exc
+    except DeclarationRefused as exc:
+        raise InvalidRequest(str(exc), code=exc.code, field=exc.field) from exc
 
 
 def task_info(task: Task) -> TaskInfo:

@@ -157,13 +157,7 @@ class InvoiceAnalysis:
                     "vendor": "ACME",
                     "lookup": lookup[:80],
                 },
-                declaration={
-                    "system": "crm",
-                    "effect": "created",
-                    "lookup_url": f"{crm}/records?idempotency_key={{idempotency_key}}",
-                    "record_url": f"{crm}/records/{{record_id}}",
-                    "reverse": {"action": "archive", "url": f"{crm}/records/{{record_id}}/archive"},
-                },
+                declaration={"system": "crm", "effect": "created"},
             )
             log.info("CRM record: accepted=%s %s", submitted.accepted, submitted.record or submitted.error)
         return submitted.record.record_id if submitted.record else ""
@@ -184,12 +178,7 @@ class InvoiceAnalysis:
                     "subject": "Invoice batch 42 is under review",
                     "body": f"A review case {record_id or '(pending)'} was opened for ACME's invoice batch 42.",
                 },
-                declaration={
-                    "system": "outbox",
-                    "effect": "sent",
-                    "lookup_url": f"{outbox}/messages?idempotency_key={{idempotency_key}}",
-                    "record_url": f"{outbox}/messages/{{record_id}}",
-                },
+                declaration={"system": "outbox", "effect": "sent"},
             )
             log.info("email: accepted=%s %s", submitted.accepted, submitted.record or submitted.error)
         return submitted.record.record_id if submitted.record else ""

@@ -84,3 +84,14 @@ class HandleConflict(LedgerError):
         self.item_id = item_id
         self.handle = handle
         super().__init__(f"Item {item_id} already has the handle {handle!r}; one item is one dispatched piece of work.")
+
+
+class DeclarationRefused(LedgerError):
+    """An item's declaration tried to choose where the server connects (a URL, host, header or
+    credential): that is configuration, never runtime input. `field` names the offending key."""
+
+    code = "declaration_refused"
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")

@@ -13,10 +13,18 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from reconcile.mechanisms import registry
+from reconcile.mechanisms.declared import steering_problem
 from stopdesk.models import ExternalRecord, Task, WorkItem
 from stopdesk.record_ids import record_id_problem
 from stopdesk.services.closing import task_open_check
-from stopdesk.services.errors import HandleConflict, IllegalTransition, InvalidRecordId, TaskStopped, UnknownMechanism
+from stopdesk.services.errors import (
+    DeclarationRefused,
+    HandleConflict,
+    IllegalTransition,
+    InvalidRecordId,
+    TaskStopped,
+    UnknownMechanism,
+)
 from stopdesk.services.events import event_record
 from stopdesk.services.sql import ClockNow, is_postgres
 from stopdesk.services.transitions import (
@@ -189,7 +197,15 @@ def _registrable(*, kind: str, mechanism: str, detail: dict[str, Any] | None) ->
         raise ValueError(f"Unknown kind {kind!r}; expected one of {', '.join(Kind.values)}.")
     if not registry.known(mechanism):
         raise UnknownMechanism(mechanism, registry.names())
+    detail_declarable(detail)
     _readiness_check(mechanism=mechanism, kind=kind, detail=detail)
+
+
+def detail_declarable(detail: dict[str, Any] | None) -> None:
+    """Refuse a declaration that tries to choose where the server connects (DeclarationRefused,
+    naming the field): every write of runtime-supplied detail goes through here."""
+    if (refusal := steering_problem(detail)) is not None:
+        raise DeclarationRefused(refusal.field, refusal.message)
 
 
 def _readiness_check(*, mechanism: str, kind: str, detail: dict[str, Any] | None) -> None:
@@ -245,6 +261,7 @@ def item_set_handle(*, item_id: int, handle: str, actor: str, detail: dict[str, 
     that never started has nothing to point at: IllegalTransition), one handle per item (another
     one is HandleConflict; the same one again changes nothing). After Stop it is still recorded,
     and an item whose cancel is already requested is due at once, so the canceller acts on it."""
+    detail_declarable(detail)
     with transaction.atomic():
         item = WorkItem.objects.select_for_update().get(pk=item_id)
         if item.started_at is None:

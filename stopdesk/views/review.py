@@ -23,6 +23,7 @@ from reconcile.services.compensation import (
     compensation_escalate,
     compensation_propose,
     compensation_reject,
+    compensation_request,
 )
 from reconcile.services.records import record_readings_compared
 from reconcile.services.review import (
@@ -272,6 +273,7 @@ def compensation_detail(
     context = {
         "c": compensation,
         "record": compensation.external_record,
+        "planned_request": compensation_request(compensation.external_record),
         "error": error,
         "reauth_fresh": reauth_fresh(request),
         "reauth_until": _reauth_until(request),

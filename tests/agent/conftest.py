@@ -3,6 +3,7 @@ into PostgreSQL (threads, so the test database is transactional)."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 
 import pytest
@@ -29,9 +30,14 @@ def model(_model_served: tuple[OpenAIStandin, BackgroundServer]) -> Iterator[tup
 
 
 @pytest.fixture
-def crm() -> Iterator[tuple[CRM, str]]:
+def crm(settings) -> Iterator[tuple[CRM, str]]:  # type: ignore[no-untyped-def]
+    """A sandbox CRM of the test's own, configured as the HTTP adapter's "crm" system (the only
+    way the server learns where a system is)."""
     party = CRM()
     with BackgroundServer(party.app, name="crm") as server:
+        mechanisms = copy.deepcopy(settings.STOPDESK_MECHANISMS)
+        mechanisms["http"]["options"]["systems"]["crm"]["base_url"] = server.url
+        settings.STOPDESK_MECHANISMS = mechanisms
         yield party, server.url
 
 

@@ -53,12 +53,7 @@ class Tools:
             idempotency_key=lambda args: f"lead-{args.get('name', '')}",
             reversible="archive",
             noun="lead",
-            http={
-                "effect": "created",
-                "lookup_url": self.crm_url + "/records?idempotency_key={idempotency_key}",
-                "record_url": self.crm_url + "/records/{record_id}",
-                "reverse": {"action": "archive", "url": self.crm_url + "/records/{record_id}/archive"},
-            },
+            http={"effect": "created"},
         )
         async def create_lead(name: str) -> str:
             """Create a lead in the CRM."""

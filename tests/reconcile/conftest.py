@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+from django.conf import settings as django_settings
 from django.utils import timezone
 
 from reconcile.mechanisms import registry
@@ -18,6 +20,10 @@ from reconcile.sandbox.server import BackgroundServer
 from tests.reference_servers import EverythingServer, everything, make_repo, tee_command
 from tests.reference_servers.proxy import WireRecorder
 
+# The sandbox parties as the settings configure them (stopdesk/settings.py), kept whole when a
+# test's STOPDESK_MECHANISMS drops the settings' own.
+SYSTEMS = copy.deepcopy(django_settings.STOPDESK_MECHANISMS["http"]["options"]["systems"])
+
 
 @pytest.fixture(autouse=True)
 def _fresh_adapters() -> Iterator[None]:
@@ -27,31 +33,64 @@ def _fresh_adapters() -> Iterator[None]:
 
 
 @pytest.fixture
-def openai_party() -> Iterator[tuple[OpenAIStandin, str]]:
+def openai_party(settings) -> Iterator[tuple[OpenAIStandin, str]]:  # type: ignore[no-untyped-def]
+    """The OpenAI stand-in, configured as the openai mechanism's endpoint (the reconciler cancels
+    and reads back only there)."""
     party = OpenAIStandin(queue_s=0.02, run_s=30.0, flip_after_s=0.2)
     with BackgroundServer(party.app, name="openai") as server:
+        configure_openai(settings, base_url=server.url + "/v1")
         yield party, server.url + "/v1"
 
 
+def configure_openai(settings, **options: object) -> None:  # type: ignore[no-untyped-def]
+    mechanisms = copy.deepcopy(settings.STOPDESK_MECHANISMS)
+    mechanisms.setdefault("openai", {}).setdefault("options", {}).update(options)
+    settings.STOPDESK_MECHANISMS = mechanisms
+    registry.reset()
+
+
 @pytest.fixture
-def mcp_party() -> Iterator[tuple[MCPToolServer, str]]:
+def mcp_party(settings) -> Iterator[tuple[MCPToolServer, str]]:  # type: ignore[no-untyped-def]
+    """The sandbox MCP server, configured (the reconciler reaches only configured servers)."""
     party = MCPToolServer(default_seconds=2.0, poll_interval_ms=50)
     with BackgroundServer(party.app, name="mcp") as server:
+        configure_mcp_server(settings, "sandbox", url=server.url + "/mcp")
         yield party, server.url + "/mcp"
 
 
+def configure_mcp_server(settings, name: str, **server: object) -> None:  # type: ignore[no-untyped-def]
+    mechanisms = copy.deepcopy(settings.STOPDESK_MECHANISMS)
+    servers = mechanisms.setdefault("mcp", {}).setdefault("options", {}).setdefault("servers", {})
+    servers[name] = {**servers.get(name, {}), **server}
+    settings.STOPDESK_MECHANISMS = mechanisms
+    registry.reset()
+
+
 @pytest.fixture
-def crm_party() -> Iterator[tuple[CRM, str]]:
+def crm_party(settings) -> Iterator[tuple[CRM, str]]:  # type: ignore[no-untyped-def]
+    """The sandbox CRM, configured as the "crm" system (the server reaches only configured ones)."""
     party = CRM()
     with BackgroundServer(party.app, name="crm") as server:
+        configure_system(settings, "crm", base_url=server.url)
         yield party, server.url
 
 
 @pytest.fixture
-def outbox_party() -> Iterator[tuple[Outbox, str]]:
+def outbox_party(settings) -> Iterator[tuple[Outbox, str]]:  # type: ignore[no-untyped-def]
     party = Outbox()
     with BackgroundServer(party.app, name="outbox") as server:
+        configure_system(settings, "outbox", base_url=server.url)
         yield party, server.url
+
+
+def configure_system(settings, name: str, **values: object) -> None:  # type: ignore[no-untyped-def]
+    """Set (some of) the http system `name`'s configuration for this test, on a copy of the
+    settings' systems, as an operator would in STOPDESK_MECHANISMS."""
+    mechanisms = copy.deepcopy(settings.STOPDESK_MECHANISMS)
+    systems = mechanisms.setdefault("http", {}).setdefault("options", {}).setdefault("systems", {})
+    systems[name] = {**systems.get(name, copy.deepcopy(SYSTEMS.get(name, {}))), **values}
+    settings.STOPDESK_MECHANISMS = mechanisms
+    registry.reset()
 
 
 class Clock:

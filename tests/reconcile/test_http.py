@@ -15,6 +15,7 @@ from stopdesk.services.errors import TaskStopped
 from stopdesk.services.items import item_register
 from stopdesk.states import ItemState, Kind
 from tests.factories import make_external_effect, make_task
+from tests.reconcile.conftest import configure_system
 from tests.reconcile.helpers import events, stop, sweep_until_settled
 
 S = ItemState
@@ -23,6 +24,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def fast(settings):  # type: ignore[no-untyped-def]
+    options = settings.STOPDESK_MECHANISMS.get("http", {}).get("options", {})
     settings.STOPDESK_MECHANISMS = {
         "http": {
             "call_timeout_s": 0.5,
@@ -31,27 +33,18 @@ def fast(settings):  # type: ignore[no-untyped-def]
             "backoff_max_s": 4.0,
             "recheck_interval_s": 0.5,
             "recheck_after_cancelled_s": 5.0,
+            "options": options,
         }
     }
 
 
 def crm_declaration(base: str) -> dict:
-    return {
-        "system": "crm",
-        "effect": "created",
-        "lookup_url": base + "/records?idempotency_key={idempotency_key}",
-        "record_url": base + "/records/{record_id}",
-        "reverse": {"action": "archive", "url": base + "/records/{record_id}/archive"},
-    }
+    """An item names its system; the party fixture configured where it is (`base`)."""
+    return {"system": "crm", "effect": "created"}
 
 
 def outbox_declaration(base: str) -> dict:
-    return {
-        "system": "outbox",
-        "effect": "sent",
-        "lookup_url": base + "/messages?idempotency_key={idempotency_key}",
-        "record_url": base + "/messages/{record_id}",
-    }
+    return {"system": "outbox", "effect": "sent"}
 
 
 def registered(task, noun="record"):  # type: ignore[no-untyped-def]
@@ -142,7 +135,7 @@ def test_action_that_landed_despite_stop_ends_completed_and_says_so(
 
 @pytest.mark.parametrize("failure", ["read_500", "refused"])
 def test_lookup_failing_for_the_whole_deadline_ends_uncertain(
-    failure, fast, crm_party, django_capture_on_commit_callbacks, clock
+    failure, fast, crm_party, django_capture_on_commit_callbacks, clock, settings
 ):
     party, base = crm_party
     party.set_fault("fail_500", target="key-1")
@@ -152,8 +145,7 @@ def test_lookup_failing_for_the_whole_deadline_ends_uncertain(
     item.refresh_from_db()
     assert item.state == S.AWAITING_RECONCILIATION
     if failure == "refused":
-        item.detail["http"]["lookup_url"] = "http://127.0.0.1:9/records?idempotency_key={idempotency_key}"
-        item.save(update_fields=["detail"])
+        configure_system(settings, "crm", lookup_url="http://127.0.0.1:9/records?idempotency_key={idempotency_key}")
     else:
         party.set_fault("read_500", target="key-1")
     stop(task, django_capture_on_commit_callbacks)
@@ -164,7 +156,7 @@ def test_lookup_failing_for_the_whole_deadline_ends_uncertain(
 
 
 def test_declared_cancel_endpoint_failing_retries_then_uncertain(
-    fast, crm_party, django_capture_on_commit_callbacks, clock
+    fast, crm_party, django_capture_on_commit_callbacks, clock, settings
 ):
     party, base = crm_party
     party.set_fault("fail_500", target="key-1")
@@ -172,8 +164,7 @@ def test_declared_cancel_endpoint_failing_retries_then_uncertain(
     item = registered(task)
     create_record(item, base)
     item.refresh_from_db()
-    item.detail["http"]["cancel_url"] = "http://127.0.0.1:9/ops/{idempotency_key}/cancel"
-    item.save(update_fields=["detail"])
+    configure_system(settings, "crm", cancel_url="http://127.0.0.1:9/ops/{idempotency_key}/cancel")
     stop(task, django_capture_on_commit_callbacks)
     sweep_until_settled(clock, item)
     item.refresh_from_db()

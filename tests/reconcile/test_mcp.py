@@ -28,8 +28,15 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 
 @pytest.fixture
 def fast(settings):  # type: ignore[no-untyped-def]
+    options = settings.STOPDESK_MECHANISMS.get("mcp", {}).get("options", {})
     settings.STOPDESK_MECHANISMS = {
-        "mcp": {"call_timeout_s": 1.0, "deadline_s": 10.0, "backoff_initial_s": 1.0, "recheck_interval_s": 0.5}
+        "mcp": {
+            "call_timeout_s": 1.0,
+            "deadline_s": 10.0,
+            "backoff_initial_s": 1.0,
+            "recheck_interval_s": 0.5,
+            "options": options,
+        }
     }
 
 
@@ -80,7 +87,13 @@ def test_call_records_server_tool_protocol_and_annotations(fast, mcp_party):
     item.refresh_from_db()
     assert item.state == S.COMPLETED
     facts = item.detail["mcp"]
-    assert (facts["server"], facts["tool"], facts["protocol_version"]) == (url, "slow_lookup", "2025-11-25")
+    # Called by URL, the configured server of that URL is named.
+    assert (facts["server"], facts["url"], facts["tool"], facts["protocol_version"]) == (
+        "sandbox",
+        url,
+        "slow_lookup",
+        "2025-11-25",
+    )
     assert facts["annotations"]["readOnlyHint"] is True
 
 

@@ -26,9 +26,10 @@ WATCHED_S = 300
 def test_one_cancelled_draft_is_read_back_a_handful_of_times_in_five_minutes(
     openai_party, django_capture_on_commit_callbacks, clock, settings
 ):
-    settings.STOPDESK_MECHANISMS = {}  # the adapter's own defaults
-    assert mechanism_settings("openai").recheck_after_cancelled_s >= WATCHED_S
     party, url = openai_party
+    # The adapter's own default timings; the endpoint is the stand-in, as configured.
+    settings.STOPDESK_MECHANISMS = {"openai": {"options": {"base_url": url}}}
+    assert mechanism_settings("openai").recheck_after_cancelled_s >= WATCHED_S
     task = make_task()
     item = item_register(task=task, kind=Kind.MODEL_REQUEST, noun="draft", actor="test", mechanism="openai")
     response = response_create(item_id=item.pk, actor="test", base_url=url, model="gpt-test", input="Draft it")

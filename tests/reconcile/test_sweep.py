@@ -17,6 +17,7 @@ from stopdesk.models import CancellationAttempt, Event
 from stopdesk.services.transitions import item_transition
 from stopdesk.states import ItemState
 from tests.factories import make_item, make_task
+from tests.reconcile.conftest import configure_system
 
 S = ItemState
 
@@ -75,14 +76,15 @@ def exploding():  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.django_db
-def test_one_items_failure_never_stops_the_sweep(exploding):
+def test_one_items_failure_never_stops_the_sweep(exploding, settings):
     task = make_task()
     items = awaiting(task, 3)
     items[1].mechanism = "exploding"
     items[1].save(update_fields=["mechanism"])
     # ...and one whose adapter raises inside the remote call: recorded as an unanswered attempt.
     items[2].mechanism, items[2].idempotency_key = "http", "k"
-    items[2].detail = {"http": {"lookup_url": "http://127.0.0.1:9/{nonexistent_placeholder}"}}
+    configure_system(settings, "broken", lookup_url="http://127.0.0.1:9/{nonexistent_placeholder}")
+    items[2].detail = {"http": {"system": "broken"}}
     items[2].save(update_fields=["mechanism", "idempotency_key", "detail"])
     with_cancel = make_item(task, state=S.RUNNING)
     item_transition(

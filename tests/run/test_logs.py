@@ -43,3 +43,10 @@ def test_every_audit_event_is_also_a_log_line_with_its_task_and_item(caplog: pyt
     registered = [r for r in caplog.records if getattr(r, "event", "") == "item_registered"]
     assert len(registered) == 1
     assert registered[0].task_id == task.pk and registered[0].item_id == item.pk
+
+
+def test_a_runtime_line_break_cannot_forge_a_second_key_value_line() -> None:
+    forged = "Analyse\n2026-12-01 10:00:00,000 INFO stopdesk.events task_id=1 stop_requested user:admin"
+    line = KeyValueFormatter().format(record(forged))
+    assert "\n" not in line and "\r" not in line
+    assert line.endswith("Analyse\\n2026-12-01 10:00:00,000 INFO stopdesk.events task_id=1 stop_requested user:admin")

@@ -140,9 +140,7 @@ def test_a_record_archived_by_its_compensation_no_longer_asks_for_review(as_user
     c.refresh_from_db()
     assert c.state == C.DONE
 
-    assert task_summary(task) == (
-        f"Stopped new work. One record created, then archived by compensation #{c.pk}."
-    )
+    assert task_summary(task) == (f"Stopped new work. One record created, then archived by compensation #{c.pk}.")
     page = as_user("reviewer").get(reverse("task-detail", args=[task.pk])).content.decode()
     assert "Nothing needs a person now" in page
     assert f'archived by\n        <a href="/compensations/{c.pk}/">compensation #{c.pk}</a>' in page

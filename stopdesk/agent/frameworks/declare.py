@@ -28,7 +28,7 @@ class ToolDeclaration:
     reversal: str = ""  # how to undo it, for a reversible tool
     system: str = ""  # the external system it acts on; set means an external action
     idempotency_key: Callable[[dict[str, Any]], str] | None = None
-    http: dict[str, Any] = field(default_factory=dict)  # status-lookup declaration for reconciliation
+    http: dict[str, Any] = field(default_factory=dict)  # {"effect": ...}: an http operation on the configured `system`
     noun: str = ""  # what the summary calls one call ("lead", "email"); default "<tool> call"
 
     @property

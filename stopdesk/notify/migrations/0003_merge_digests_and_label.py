@@ -4,11 +4,9 @@ from django.db import migrations
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('notify', '0002_delivery_plural_label'),
-        ('notify', '0002_digests'),
+        ("notify", "0002_delivery_plural_label"),
+        ("notify", "0002_digests"),
     ]
 
-    operations = [
-    ]
+    operations = []
