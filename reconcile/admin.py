@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from reconcile.models import Compensation, DrillResult, DrillRun, Escalation
+from reconcile.models import Compensation, DrillResult, DrillRun, Escalation, RecordDecision, RecordReading
 from stopdesk.admin import ReadOnlyAdmin
 from stopdesk.admin_dates import DateRangeFilter, date_range
 from stopdesk.admin_export import ExportMixin
@@ -105,6 +105,60 @@ class EscalationAdmin(ExportMixin, ReadOnlyAdmin):
     @admin.display(description="By", ordering="by")
     def by_display(self, escalation: Escalation) -> str:
         return escalation.by.get_username() if escalation.by else "stopdesk"
+
+
+@admin.register(RecordReading)
+class RecordReadingAdmin(ExportMixin, ReadOnlyAdmin):
+    """Every read of an external record's version: the intent first, then what the system said."""
+
+    list_display = ("id", "external_record", "compensation", "actor", "requested_at", "answered_at", "ok", "version")
+    list_filter = ("ok", recent_values("external_record__system", "system"), ("requested_at", DateRangeFilter))
+    search_fields = ("=id",)
+    search_help_text = "A reading id, or a record id (exactly)."
+    list_select_related = ("external_record",)
+    export_columns = columns(
+        "id",
+        "external_record_id",
+        ("system", "external_record__system"),
+        ("record_id", "external_record__record_id"),
+        "compensation_id",
+        "actor",
+        "requested_at",
+        "answered_at",
+        "ok",
+        "version",
+        "status",
+        "fields",
+        "error",
+    )
+
+    def get_search_results(self, request, queryset, search_term):  # type: ignore[no-untyped-def]
+        return id_search(queryset, search_term, ("id",), ("external_record__record_id",))
+
+
+@admin.register(RecordDecision)
+class RecordDecisionAdmin(ExportMixin, ReadOnlyAdmin):
+    """A reviewer's decision on a completed effect: accepted as it is, or put on the reversal list."""
+
+    list_display = ("id", "external_record", "kind", "by", "at", "compensation", "note")
+    list_filter = ("kind", recent_values("external_record__system", "system"), ("at", DateRangeFilter))
+    search_fields = ("=id",)
+    search_help_text = "A decision id, or a record id (exactly)."
+    list_select_related = ("external_record", "by")
+    export_columns = columns(
+        "id",
+        "external_record_id",
+        ("system", "external_record__system"),
+        ("record_id", "external_record__record_id"),
+        "kind",
+        ("by", "by__username"),
+        "at",
+        "compensation_id",
+        "note",
+    )
+
+    def get_search_results(self, request, queryset, search_term):  # type: ignore[no-untyped-def]
+        return id_search(queryset, search_term, ("id",), ("external_record__record_id",))
 
 
 class DrillResultInline(admin.TabularInline):

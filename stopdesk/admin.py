@@ -54,8 +54,23 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 @admin.register(Task)
 class TaskAdmin(ExportMixin, ReadOnlyAdmin):
-    list_display = ("id", "title", "owner", "runtime", "created_at", "stop_requested_at", "settled_at", "timeline_link")
-    list_filter = (("stop_requested_at", admin.EmptyFieldListFilter), "runtime", ("created_at", DateRangeFilter))
+    list_display = (
+        "id",
+        "title",
+        "owner",
+        "runtime",
+        "created_at",
+        "stop_requested_at",
+        "settled_at",
+        "closed_at",
+        "timeline_link",
+    )
+    list_filter = (
+        ("stop_requested_at", admin.EmptyFieldListFilter),
+        ("closed_at", admin.EmptyFieldListFilter),
+        "runtime",
+        ("created_at", DateRangeFilter),
+    )
     search_fields = ("title", "=id")
     date_hierarchy = "created_at"
     list_select_related = ("owner", "runtime")
@@ -67,6 +82,7 @@ class TaskAdmin(ExportMixin, ReadOnlyAdmin):
         "created_at",
         "stop_requested_at",
         "settled_at",
+        "closed_at",
     )
 
     @admin.display(description="Timeline")

@@ -18,6 +18,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from reconcile.services.records import records_accept_as_is
 from reconcile.services.review import item_escalate
 from stopdesk.admin_export import ExportMixin
 from stopdesk.models import Event, StopRequest
@@ -226,9 +227,11 @@ def test_an_unknown_export_format_is_not_found(roles):
 def test_every_ledger_list_exports_what_it_lists(roles):
     task = make_task()
     record = make_external_effect(task).external_records.get()
+    kept = make_external_effect(task).external_records.get()
     stop(task)
     proposal(record, roles["reviewer"])
     item_escalate(item_id=uncertain_item().pk, to=roles["approver"], reason="Ask them.", by=roles["reviewer"])
+    records_accept_as_is(record_ids=[kept.pk], by=roles["reviewer"], note="The customer asked for it.")
     client = admin_client(roles)
 
     for model_admin in [m for m in admin.site._registry.values() if isinstance(m, ExportMixin)]:
@@ -238,4 +241,12 @@ def test_every_ledger_list_exports_what_it_lists(roles):
         assert len(lines) == model_admin.model.objects.count(), opts.model_name
         assert all(isinstance(json.loads(line)["id"], int) for line in lines), opts.model_name
     exported = {m.model._meta.model_name for m in admin.site._registry.values() if isinstance(m, ExportMixin)}
-    assert {"event", "stoprequest", "compensation", "workitem", "escalation"} <= exported
+    assert {
+        "event",
+        "stoprequest",
+        "compensation",
+        "workitem",
+        "escalation",
+        "recordreading",
+        "recorddecision",
+    } <= exported
