@@ -283,6 +283,20 @@ class HostileRuntime(RuntimeApi):
         sweep_once(concurrency=1)
 
 
+def _the_control_reads_the_configured_crm() -> None:
+    """The positive control, whatever the fuzzer drew: an item naming the configured CRM is read
+    back there, so a listener that saw nothing is known to be watching a server that connects."""
+    api = state["api"]
+    body = {"kind": "external_operation", "noun": "op", "mechanism": "http", "detail": {"http": {"system": "crm"}}}
+    task = int(api.post("/tasks", {"title": "control"}).body["id"])
+    item = int(api.post(f"/tasks/{task}/items", body).body["id"])
+    assert api.post(f"/items/{item}/submit", {"idempotency_key": f"control-{item}"}).status == 200
+    record = {"system": "crm", "record_id": "acc-10", "effect": "created", "version": "1", "reversible": True}
+    assert api.post(f"/items/{item}/records", record).status == 201
+    registry.get("http").read_version(ExternalRecord.objects.get(item_id=item))  # type: ignore[attr-defined]
+    state["looked"] += 1
+
+
 def _configured(crm: BackgroundServer, openai: BackgroundServer, mcp: BackgroundServer) -> dict[str, Any]:
     mechanisms = {name: dict(values) for name, values in django_settings.STOPDESK_MECHANISMS.items()}
     systems = {k: dict(v) for k, v in mechanisms["http"]["options"]["systems"].items()}
@@ -343,6 +357,7 @@ def test_the_server_never_connects_to_an_address_a_runtime_named(runtime, other_
                     suppress_health_check=list(HealthCheck),
                 ),
             )
+            _the_control_reads_the_configured_crm()
         finally:
             watch.watching = False
             LISTENER.stop()
