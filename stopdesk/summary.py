@@ -127,6 +127,7 @@ def task_summary(task: Task) -> str:
             n=Count("item", distinct=True),
             late=Count("item", distinct=True, filter=contradicted),
             review=Count("item", distinct=True, filter=needs_review("item__", task=task)),
+            late_review=Count("item", distinct=True, filter=contradicted & needs_review("item__", task=task)),
             compensation=Min("compensation_id"),
         )
         .order_by("item__noun", "effect", "followup")
@@ -248,9 +249,9 @@ def compose(rows: list[dict[str, Any]], effects: list[dict[str, Any]], *, stoppe
         review = min(eff.get("review", 0), n)
         with_effect.add(group)
         one, many = _effect_phrase(eff)
-        # A late report keeps its flag until someone acknowledges it, so the late ones are
-        # counted first among those needing review.
-        late_review = min(n_late, review)
+        # Which late ones need a person is counted, not assumed: an acknowledged late report sits
+        # beside a record flagged for another reason (one record shared by two items).
+        late_review = min(eff.get("late_review", min(n_late, review)), n_late, review)
         for is_late, count, count_review in ((True, n_late, late_review), (False, n - n_late, review - late_review)):
             for needs, k in ((True, count_review), (False, count - count_review)):
                 if k <= 0:
