@@ -17,7 +17,7 @@ from stopdesk.services.events import event_record
 from stopdesk.services.sql import ClockNow
 from stopdesk.services.stop_watch import stop_notify
 from stopdesk.services.transitions import NOW, items_move, task_gate_exclusive
-from stopdesk.states import IN_FLIGHT, ItemState
+from stopdesk.states import IN_FLIGHT, SETTLED, ItemState
 from stopdesk.tracing import tracer
 
 S = ItemState
@@ -129,6 +129,20 @@ def stop_fanout(*, stop_request_id: int, actor: str, dispatch: Callable[[list[in
             return_ids=True,
         )
         assert isinstance(in_flight, list)
+        # Work that was in flight when Stop committed but settled before this fan-out reached it
+        # (an integration that heard the pushed Stop and ended its run, a result that landed in
+        # between) is what Stop met in flight all the same: it carries the stamp whichever got
+        # there first. A new statement, so it sees what committed while the one above waited.
+        items_move(
+            where=Q(task_id=task_id, cancel_requested_at__isnull=True, finished_at__gte=stop_request.requested_at)
+            & (Q(started_at__isnull=False) | Q(submitted_at__isnull=False)),
+            from_states=tuple(sorted(SETTLED)),
+            to_state=None,
+            actor=actor,
+            kind="cancel_requested",
+            message="Was in flight when Stop committed and settled before Stop's fan-out reached it.",
+            sets={"cancel_requested_at": stop_request.requested_at},
+        )
         StopRequest.objects.filter(pk=stop_request.pk).update(
             queued_cancelled=cancelled, dispatched=len(in_flight), fanout_done_at=timezone.now()
         )

@@ -9,7 +9,7 @@ from django.db import connection, connections, transaction
 from stopdesk.models import Event, StopRequest, Task, WorkItem
 from stopdesk.services.errors import IllegalTransition, TaskStopped
 from stopdesk.services.stop import task_request_stop
-from stopdesk.services.transitions import item_start
+from stopdesk.services.transitions import item_start, item_transition
 from stopdesk.states import ItemState as S
 from tests.factories import make_item, make_task
 from tests.pg_waits import lock_waiters
@@ -235,3 +235,61 @@ def test_a_second_stop_waiting_on_the_first_ones_fanout_holds_no_task_row_lock()
     assert len({o.stop_request.pk for o in outcomes}) == 1
     assert StopRequest.objects.get(task=task).duplicates == 1
     assert WorkItem.objects.get(pk=item.pk).cancel_requested_at is not None
+
+
+def _settle_while_the_fanout_waits(to_state: str, succeeded_words: str) -> WorkItem:
+    """A run item in flight; an integration hears the pushed Stop and settles it while the stop's
+    fan-out waits for its row (the writer's transaction holds it), and commits before the fan-out
+    moves on. Real threads on PostgreSQL: the stop in one, the integration's write in this one."""
+    task = make_task()
+    item = make_item(task, state=S.RUNNING)
+    errors: list[Exception] = []
+
+    @_in_thread
+    def stop():
+        try:
+            task_request_stop(task_id=task.pk, actor="user:operator", dispatch=lambda ids: None)
+        except Exception as exc:  # handed to the test thread
+            errors.append(exc)
+
+    stopper = threading.Thread(target=stop)
+    with transaction.atomic():
+        # The integration's settle is under way: it holds the item row.
+        list(WorkItem.objects.select_for_update().filter(pk=item.pk).values_list("pk"))
+        stopper.start()
+        deadline = time.monotonic() + 10
+        while not Task.objects.filter(pk=task.pk, stop_requested_at__isnull=False).exists() or lock_waiters() < 1:
+            assert time.monotonic() < deadline, "the fan-out never waited for the item row"
+            time.sleep(0.01)
+        item_transition(item_id=item.pk, to_state=to_state, actor="agent:integration", outcome=succeeded_words)
+    stopper.join(30)
+    assert not errors, errors
+    return WorkItem.objects.get(pk=item.pk)
+
+
+@pytest.mark.parametrize(
+    ("to_state", "words"), [(S.CANCELLED, "stopped before it finished"), (S.COMPLETED, "finished anyway")]
+)
+def test_an_item_settled_between_the_stops_commit_and_its_fanout_carries_the_stamp(to_state, words):
+    item = _settle_while_the_fanout_waits(to_state, words)
+    stop = StopRequest.objects.get(task=item.task_id)
+    assert item.state == to_state
+    assert item.cancel_requested_at == stop.requested_at
+    assert Event.objects.filter(item=item, kind="cancel_requested").count() == 1
+
+
+def test_an_item_settled_after_the_stop_commits_and_before_the_fanout_runs_carries_the_stamp():
+    """The other order: the settle has committed before the fan-out starts at all."""
+    from stopdesk.services.stop import _commit_stop_request, stop_fanout
+
+    task = make_task()
+    ran = make_item(task, state=S.RUNNING)
+    never = make_item(task)  # queued: cancelled by the fan-out, never in flight
+    before = make_item(task, state=S.RUNNING)
+    item_transition(item_id=before.pk, to_state=S.COMPLETED, actor="agent:integration", outcome="done before Stop")
+    stop, created = _commit_stop_request(task_id=task.pk, actor="user:operator", by=None, reason="")
+    assert created
+    item_transition(item_id=ran.pk, to_state=S.CANCELLED, actor="agent:integration", outcome="heard the push")
+    stop_fanout(stop_request_id=stop.pk, actor="user:operator", dispatch=lambda ids: None)
+    stamps = dict(WorkItem.objects.filter(task=task).values_list("pk", "cancel_requested_at"))
+    assert stamps == {ran.pk: stop.requested_at, never.pk: None, before.pk: None}
