@@ -59,16 +59,21 @@ def uncertain_context(request: HtmxHttpRequest, f: QueueFilter, **extra: Any) ->
     }
 
 
+# The queue's sections a person clears besides the uncertain items and the compensations, which
+# the facts count.
+LISTED = ("late", "reversals", "before_stop", "escalations")
+
+
 def waiting(facts: Any, sections: dict[str, Any]) -> int:
     """Everything in the queue that waits for a person, so the header never says "nothing" while
-    late results, effects or escalations wait."""
-    listed = sum(sections[key].count for key in ("late", "reversals", "escalations"))
+    late results, effects (after Stop or before it) or escalations wait."""
+    listed = sum(sections[key].count for key in LISTED)
     return int(facts.uncertain) + int(facts.waiting_compensations) + listed
 
 
 def header_context() -> dict[str, Any]:
     """The queue's header, sent along with a swapped group or section so its counts stay true."""
-    sections = {k: v for key in ("late", "reversals", "escalations") for k, v in review_queue({}, only=key).items()}
+    sections = {k: v for key in LISTED for k, v in review_queue({}, only=key).items()}
     facts = review_queue_facts(cap=ADMIN_CAP)
     return {"facts": facts, "waiting": waiting(facts, sections), "oob": True}
 

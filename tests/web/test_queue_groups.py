@@ -15,8 +15,9 @@ from stopdesk.services.stop import task_request_stop
 from stopdesk.services.transitions import item_transition
 from stopdesk.states import ItemState
 from tests.factories import make_item, make_task
-from tests.web.conftest import htmx
+from tests.web.conftest import htmx, system_url
 from tests.web.queue_scenes import bad_day, unknown_call
+from tests.web.scenes import crm_effect
 
 pytestmark = pytest.mark.django_db
 S = ItemState
@@ -186,6 +187,13 @@ def test_the_header_does_not_say_nothing_waits_while_a_late_result_waits(as_user
     item = make_item(make_task("Invoice batch 7"), state=S.RUNNING)
     item_transition(item_id=item.pk, to_state=S.CANCELLED, actor="test")
     item_finish(item_id=item.pk, succeeded=True, actor="system:reconcile", outcome="completed after cancel")
+    html = as_user("reviewer").get(reverse("review-queue")).content.decode()
+    facts = html.split('id="queue-facts">')[1].split("</p>")[0]
+    assert "Nothing is waiting" not in facts and "<strong>1</strong> waiting for a person" in facts
+
+
+def test_the_header_does_not_say_nothing_waits_while_an_effect_from_before_stop_waits(as_user, crm):
+    crm_effect(system_url("crm"), before_stop=True)
     html = as_user("reviewer").get(reverse("review-queue")).content.decode()
     facts = html.split('id="queue-facts">')[1].split("</p>")[0]
     assert "Nothing is waiting" not in facts and "<strong>1</strong> waiting for a person" in facts
