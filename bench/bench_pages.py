@@ -10,13 +10,9 @@ both sizes.
 
 from __future__ import annotations
 
-import statistics
-import time
 from datetime import timedelta
 
-from bench.harness import Figure
-
-RUNS = 7
+from bench.harness import Figure, page_timing
 
 
 def _seed_task(n: int):  # type: ignore[no-untyped-def]
@@ -143,21 +139,6 @@ def _seed_queue(n: int, reviewer) -> None:  # type: ignore[no-untyped-def]
     )
 
 
-def _measure(client, url: str) -> tuple[float, int]:  # type: ignore[no-untyped-def]
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
-    response = client.get(url)  # warm: templates compiled, connection open
-    assert response.status_code == 200, response.status_code
-    timings = []
-    for _ in range(RUNS):
-        with CaptureQueriesContext(connection) as queries:
-            started = time.perf_counter()
-            client.get(url)
-            timings.append((time.perf_counter() - started) * 1000)
-    return statistics.median(timings), len(queries.captured_queries)
-
-
 def run() -> list[Figure]:
     from django.contrib.auth import get_user_model
     from django.contrib.auth.models import Group
@@ -179,7 +160,7 @@ def run() -> list[Figure]:
     results = {}
     for n in (100, 10_000):
         task = _seed_task(n)
-        results[("task", n)] = _measure(as_operator, f"/tasks/{task.pk}/")
+        results[("task", n)] = page_timing(as_operator, f"/tasks/{task.pk}/")
     from reconcile.models import Compensation, Escalation
     from stopdesk.models import ExternalRecord, WorkItem
 
@@ -191,7 +172,7 @@ def run() -> list[Figure]:
         ExternalRecord.objects.filter(item__task__title__startswith="bench queue").delete()
         WorkItem.objects.filter(task__title__startswith="bench queue").update(state="cancelled")
         _seed_queue(n, reviewer)
-        results[("queue", n)] = _measure(as_reviewer, "/queue/")
+        results[("queue", n)] = page_timing(as_reviewer, "/queue/")
 
     for page in ("task", "queue"):
         for n in (100, 10_000):

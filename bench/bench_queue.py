@@ -12,13 +12,11 @@ runs; the network is not in it.
 
 from __future__ import annotations
 
-import statistics
 import time
 from datetime import timedelta
 
-from bench.harness import Figure
+from bench.harness import Figure, page_timing
 
-RUNS = 7
 TOOLS = ("payments.refund", "crm.create_record", "erp.update_vendor")
 
 
@@ -53,21 +51,6 @@ def _seed(n: int, groups: int) -> list[int]:
     return [i.pk for i in WorkItem.objects.bulk_create(rows, batch_size=2000)]
 
 
-def _measure(client, url: str) -> tuple[float, int]:  # type: ignore[no-untyped-def]
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
-    response = client.get(url)  # warm: templates compiled, connection open
-    assert response.status_code == 200, response.status_code
-    timings = []
-    for _ in range(RUNS):
-        with CaptureQueriesContext(connection) as queries:
-            started = time.perf_counter()
-            client.get(url)
-            timings.append((time.perf_counter() - started) * 1000)
-    return statistics.median(timings), len(queries.captured_queries)
-
-
 def _resolve(ids: list[int], reviewer) -> tuple[float, int]:  # type: ignore[no-untyped-def]
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
@@ -99,10 +82,10 @@ def run() -> list[Figure]:
     client.force_login(reviewer)
 
     small = _seed(100, 3)
-    small_ms, small_queries = _measure(client, "/queue/")
+    small_ms, small_queries = page_timing(client, "/queue/")
     WorkItem.objects.filter(pk__in=small).update(state=S.CANCELLED)  # bench data, set-up only
     _seed(10_000, 60)
-    big_ms, big_queries = _measure(client, "/queue/")
+    big_ms, big_queries = page_timing(client, "/queue/")
 
     group = list(WorkItem.objects.filter(state=S.UNCERTAIN).order_by("id").values_list("id", flat=True)[:1010])
     few_ms, few_queries = _resolve(group[:10], reviewer)
