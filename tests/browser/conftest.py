@@ -49,3 +49,16 @@ def shots() -> Path:
 
 # The page tests' fixtures: the cast in their roles, the sandbox CRM, eager Celery.
 from tests.web.conftest import _fast_passwords, _fresh_cache, crm, crm_server, eager, roles  # noqa: E402, F401
+
+
+@pytest.fixture
+def operator_page(live_server, browser, roles):  # type: ignore[no-untyped-def]  # noqa: F811 (the fixture)
+    """A desktop browser page signed in as the operator."""
+    from tests.browser.test_dashboard import _login
+
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(10000)
+    _login(page, live_server.url, "operator")
+    yield page
+    context.close()

@@ -8,7 +8,6 @@ import re
 
 import pytest
 
-from tests.browser.test_dashboard import _login
 from tests.web.scenes import running_task
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -36,13 +35,9 @@ def task(roles, eager):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def page(live_server, browser, task):  # type: ignore[no-untyped-def]
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(10000)
-    _login(page, live_server.url, "operator")
-    yield page
-    context.close()
+def page(operator_page, task):  # type: ignore[no-untyped-def]
+    """Signed in, with the task already there."""
+    return operator_page
 
 
 def test_the_reason_field_has_the_focus_the_moment_the_confirmation_arrives(live_server, page, task):

@@ -19,7 +19,6 @@ from stopdesk.api.tokens import runtime_create
 from stopdesk.client import Client, StopRequested
 from stopdesk.models import Event, StopRequest, Task, WorkItem
 from stopdesk.states import ItemState as S
-from tests.browser.test_dashboard import _login
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -77,13 +76,8 @@ def agent(live_server, roles, eager):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def page(live_server, browser, roles):  # type: ignore[no-untyped-def]
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(10000)
-    _login(page, live_server.url, "operator")
-    yield page
-    context.close()
+def page(operator_page):  # type: ignore[no-untyped-def]
+    return operator_page
 
 
 def test_a_person_stops_a_just_in_time_agent_and_its_next_child_is_refused(live_server, page, agent, shots):
