@@ -16,6 +16,7 @@ RUN pip install --no-cache-dir -r requirements.lock
 COPY manage.py pyproject.toml ./
 COPY stopdesk ./stopdesk
 COPY reconcile ./reconcile
+COPY stopdrill ./stopdrill
 COPY templates ./templates
 COPY static ./static
 

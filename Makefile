@@ -40,7 +40,7 @@ fuzz-steering: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy stopdesk reconcile
+	$(VENV)/bin/mypy stopdesk reconcile stopdrill
 	$(VENV)/bin/lint-imports --no-cache
 
 format: $(STAMP)

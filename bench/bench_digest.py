@@ -31,8 +31,6 @@ def run() -> list[Figure]:
     from django.test.utils import override_settings
     from django.utils import timezone
 
-    from reconcile.sandbox.server import BackgroundServer
-    from reconcile.sandbox.webhooks import WebhookReceiver
     from stopdesk.models import Task, WorkItem
     from stopdesk.notify.delivery import notifications_deliver
     from stopdesk.notify.digest import digests_send
@@ -42,6 +40,8 @@ def run() -> list[Figure]:
     from stopdesk.services.stop import task_request_stop
     from stopdesk.services.transitions import item_transition
     from stopdesk.states import DeliveryState, ItemState, Kind
+    from stopdrill.sandbox.server import BackgroundServer
+    from stopdrill.sandbox.webhooks import WebhookReceiver
 
     def deliver() -> None:
         waiting = Notification.objects.filter(expanded_at__isnull=True).order_by("id").values_list("id", flat=True)

@@ -37,8 +37,8 @@ LATENCY_S = 0.05
 
 _SERVER = """
 import sys
-from reconcile.sandbox.openai_standin import OpenAIStandin
-from reconcile.sandbox.server import BackgroundServer
+from stopdrill.sandbox.openai_standin import OpenAIStandin
+from stopdrill.sandbox.server import BackgroundServer
 party = OpenAIStandin(latency_s=float(sys.argv[1]), queue_s=0.0, run_s=3600.0)
 with BackgroundServer(party.app, name="openai") as server:
     print(server.url + "/v1", flush=True)

@@ -40,7 +40,7 @@ async def work(step: int) -> str:
 
 
 def _script() -> Any:
-    from reconcile.sandbox.scripted_model import Script, ToolCall, Turn
+    from stopdrill.sandbox.scripted_model import Script, ToolCall, Turn
 
     turns = [Turn(tool_calls=(ToolCall("work", {"step": n}),)) for n in range(TOOL_CALLS)]
     return Script.build("bench-20", [*turns, Turn(text="all steps done")])
@@ -165,10 +165,10 @@ class _Counted:
 
 
 def run() -> list[Figure]:
-    from reconcile.sandbox.openai_standin import OpenAIStandin
-    from reconcile.sandbox.server import BackgroundServer
     from stopdesk.agent.frameworks.local import FrameworkRuntime
     from stopdesk.models import WorkItem
+    from stopdrill.sandbox.openai_standin import OpenAIStandin
+    from stopdrill.sandbox.server import BackgroundServer
 
     party = OpenAIStandin()
     model = party.load_script(_script())

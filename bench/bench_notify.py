@@ -35,13 +35,13 @@ def run() -> list[Figure]:
     import redis
     from django.db import connection
 
-    from reconcile.sandbox.server import BackgroundServer
-    from reconcile.sandbox.webhooks import WebhookReceiver
     from stopdesk.celery import app
     from stopdesk.models import Task, WorkItem
     from stopdesk.notify.models import Notification, WebhookEndpoint
     from stopdesk.services.transitions import item_transition
     from stopdesk.states import ItemState, Kind
+    from stopdrill.sandbox.server import BackgroundServer
+    from stopdrill.sandbox.webhooks import WebhookReceiver
 
     broker = os.environ.get("STOPDESK_BENCH_REDIS_URL", "redis://127.0.0.1:6379/10")
     redis.Redis.from_url(broker).flushdb()

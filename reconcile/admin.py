@@ -5,10 +5,9 @@ from __future__ import annotations
 from django.contrib import admin
 
 from reconcile.models import Compensation, DrillResult, DrillRun, Escalation, RecordDecision, RecordReading
-from stopdesk.admin import ReadOnlyAdmin
 from stopdesk.admin_dates import DateRangeFilter, date_range
 from stopdesk.admin_export import ExportMixin
-from stopdesk.admin_scale import id_search, recent_values
+from stopdesk.admin_scale import ReadOnlyAdmin, id_search, recent_values
 from stopdesk.exports import columns
 
 

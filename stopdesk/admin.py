@@ -17,7 +17,7 @@ from django.utils.html import format_html
 
 from stopdesk.admin_dates import DateRangeFilter, date_range
 from stopdesk.admin_export import ExportMixin
-from stopdesk.admin_scale import id_search, recent_values
+from stopdesk.admin_scale import ReadOnlyAdmin, id_search, recent_values
 from stopdesk.exports import columns
 from stopdesk.models import (
     ApiIdempotency,
@@ -30,26 +30,8 @@ from stopdesk.models import (
     Task,
     WorkItem,
 )
-from stopdesk.paging import AdminPaginator, TimelinePaginator
+from stopdesk.paging import TimelinePaginator
 from stopdesk.templatetags.stopdesk_pages import pretty_json
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Look, never write: the services are the only writers of the ledger."""
-
-    # Counts stop at 10,000 ("10,000+"): a full COUNT(*) grows with history (stopdesk.paging).
-    show_full_result_count = False
-    paginator = AdminPaginator
-    list_per_page = 50
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(Task)

@@ -13,7 +13,27 @@ from django.contrib import admin
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 
+from stopdesk.paging import AdminPaginator
+
 RECENT_WINDOW = 2_000
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Look, never write: the services are the only writers of the ledger."""
+
+    # Counts stop at 10,000 ("10,000+"): a full COUNT(*) grows with history (stopdesk.paging).
+    show_full_result_count = False
+    paginator = AdminPaginator
+    list_per_page = 50
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
 
 
 class RecentValuesFilter(admin.SimpleListFilter):

@@ -300,6 +300,33 @@ def check_database(timeout_s: float = 5.0, *, create: bool = False) -> str | Non
     return None
 
 
+def require_migrated_database() -> None:
+    """For the commands a user is told to run: raise CommandError (one line) when the database cannot
+    be reached or is not migrated, so a fresh clone (never migrated) or a database that does not
+    answer gets one line saying what to do instead of a traceback."""
+    from django.core.management.base import CommandError
+    from django.db import DEFAULT_DB_ALIAS, connections
+    from django.db.migrations.executor import MigrationExecutor
+    from django.db.utils import Error
+
+    connection = connections[DEFAULT_DB_ALIAS]
+    # An open connection (a caller's transaction, as under call_command in tests) already answered;
+    # the reachability check closes its connection, so it runs only before the first one.
+    if connection.connection is None and (problem := check_database()):
+        raise CommandError(problem)
+    try:
+        executor = MigrationExecutor(connection)
+        pending = executor.migration_plan(executor.loader.graph.leaf_nodes())
+    except Error as exc:
+        raise CommandError(f"cannot read the database's migrations ({str(exc).strip().splitlines()[0]}).") from None
+    if pending:
+        where = describe_database(connection.settings_dict)
+        raise CommandError(
+            f"the database at {where} is not migrated ({len(pending)} migration(s) to apply); "
+            "run `python manage.py migrate` first (`make run` does it for you)."
+        )
+
+
 def check_broker(timeout_s: float = 5.0) -> str | None:
     """None when the Celery broker accepts a connection, else one line saying what to fix."""
     from django.conf import settings

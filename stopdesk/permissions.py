@@ -128,12 +128,3 @@ def item_for(user: Any, pk: int) -> WorkItem:
 def record_for(user: Any, pk: int) -> ExternalRecord:
     check(user, PROPOSE)
     return get_object_or_404(ExternalRecord.objects.select_related("item__task"), pk=pk)
-
-
-def compensation_for(user: Any, pk: int) -> Any:
-    from reconcile.models import Compensation
-
-    check(user, *REVIEW_ANY)
-    return get_object_or_404(
-        Compensation.objects.select_related("external_record__item__task", "proposed_by", "approved_by"), pk=pk
-    )

@@ -43,6 +43,7 @@ INSTALLED_APPS = [
     "stopdesk",
     "stopdesk.notify",
     "reconcile",
+    "stopdrill",
 ]
 
 MIDDLEWARE = [
@@ -200,8 +201,8 @@ CELERY_TASK_TIME_LIMIT = 15 * 60
 CELERY_TASK_SOFT_TIME_LIMIT = 14 * 60
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-# The demo agent (stopdesk/demo) is not an app of its own; its tasks are registered here.
-CELERY_IMPORTS = ("stopdesk.demo.agent",)
+# The demo agent (stopdrill/demo) is not a module Celery's autodiscovery finds; its tasks are registered here.
+CELERY_IMPORTS = ("stopdrill.demo.agent",)
 CELERY_BEAT_SCHEDULE = {
     "reap-stale-items": {"task": "stopdesk.reap_stale_items", "schedule": 30.0},
     "resume-stop-fanouts": {"task": "stopdesk.resume_stop_fanouts", "schedule": 30.0},

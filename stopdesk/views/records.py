@@ -10,6 +10,7 @@ from django.shortcuts import redirect
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
+from reconcile.selectors import compensation_for
 from reconcile.services.compensation import CompensationRefused
 from reconcile.services.escalation import compensation_accept_as_is, compensation_propose_current, compensation_reread
 from reconcile.services.records import RecordDecisionRefused, record_flag_for_reversal, records_accept_as_is
@@ -21,7 +22,7 @@ from stopdesk.views.review import compensation_detail
 @require_POST
 @perms.require(perms.PROPOSE, perms.APPROVE)
 def compensation_reread_view(request: HtmxHttpRequest, compensation_id: int) -> HttpResponse:
-    compensation = perms.compensation_for(request.user, compensation_id)
+    compensation = compensation_for(request.user, compensation_id)
     try:
         compensation = compensation_reread(compensation_id=compensation.pk, by=request.user)
     except CompensationRefused as exc:
@@ -37,7 +38,7 @@ def compensation_reread_view(request: HtmxHttpRequest, compensation_id: int) -> 
 @require_POST
 @perms.require(perms.PROPOSE, perms.APPROVE)
 def compensation_propose_current_view(request: HtmxHttpRequest, compensation_id: int) -> HttpResponse:
-    compensation = perms.compensation_for(request.user, compensation_id)
+    compensation = compensation_for(request.user, compensation_id)
     try:
         new = compensation_propose_current(
             compensation_id=compensation.pk, by=request.user, note=request.POST.get("note", "")
@@ -55,7 +56,7 @@ def compensation_propose_current_view(request: HtmxHttpRequest, compensation_id:
 @require_POST
 @perms.require(perms.PROPOSE, perms.APPROVE)
 def compensation_accept_view(request: HtmxHttpRequest, compensation_id: int) -> HttpResponse:
-    compensation = perms.compensation_for(request.user, compensation_id)
+    compensation = compensation_for(request.user, compensation_id)
     try:
         compensation_accept_as_is(compensation_id=compensation.pk, by=request.user, note=request.POST.get("note", ""))
     except CompensationRefused as exc:

@@ -15,6 +15,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
 from reconcile.models import CompensationState
+from reconcile.selectors import compensation_for
 from reconcile.services.compensation import (
     CompensationRefused,
     ReauthenticationRequired,
@@ -268,7 +269,7 @@ def _reauth_until(request: HtmxHttpRequest) -> Any:
 def compensation_detail(
     request: HtmxHttpRequest, compensation_id: int, error: str = "", status: int = 200
 ) -> HttpResponse:
-    compensation = perms.compensation_for(request.user, compensation_id)
+    compensation = compensation_for(request.user, compensation_id)
     user = request.user
     context = {
         "c": compensation,
@@ -299,7 +300,7 @@ def compensation_detail(
 @require_POST
 @perms.require(perms.APPROVE)
 def compensation_approve_view(request: HtmxHttpRequest, compensation_id: int) -> HttpResponse:
-    compensation = perms.compensation_for(request.user, compensation_id)
+    compensation = compensation_for(request.user, compensation_id)
     password = request.POST.get("password", "")
     if password and not reauth_check_password(request, password):
         return compensation_detail(request, compensation.pk, error="That password is not right.", status=403)
@@ -318,7 +319,7 @@ def compensation_approve_view(request: HtmxHttpRequest, compensation_id: int) ->
 @require_POST
 @perms.require(perms.APPROVE)
 def compensation_reject_view(request: HtmxHttpRequest, compensation_id: int) -> HttpResponse:
-    compensation = perms.compensation_for(request.user, compensation_id)
+    compensation = compensation_for(request.user, compensation_id)
     try:
         compensation_reject(compensation_id=compensation.pk, by=request.user, reason=request.POST.get("reason", ""))
     except CompensationRefused as exc:
@@ -330,7 +331,7 @@ def compensation_reject_view(request: HtmxHttpRequest, compensation_id: int) -> 
 @require_POST
 @perms.require(perms.PROPOSE, perms.APPROVE)
 def compensation_escalate_view(request: HtmxHttpRequest, compensation_id: int) -> HttpResponse:
-    compensation = perms.compensation_for(request.user, compensation_id)
+    compensation = compensation_for(request.user, compensation_id)
     person = _people().exclude(pk=request.user.pk).filter(pk=_int(request.POST.get("to"), 0)).first()
     try:
         if person is None:

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import pytest
 
 from reconcile.mechanisms import registry
-from reconcile.sandbox.crm import CRM
-from reconcile.sandbox.openai_standin import OpenAIStandin
-from reconcile.sandbox.server import BackgroundServer
 from stopdesk.agent.frameworks.local import FrameworkRuntime
+from stopdrill.sandbox.crm import CRM
+from stopdrill.sandbox.openai_standin import OpenAIStandin
+from stopdrill.sandbox.server import BackgroundServer
 
 
 @pytest.fixture(scope="module")

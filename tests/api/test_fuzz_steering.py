@@ -31,13 +31,13 @@ from hypothesis.stateful import rule, run_state_machine_as_test
 
 from reconcile.mechanisms import registry
 from reconcile.mechanisms.base import ItemRef
-from reconcile.sandbox.crm import CRM
-from reconcile.sandbox.mcp_server import MCPToolServer
-from reconcile.sandbox.openai_standin import OpenAIStandin
-from reconcile.sandbox.server import BackgroundServer
 from reconcile.services.compensation import compensation_request
 from reconcile.services.reconcile import sweep_once
 from stopdesk.models import ExternalRecord, WorkItem
+from stopdrill.sandbox.crm import CRM
+from stopdrill.sandbox.mcp_server import MCPToolServer
+from stopdrill.sandbox.openai_standin import OpenAIStandin
+from stopdrill.sandbox.server import BackgroundServer
 from tests.api.conftest import Api
 from tests.api.test_fuzz_stateful import RuntimeApi, state
 from tests.listener import Listener

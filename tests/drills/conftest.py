@@ -10,14 +10,14 @@ import httpx
 import pytest
 from django.db.models import Q
 
-from reconcile.drills.core import Child, DrillContext
-from reconcile.drills.drivers import DRIVERS, Driver, register_driver
-from reconcile.drills.sandbox import DrillSandbox, start_drill_sandbox
 from reconcile.mechanisms import registry
 from reconcile.mechanisms.base import Capability, ItemRef, Mechanism, Observation, Seen
 from stopdesk.models import Task
 from stopdesk.services.items import item_register
 from stopdesk.states import Kind
+from stopdrill.drills.core import Child, DrillContext
+from stopdrill.drills.drivers import DRIVERS, Driver, register_driver
+from stopdrill.drills.sandbox import DrillSandbox, start_drill_sandbox
 
 
 @pytest.fixture(scope="module")

@@ -9,14 +9,14 @@ from collections.abc import Iterator
 import pytest
 from django.core.management import call_command
 
-from reconcile.drills.external import NEEDS_CONTROLS, Integration
-from reconcile.drills.runner import run_drills
-from reconcile.drills.table import table
 from reconcile.models import DrillRun
-from reconcile.sandbox.crm import CRM
-from reconcile.sandbox.mcp_server import MCP_PATH, MCPToolServer
-from reconcile.sandbox.openai_standin import OpenAIStandin
-from reconcile.sandbox.server import BackgroundServer
+from stopdrill.drills.external import NEEDS_CONTROLS, Integration
+from stopdrill.drills.runner import run_drills
+from stopdrill.drills.table import table
+from stopdrill.sandbox.crm import CRM
+from stopdrill.sandbox.mcp_server import MCP_PATH, MCPToolServer
+from stopdrill.sandbox.openai_standin import OpenAIStandin
+from stopdrill.sandbox.server import BackgroundServer
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -115,7 +115,6 @@ def test_a_tool_that_is_not_read_only_is_refused_on_a_users_server(users_mcp):
 
 def test_the_recorded_command_never_holds_the_api_key_or_a_path_outside_the_project(tmp_path):
     from django.conf import settings
-
     from reconcile.management.commands.stopdrill import recorded_arguments
 
     options = {

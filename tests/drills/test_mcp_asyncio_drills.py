@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from reconcile.drills.runner import run_drills
-from reconcile.drills.table import table
+from stopdrill.drills.runner import run_drills
+from stopdrill.drills.table import table
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from django.core.management import CommandError, call_command
 
-from reconcile.drills import reliability
-from reconcile.drills.runner import run_drills
-from reconcile.drills.table import table
 from reconcile.models import DrillResult, DrillRun
+from stopdrill.drills import reliability
+from stopdrill.drills.runner import run_drills
+from stopdrill.drills.table import table
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

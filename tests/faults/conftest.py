@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from reconcile.drills.core import DrillContext, drill_settings
-from reconcile.drills.sandbox import DrillSandbox, start_drill_sandbox
 from stopdesk.celery import app
+from stopdrill.drills.core import DrillContext, drill_settings
+from stopdrill.drills.sandbox import DrillSandbox, start_drill_sandbox
 from tests.workers.conftest import ROOT
 from tests.workers.conftest import Worker as _Worker
 
@@ -31,7 +31,7 @@ class Worker(_Worker):
         self.log = log
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "stopdesk", "worker", "--pool=prefork", "-c", "2", "-n", name,
-             "--without-mingle", "--without-gossip", "-I", "reconcile.drills.agent", "-l", "info"],
+             "--without-mingle", "--without-gossip", "-I", "stopdrill.drills.agent", "-l", "info"],
             cwd=ROOT,
             env=env,
             stdout=log.open("ab"),

@@ -11,11 +11,11 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
-from reconcile.drills.runner import run_drills
-from reconcile.drills.table import table
 from stopdesk.models import Event, Runtime, StopRequest
 from stopdesk.services.items import item_register, task_create
 from stopdesk.services.transitions import item_start
+from stopdrill.drills.runner import run_drills
+from stopdrill.drills.table import table
 from tests.workers.conftest import wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]

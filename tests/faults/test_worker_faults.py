@@ -2,7 +2,7 @@
 stop, PostgreSQL connections dropped during the stop, a child slower than every timeout.
 
 After each: nothing after the boundary (ledger and CRM), every item settled or uncertain with a
-deadline, the audit complete; `reconcile.drills.checks` does the inspecting."""
+deadline, the audit complete; `stopdrill.drills.checks` does the inspecting."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import threading
 import pytest
 from django.db import connection
 
-from reconcile.drills.agent import drill_steps
-from reconcile.drills.checks import inspect_drill
 from stopdesk.agent.workers import dispatch
 from stopdesk.models import WorkItem
+from stopdrill.drills.agent import drill_steps
+from stopdrill.drills.checks import inspect_drill
 from tests.faults.conftest import fault_context
 from tests.workers.conftest import wait_for
 

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from reconcile.sandbox.server import BackgroundServer
-from reconcile.sandbox.webhooks import WebhookReceiver
+from stopdrill.sandbox.server import BackgroundServer
+from stopdrill.sandbox.webhooks import WebhookReceiver
 from tests.workers.conftest import broker, start_worker  # noqa: F401  (real worker processes)
 
 

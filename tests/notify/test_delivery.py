@@ -10,7 +10,6 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from reconcile.sandbox.webhooks import FAIL_500
 from stopdesk.notify.delivery import deliveries_due, notifications_deliver
 from stopdesk.notify.models import Delivery, EmailPreference, Notification, WebhookEndpoint
 from stopdesk.notify.timed import notifications_scan
@@ -18,6 +17,7 @@ from stopdesk.notify.topics import Topic
 from stopdesk.permissions import roles_ensure
 from stopdesk.services.transitions import item_transition
 from stopdesk.states import DeliveryState, ItemState
+from stopdrill.sandbox.webhooks import FAIL_500
 from tests.factories import ACTOR, make_item, make_task
 
 pytestmark = pytest.mark.django_db

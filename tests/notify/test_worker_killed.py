@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from reconcile.sandbox.webhooks import HANG_AFTER_RECORD
 from stopdesk.celery import app
 from stopdesk.notify.models import Delivery, Notification
 from stopdesk.services.transitions import item_transition
 from stopdesk.states import DeliveryState, ItemState
+from stopdrill.sandbox.webhooks import HANG_AFTER_RECORD
 from tests.factories import ACTOR, make_item, make_task
 from tests.workers.conftest import wait_for
 

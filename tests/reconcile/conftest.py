@@ -12,11 +12,11 @@ from django.conf import settings as django_settings
 from django.utils import timezone
 
 from reconcile.mechanisms import registry
-from reconcile.sandbox.crm import CRM
-from reconcile.sandbox.mcp_server import MCPToolServer
-from reconcile.sandbox.openai_standin import OpenAIStandin
-from reconcile.sandbox.outbox import Outbox
-from reconcile.sandbox.server import BackgroundServer
+from stopdrill.sandbox.crm import CRM
+from stopdrill.sandbox.mcp_server import MCPToolServer
+from stopdrill.sandbox.openai_standin import OpenAIStandin
+from stopdrill.sandbox.outbox import Outbox
+from stopdrill.sandbox.server import BackgroundServer
 from tests.reference_servers import EverythingServer, everything, make_repo, tee_command
 from tests.reference_servers.proxy import WireRecorder
 

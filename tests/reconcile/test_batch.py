@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from django.db import connection, connections, transaction
 
-from reconcile.sandbox import openai_standin as faults
 from reconcile.services.cancel import item_cancel, items_cancel
 from stopdesk.agent.openai import response_create
 from stopdesk.models import CancellationAttempt, Event, WorkItem
@@ -24,6 +23,7 @@ from stopdesk.services.items import item_finish, item_register
 from stopdesk.services.stop import BATCH_ABOVE, task_request_stop
 from stopdesk.services.transitions import item_start
 from stopdesk.states import ItemState, Kind
+from stopdrill.sandbox import openai_standin as faults
 from tests.factories import make_task
 from tests.reconcile.conftest import Clock
 from tests.reconcile.helpers import stop, sweep_until_settled

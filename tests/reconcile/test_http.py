@@ -238,7 +238,7 @@ def test_a_stop_that_settles_the_action_while_the_agent_still_waits_does_not_bre
 
     from django.db import connections
 
-    from reconcile.sandbox import crm as crm_faults
+    from stopdrill.sandbox import crm as crm_faults
 
     party, base = crm_party
     party.set_fault(crm_faults.HANG_AFTER_COMMIT)

@@ -11,7 +11,6 @@ import pytest
 from django.db import connections
 
 from reconcile.mechanisms.openai import launched_tool_calls
-from reconcile.sandbox.scripted_model import HostedMcpCall, Script, ToolCall, Turn
 from reconcile.services.cancel import item_cancel, items_cancel
 from reconcile.services.launched import response_launched_record, responses_launched_record
 from reconcile.services.reconcile import sweep_once
@@ -21,6 +20,7 @@ from stopdesk.services.items import item_register
 from stopdesk.services.stop import BATCH_ABOVE
 from stopdesk.states import ItemState, Kind
 from stopdesk.summary import task_summary
+from stopdrill.sandbox.scripted_model import HostedMcpCall, Script, ToolCall, Turn
 from tests.factories import make_task
 from tests.reconcile.helpers import stop
 

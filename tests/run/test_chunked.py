@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from stopdesk.launcher import free_port
+from stopdrill.launcher import free_port
 from tests.run.helpers import PYTHON, ROOT, clean_env, run
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from stopdesk.launcher import Launcher, free_port
+from stopdrill.launcher import Launcher, free_port
 from tests.run.helpers import PYTHON, ROOT, clean_env, run
 from tests.run.test_config_errors import PREFIX, one_line
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from stopdesk.launcher import free_port
+from stopdrill.launcher import free_port
 from tests.run.helpers import PYTHON, ROOT, clean_env, processes_with
 
 pytestmark = pytest.mark.slow

@@ -15,9 +15,9 @@ import pytest
 from django.db import connection
 
 from stopdesk.api.tokens import runtime_create
-from stopdesk.launcher import free_port
 from stopdesk.services.items import task_create
 from stopdesk.services.stop import task_request_stop
+from stopdrill.launcher import free_port
 from tests.run.helpers import PYTHON, ROOT, clean_env
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]

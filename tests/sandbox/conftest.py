@@ -11,12 +11,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from reconcile.sandbox.common import SandboxParty
-from reconcile.sandbox.crm import CRM
-from reconcile.sandbox.mcp_server import MCPToolServer
-from reconcile.sandbox.openai_standin import OpenAIStandin
-from reconcile.sandbox.outbox import Outbox
-from reconcile.sandbox.server import BackgroundServer
+from stopdrill.sandbox.common import SandboxParty
+from stopdrill.sandbox.crm import CRM
+from stopdrill.sandbox.mcp_server import MCPToolServer
+from stopdrill.sandbox.openai_standin import OpenAIStandin
+from stopdrill.sandbox.outbox import Outbox
+from stopdrill.sandbox.server import BackgroundServer
 
 
 def _serve[P: SandboxParty](party: P, name: str) -> Iterator[tuple[P, BackgroundServer]]:

@@ -7,8 +7,8 @@ import time
 import httpx
 import pytest
 
-from reconcile.sandbox.crm import CRM
-from reconcile.sandbox.server import BackgroundServer
+from stopdrill.sandbox.crm import CRM
+from stopdrill.sandbox.server import BackgroundServer
 
 Crm = tuple[CRM, BackgroundServer]
 

@@ -13,9 +13,9 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
-from reconcile.sandbox.mcp_raw import McpRpcError, RawMcpSession
-from reconcile.sandbox.mcp_server import MCP_PATH, MCPToolServer
-from reconcile.sandbox.server import BackgroundServer
+from stopdrill.sandbox.mcp_raw import McpRpcError, RawMcpSession
+from stopdrill.sandbox.mcp_server import MCP_PATH, MCPToolServer
+from stopdrill.sandbox.server import BackgroundServer
 
 Tools = tuple[MCPToolServer, BackgroundServer]
 

@@ -8,8 +8,8 @@ import httpx
 import openai
 import pytest
 
-from reconcile.sandbox.openai_standin import OpenAIStandin
-from reconcile.sandbox.server import BackgroundServer
+from stopdrill.sandbox.openai_standin import OpenAIStandin
+from stopdrill.sandbox.server import BackgroundServer
 
 Standin = tuple[OpenAIStandin, BackgroundServer]
 

@@ -7,8 +7,8 @@ import time
 import httpx
 import pytest
 
-from reconcile.sandbox.outbox import Outbox
-from reconcile.sandbox.server import BackgroundServer
+from stopdrill.sandbox.outbox import Outbox
+from stopdrill.sandbox.server import BackgroundServer
 
 Box = tuple[Outbox, BackgroundServer]
 

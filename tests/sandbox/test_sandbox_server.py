@@ -14,8 +14,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from reconcile.sandbox.outbox import Outbox
-from reconcile.sandbox.server import BackgroundServer, start_all
+from stopdrill.sandbox.outbox import Outbox
+from stopdrill.sandbox.server import BackgroundServer, start_all
 
 
 def test_a_server_accepts_connections_as_soon_as_start_returns() -> None:

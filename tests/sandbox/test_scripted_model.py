@@ -10,9 +10,9 @@ import httpx
 import openai
 import pytest
 
-from reconcile.sandbox.openai_standin import OpenAIStandin
-from reconcile.sandbox.scripted_model import HostedMcpCall, Script, ToolCall, Turn
-from reconcile.sandbox.server import BackgroundServer
+from stopdrill.sandbox.openai_standin import OpenAIStandin
+from stopdrill.sandbox.scripted_model import HostedMcpCall, Script, ToolCall, Turn
+from stopdrill.sandbox.server import BackgroundServer
 
 Standin = tuple[OpenAIStandin, BackgroundServer]
 

@@ -47,7 +47,7 @@ def test_the_paginator_stops_at_its_cap():
 
 
 def test_the_admin_shows_a_capped_count_and_never_counts_the_whole_table(roles, monkeypatch):
-    from stopdesk.admin import ReadOnlyAdmin
+    from stopdesk.admin_scale import ReadOnlyAdmin
 
     class Small(paging.AdminPaginator):
         cap = 3

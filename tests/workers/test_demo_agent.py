@@ -3,13 +3,13 @@ Stop after the email went out, the canceller settles every child, and the summar
 
 import pytest
 
-from reconcile.sandbox.openai_standin import OpenAIStandin
-from reconcile.sandbox.server import start_all
-from stopdesk.demo.start import demo_task_start, demo_task_wait
 from stopdesk.models import Task, WorkItem
 from stopdesk.services.stop import task_request_stop
 from stopdesk.states import SETTLED
 from stopdesk.summary import task_summary
+from stopdrill.demo.start import demo_task_start, demo_task_wait
+from stopdrill.sandbox.openai_standin import OpenAIStandin
+from stopdrill.sandbox.server import start_all
 from tests.workers.conftest import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]

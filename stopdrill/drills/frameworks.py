@@ -1,0 +1,217 @@
+"""Drill drivers for agents built with a framework (OpenAI Agents SDK, pydantic-ai, LangGraph).
+
+The child is a real framework agent run against the sandbox's scripted model: the model asks for
+one tool call, `create_lead`, declared as an external action on the CRM (idempotency key, status
+lookup), which the framework integration registers, passes through the boundary and records.
+The drill's "child" is that tool call's item once the framework has registered it; when Stop came
+before the model's answer, no tool call exists and the child is the discarded draft (or, when Stop
+reached the run before it asked the model anything, the run itself, recorded never started).
+
+    python manage.py stopdrill --mechanism openai-agents --mechanism pydantic-ai --mechanism langgraph
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any, ClassVar
+
+import httpx
+
+from stopdesk.models import WorkItem
+from stopdesk.services.items import item_register
+from stopdesk.states import Kind
+from stopdrill.drills.agent import crm_declaration
+from stopdrill.drills.core import Child, DrillContext, wait_until
+from stopdrill.drills.drivers import AGENT, REVIEW, Driver, _arrived, _sandbox, _task, register_driver, wait_done
+from stopdrill.sandbox import crm as crm_faults
+from stopdrill.sandbox.scripted_model import Script, ToolCall, Turn
+
+SCRIPT = Script.build("drill-lead", [Turn(tool_calls=(ToolCall("create_lead", {"name": "Acme"}),)), Turn(text="done")])
+
+
+class FrameworkDriver(Driver):
+    framework: ClassVar[str]
+    expected = {
+        "before_dispatch": frozenset({"cancelled"}),
+        "during_tool_call": frozenset({"completed"}),
+        "after_acceptance": frozenset({"completed"}),
+        "slow_child": frozenset({REVIEW, "completed", "uncertain"}),
+        "disconnected_client": frozenset({"completed", "uncertain"}),
+        "cancel_endpoint_down": frozenset({"uncertain"}),
+        "duplicate_stop": frozenset({"completed"}),
+    }
+
+    def child(self, ctx: DrillContext, variant: str) -> Child:
+        sandbox = _sandbox(ctx)
+        crm = sandbox.sandbox.crm
+        base = sandbox.urls["crm"]
+        task = _task(ctx)
+        key = f"drill-{task.pk}-lead"
+        timeout = 30.0
+        if variant == "accept":
+            crm.set_fault(crm_faults.HANG_AFTER_COMMIT, target=key)
+            ctx.fault("crm: the lead is created but the answer never comes")
+        elif variant == "down":
+            crm.set_fault(crm_faults.FAIL_500_AFTER_COMMIT, target=key)
+            ctx.fault("crm: the create lands, then answers 500")
+        elif variant == "slow":
+            crm.configure(latency_s=2.0)
+            ctx.cleanups.append(lambda: self.await_late_create(ctx, key))
+            ctx.cleanups.append(lambda: crm.configure(latency_s=0.0))
+            timeout = 1.0
+            ctx.fault("crm: answers after 2 s, past the tool's 1 s timeout")
+        elif variant == "disconnect":
+            crm.configure(latency_s=0.4)
+            ctx.cleanups.append(lambda: self.await_late_create(ctx, key))
+            ctx.cleanups.append(lambda: crm.configure(latency_s=0.0))
+            timeout = 0.1
+            ctx.fault("client: the tool hangs up 0.1 s into a create the CRM completes anyway")
+        else:
+            crm.configure(latency_s=0.5)
+            ctx.cleanups.append(lambda: crm.configure(latency_s=0.0))
+        model_url = sandbox.urls["openai"]
+        model = sandbox.sandbox.openai.load_script(SCRIPT)
+        declaration = {
+            "system": sandbox.system("crm"),
+            "idempotency_key": lambda args: key,
+            "reversible": "archive",
+            "noun": "lead",
+            "http": crm_declaration(base, sandbox.system("crm")),
+        }
+
+        async def create_lead(name: str) -> str:
+            """Create a lead in the CRM."""
+            async with httpx.AsyncClient(timeout=timeout) as http:
+                answer = await http.post(base + "/records", json={"name": name}, headers={"Idempotency-Key": key})
+            if answer.is_error:
+                raise RuntimeError(f"the CRM answered {answer.status_code}")
+            return f"created {answer.json()['id']}"
+
+        child = Child(0, lambda: None, key=key)
+
+        def run() -> Any:
+            from stopdesk.agent.frameworks import RunStopped
+            from stopdesk.agent.frameworks.declare import declare
+            from stopdesk.agent.frameworks.local import FrameworkRuntime
+
+            declare(create_lead, **declaration)
+            runtime = FrameworkRuntime(actor="drill:agent", dispatch=lambda ids: None)
+            try:
+                return asyncio.run(self.run_agent(runtime, task.pk, model_url, model, create_lead))
+            except RunStopped:
+                return "stopped"
+            finally:
+                self.resolve(ctx, child, fallback=True)
+
+        child.run = run
+        return ctx.add(child)
+
+    async def run_agent(self, runtime: Any, task_id: int, base_url: str, model: str, tool: Any) -> Any:
+        raise NotImplementedError
+
+    @staticmethod
+    def await_late_create(ctx: DrillContext, key: str) -> None:
+        """A create the tool gave up on still lands; wait for it, so it counts in this drill's world
+        (and the next drill's reset does not catch it in flight)."""
+        crm = _sandbox(ctx).sandbox.crm
+        with contextlib.suppress(TimeoutError):
+            wait_until(lambda: any(r["idempotency_key"] == key for r in crm.records()), timeout=4.0)
+
+    @staticmethod
+    def resolve(ctx: DrillContext, child: Child, *, fallback: bool = False) -> None:
+        """The child is the tool call's item once it exists (else, at the end, the draft)."""
+        if child.item_id:
+            return
+        item = WorkItem.objects.filter(task=_task(ctx), idempotency_key=child.key).first()
+        if item is None and fallback:
+            item = WorkItem.objects.filter(task=_task(ctx)).order_by("id").first()
+        if item is None and fallback:
+            # Stop reached the run before it asked the model anything (the framework's task was
+            # cancelled first): nothing was dispatched. The drill records the run itself, which the
+            # ledger settles as never started, so there is an item to judge.
+            item = item_register(task=_task(ctx), kind=Kind.LOCAL_WORKER, noun="agent run", actor=AGENT)
+        if item is not None:
+            child.item_id = item.pk
+
+    def in_call(self, ctx: DrillContext, child: Child) -> bool:
+        arrived = _arrived(ctx, key=child.key)
+        if arrived:
+            self.resolve(ctx, child)
+        return arrived
+
+    def accepted(self, ctx: DrillContext, child: Child) -> bool:
+        found = any(r["idempotency_key"] == child.key for r in _sandbox(ctx).sandbox.crm.records())
+        if found:
+            self.resolve(ctx, child)
+        return found
+
+    def endpoint_down(self, ctx: DrillContext, child: Child) -> None:
+        crm = _sandbox(ctx).sandbox.crm
+        wait_done(child)
+        crm.set_fault(crm_faults.READ_500)
+        ctx.fault("crm: every lookup answers 500 for the whole deadline")
+        ctx.cleanups.append(lambda: crm.set_fault(crm_faults.READ_500, enabled=False))
+
+
+@register_driver
+class OpenAIAgentsDriver(FrameworkDriver):
+    mechanism = "openai-agents"
+    tool = "openai-agents (crm lead)"
+
+    async def run_agent(self, runtime: Any, task_id: int, base_url: str, model: str, tool: Any) -> Any:
+        from agents import Agent, OpenAIResponsesModel, function_tool, set_tracing_disabled
+        from openai import AsyncOpenAI
+
+        from stopdesk.agent.frameworks.declare import declaration_of
+        from stopdesk.agent.frameworks.openai_agents import guard_tool, run_agent
+
+        set_tracing_disabled(True)
+        client = AsyncOpenAI(base_url=base_url, api_key="no-key-needed", max_retries=0)
+        agent = Agent(
+            name="drill",
+            tools=[guard_tool(function_tool(tool), declaration_of(tool))],
+            model=OpenAIResponsesModel(model, client),
+        )
+        return (await run_agent(runtime, task_id, agent, "Add Acme as a lead", poll_s=0.05)).final_output
+
+
+@register_driver
+class PydanticAIDriver(FrameworkDriver):
+    mechanism = "pydantic-ai"
+    tool = "pydantic-ai (crm lead)"
+
+    async def run_agent(self, runtime: Any, task_id: int, base_url: str, model: str, tool: Any) -> Any:
+        from openai import AsyncOpenAI
+        from pydantic_ai import Agent
+        from pydantic_ai.models.openai import OpenAIChatModel
+        from pydantic_ai.providers.openai import OpenAIProvider
+
+        from stopdesk.agent.frameworks.pydantic_ai import run_agent
+
+        client = AsyncOpenAI(base_url=base_url, api_key="no-key-needed", max_retries=0)
+        agent = Agent(OpenAIChatModel(model, provider=OpenAIProvider(openai_client=client)), tools=[tool])
+        return (await run_agent(runtime, task_id, agent, "Add Acme as a lead", tools=[tool], poll_s=0.05)).output
+
+
+@register_driver
+class LangGraphDriver(FrameworkDriver):
+    mechanism = "langgraph"
+    tool = "langgraph (crm lead)"
+
+    async def run_agent(self, runtime: Any, task_id: int, base_url: str, model: str, tool: Any) -> Any:
+        from langchain.agents import create_agent
+        from langchain_core.tools import StructuredTool
+        from langchain_openai import ChatOpenAI
+        from openai import AsyncOpenAI
+
+        from stopdesk.agent.frameworks.langgraph import StopdeskMiddleware, run_agent
+
+        client = AsyncOpenAI(base_url=base_url, api_key="no-key-needed", max_retries=0)
+        chat = ChatOpenAI(model=model, root_async_client=client, async_client=client.chat.completions, api_key="unused")
+        graph = create_agent(
+            chat, tools=[StructuredTool.from_function(coroutine=tool)], middleware=[StopdeskMiddleware()]
+        )
+        messages = {"messages": [{"role": "user", "content": "Add Acme as a lead"}]}
+        state = await run_agent(runtime, task_id, graph, messages, poll_s=0.05)
+        return state["messages"][-1].content

@@ -1,0 +1,393 @@
+"""An MCP tool server built with the official `mcp` SDK (low-level `Server`, streamable HTTP).
+
+Tools:
+- `slow_lookup` (read-only): sleeps, answers. Cancelling it costs nothing.
+- `slow_write` (destructive): sleeps, then records an effect in the ledger. Cancelling the
+  caller's scope makes the SDK deliver CancelledError into the tool, whose `finally`
+  journals the interruption. With the `ignore_cancel` fault it runs to the end and the
+  effect lands anyway, like `@modelcontextprotocol/server-everything` does.
+- `export_report` (additive, `execution.taskSupport: "optional"`): a plain call or a
+  2025-11-25 task; see `mcp_tasks.py` for the task half the SDK does not dispatch.
+
+The task methods are registered as custom request handlers (the SDK's runner dispatches a
+method it does not know as a spec method straight to `Server.add_request_handler`), and a
+`Server.middleware` answers a task-augmented `tools/call` with `CreateTaskResult` before the
+SDK's `tools/call` result validation would reject that shape.
+
+Side channel (not MCP): `GET /_control/effects` (what took effect, and the journal of starts
+and interruptions), `GET /_control/tasks`, plus the common `/_control/*` routes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any, ClassVar
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+import mcp_types as types
+from mcp.server import Server
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS, METHOD_NOT_FOUND
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Mount, Route
+
+from stopdrill.sandbox.common import SandboxParty
+from stopdrill.sandbox.mcp_tasks import TaskRegistry
+
+MCP_PATH = "/mcp"
+
+IGNORE_CANCEL = "ignore_cancel"  # slow_write keeps running after its call is cancelled
+TASKS_IGNORE_CANCEL = "tasks_ignore_cancel"  # tasks/cancel marks cancelled but the export still runs
+EXPORT_FAIL = "export_fail"  # export_report ends with an isError result (task `failed`)
+TOOL_CALL_ERROR = "tool_call_error"  # tools/call answers a JSON-RPC error without running anything
+TASKS_FORGET = "tasks_forget"  # a task is deleted right after it was created (the spec allows deletion at any time)
+
+SLOW_LOOKUP = "slow_lookup"
+SLOW_WRITE = "slow_write"
+EXPORT_REPORT = "export_report"
+
+
+def _tools() -> list[types.Tool]:
+    seconds = {"type": "number", "minimum": 0, "description": "How long the tool works."}
+    return [
+        types.Tool(
+            name=SLOW_LOOKUP,
+            description="Look something up slowly. Changes nothing.",
+            input_schema={"type": "object", "properties": {"query": {"type": "string"}, "seconds": seconds}},
+            annotations=types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
+        ),
+        types.Tool(
+            name=SLOW_WRITE,
+            description="Write a value slowly. The write is destructive and cannot be undone by a cancel.",
+            input_schema={
+                "type": "object",
+                "properties": {"key": {"type": "string"}, "value": {"type": "string"}, "seconds": seconds},
+                "required": ["key"],
+            },
+            annotations=types.ToolAnnotations(
+                read_only_hint=False, destructive_hint=True, idempotent_hint=False, open_world_hint=True
+            ),
+        ),
+        types.Tool(
+            name=EXPORT_REPORT,
+            description="Export a report. Long-running; may be run as a task.",
+            input_schema={"type": "object", "properties": {"name": {"type": "string"}, "seconds": seconds}},
+            annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=True),
+            execution=types.ToolExecution(task_support="optional"),
+        ),
+    ]
+
+
+class _TaskServer(Server[Any]):
+    """Advertises the 2025-11-25 `tasks` capability the base class cannot derive."""
+
+    def get_capabilities(
+        self, *args: Any, protocol_version: str | None = None, **kwargs: Any
+    ) -> types.ServerCapabilities:
+        caps = super().get_capabilities(*args, protocol_version=protocol_version, **kwargs)
+        if protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return caps  # tasks left the core spec in 2026-07-28
+        caps.tasks = types.ServerTasksCapability(
+            list=types.TasksListCapability(),
+            cancel=types.TasksCancelCapability(),
+            requests=types.ServerTasksRequestsCapability(
+                tools=types.TasksToolsCapability(call=types.TasksCallCapability())
+            ),
+        )
+        return caps
+
+
+class MCPToolServer(SandboxParty):
+    """State (ledger, journal, tasks) and behaviour; `app()` builds a fresh ASGI app.
+
+    Python control: `configure(latency_s=, default_seconds=, poll_interval_ms=,
+    default_ttl_ms=, max_ttl_ms=)`, `set_fault(...)`, `effects()`, `journal()`, `tasks()`,
+    `stats()`, `reset()`. Effects and journal survive a restart (they are the outside
+    world); tasks do not (they lived in the server process).
+    """
+
+    FAULTS: ClassVar[frozenset[str]] = frozenset(
+        {IGNORE_CANCEL, TASKS_IGNORE_CANCEL, EXPORT_FAIL, TOOL_CALL_ERROR, TASKS_FORGET}
+    )
+    CONFIG_FIELDS: ClassVar[tuple[str, ...]] = (
+        "latency_s",
+        "default_seconds",
+        "poll_interval_ms",
+        "default_ttl_ms",
+        "max_ttl_ms",
+    )
+
+    def __init__(
+        self,
+        *,
+        latency_s: float = 0.0,
+        default_seconds: float = 2.0,
+        poll_interval_ms: int = 100,
+        default_ttl_ms: int = 300_000,
+        max_ttl_ms: int = 3_600_000,
+    ) -> None:
+        super().__init__(latency_s=latency_s)
+        self.default_seconds = default_seconds
+        self.poll_interval_ms = poll_interval_ms
+        self.default_ttl_ms = default_ttl_ms
+        self.max_ttl_ms = max_ttl_ms
+        self._effects: list[dict[str, Any]] = []
+        self._journal: list[dict[str, Any]] = []
+        self.task_registry = TaskRegistry(self.lock)
+        self._task_group: anyio.abc.TaskGroup | None = None
+
+    # --- Python control API -----------------------------------------------------------
+
+    def effects(self, tool: str | None = None) -> list[dict[str, Any]]:
+        """Changes that took effect in the world, in order."""
+        with self.lock:
+            return [dict(e) for e in self._effects if tool in (None, e["tool"])]
+
+    def journal(self, tool: str | None = None) -> list[dict[str, Any]]:
+        """Every start, finish and interruption of a tool run, in order."""
+        with self.lock:
+            return [dict(e) for e in self._journal if tool in (None, e["tool"])]
+
+    def tasks(self) -> list[dict[str, Any]]:
+        return self.task_registry.snapshot()
+
+    def reset(self) -> None:
+        super().reset()
+        with self.lock:
+            self._effects.clear()
+            self._journal.clear()
+        self.task_registry.clear()
+
+    # --- ledger ------------------------------------------------------------------------
+
+    def _note(self, tool: str, call: str, event: str) -> None:
+        with self.lock:
+            self._journal.append(
+                {"seq": len(self._journal) + 1, "tool": tool, "call": call, "event": event, "at": time.time()}
+            )
+
+    def _effect(self, tool: str, call: str, effect: str, **detail: Any) -> None:
+        with self.lock:
+            self._effects.append({"tool": tool, "call": call, "effect": effect, "at": time.time(), **detail})
+        self._note(tool, call, "applied")
+
+    def _seconds(self, arguments: Mapping[str, Any]) -> float:
+        with self.lock:
+            return float(arguments.get("seconds", self.default_seconds))
+
+    # --- tools -------------------------------------------------------------------------
+
+    async def _slow_lookup(self, arguments: Mapping[str, Any]) -> types.CallToolResult:
+        query = str(arguments.get("query", ""))
+        self._note(SLOW_LOOKUP, query, "started")
+        finished = False
+        try:
+            await anyio.sleep(self._seconds(arguments))
+            finished = True
+        finally:
+            self._note(SLOW_LOOKUP, query, "finished" if finished else "interrupted")
+        return _text(f"lookup result for {query!r}")
+
+    async def _slow_write(self, arguments: Mapping[str, Any]) -> types.CallToolResult:
+        key = str(arguments["key"])
+        value = str(arguments.get("value", ""))
+        self._note(SLOW_WRITE, key, "started")
+        applied = False
+        try:
+            # With ignore_cancel the work is shielded: the caller's cancel lands only after
+            # the write, as with servers that never look at notifications/cancelled.
+            with anyio.CancelScope(shield=self.has_fault(IGNORE_CANCEL, key)):
+                await anyio.sleep(self._seconds(arguments))
+                self._effect(SLOW_WRITE, key, "written", value=value)
+                applied = True
+            await anyio.lowlevel.checkpoint()  # a cancel that arrived meanwhile is raised here
+        except anyio.get_cancelled_exc_class():
+            if applied:
+                self._note(SLOW_WRITE, key, "cancelled_after_applying")
+            raise  # never swallowed: the SDK's scope must see it
+        finally:
+            if not applied:
+                self._note(SLOW_WRITE, key, "interrupted")
+        return _text(f"wrote {key}={value!r}")
+
+    async def _export_report(self, arguments: Mapping[str, Any], call: str) -> dict[str, Any]:
+        name = str(arguments.get("name", "report"))
+        self._note(EXPORT_REPORT, call, "started")
+        finished = False
+        try:
+            await anyio.sleep(self._seconds(arguments))
+            finished = True
+        finally:
+            if not finished:
+                self._note(EXPORT_REPORT, call, "interrupted")
+        if self.has_fault(EXPORT_FAIL, call):
+            self._note(EXPORT_REPORT, call, "failed")
+            return _dump(_text(f"export of {name!r} failed", is_error=True))
+        self._effect(EXPORT_REPORT, call, "exported", name=name)
+        return _dump(_text(f"report {name!r} exported"))
+
+    # --- MCP handlers ------------------------------------------------------------------
+
+    async def _list_tools(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=_tools())
+
+    async def _call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Any:
+        arguments = params.arguments or {}
+        if params.name == SLOW_LOOKUP:
+            return await self._slow_lookup(arguments)
+        if params.name == SLOW_WRITE:
+            if "key" not in arguments:
+                raise MCPError(code=INVALID_PARAMS, message="slow_write needs a 'key'")
+            return await self._slow_write(arguments)
+        if params.name == EXPORT_REPORT:
+            return await self._export_report(arguments, f"call-{ctx.request_id}")
+        raise MCPError(code=INVALID_PARAMS, message=f"Unknown tool: {params.name}")
+
+    async def _middleware(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        params = ctx.params if isinstance(ctx.params, Mapping) else {}
+        await self.arrive(ctx.method, _count_key(ctx.method, params))
+        if ctx.method == "tools/call":
+            if self.has_fault(TOOL_CALL_ERROR, params.get("name")):
+                raise MCPError(code=-32603, message="the sandbox was told to fail this call")
+            if params.get("task") is not None:
+                return self._start_task(params, _session_of(ctx))
+        return await call_next(ctx)
+
+    def _start_task(self, params: Mapping[str, Any], session: str) -> dict[str, Any]:
+        """Answer a task-augmented tools/call with CreateTaskResult; the work runs on."""
+        name = params.get("name")
+        if name != EXPORT_REPORT:
+            # The spec's answer for a tool whose taskSupport is (implicitly) forbidden.
+            raise MCPError(code=METHOD_NOT_FOUND, message=f"Tool {name!r} does not support task execution")
+        if self._task_group is None:
+            raise MCPError(code=-32603, message="server is not running")
+        requested = (params.get("task") or {}).get("ttl")
+        with self.lock:
+            ttl = min(int(requested), self.max_ttl_ms) if isinstance(requested, int) else self.default_ttl_ms
+            poll = self.poll_interval_ms
+        record = self.task_registry.create(EXPORT_REPORT, session=session, ttl_ms=ttl, poll_interval_ms=poll)
+        arguments = dict(params.get("arguments") or {})
+
+        async def work() -> dict[str, Any]:
+            return await self._export_report(arguments, record.task_id)
+
+        self._task_group.start_soon(self.task_registry.run, record, work)
+        answer = {"task": record.to_json()}
+        if self.has_fault(TASKS_FORGET, name):
+            self.task_registry.close_session(session, only=record.task_id)
+        return answer
+
+    async def _tasks_get(self, ctx: ServerRequestContext[Any], params: types.GetTaskRequestParams) -> dict[str, Any]:
+        return self.task_registry.get(params.task_id, _session_of(ctx)).to_json()
+
+    async def _tasks_cancel(
+        self, ctx: ServerRequestContext[Any], params: types.CancelTaskRequestParams
+    ) -> dict[str, Any]:
+        stop = not self.has_fault(TASKS_IGNORE_CANCEL, params.task_id)
+        return self.task_registry.cancel(params.task_id, _session_of(ctx), stop_work=stop)
+
+    async def _tasks_result(
+        self, ctx: ServerRequestContext[Any], params: types.GetTaskPayloadRequestParams
+    ) -> dict[str, Any]:
+        return await self.task_registry.result(params.task_id, _session_of(ctx))
+
+    async def _tasks_list(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams) -> dict[str, Any]:
+        return self.task_registry.page(params.cursor, _session_of(ctx))
+
+    # --- app ---------------------------------------------------------------------------
+
+    def build_server(self) -> Server[Any]:
+        server = _TaskServer(
+            "stopdesk-sandbox-tools",
+            version="1.0",
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+        )
+        server.add_request_handler("tasks/get", types.GetTaskRequestParams, self._tasks_get)
+        server.add_request_handler("tasks/cancel", types.CancelTaskRequestParams, self._tasks_cancel)
+        server.add_request_handler("tasks/result", types.GetTaskPayloadRequestParams, self._tasks_result)
+        server.add_request_handler("tasks/list", types.PaginatedRequestParams, self._tasks_list)
+        server.middleware.append(self._middleware)
+        return server
+
+    def app(self) -> Starlette:
+        """A fresh app per server start: the SDK's session manager can run only once."""
+        server = self.build_server()
+        mcp_app = server.streamable_http_app(streamable_http_path=MCP_PATH, host="127.0.0.1")
+        # Tasks lived in the old process; the ledger is the outside world and stays.
+        self.task_registry.clear()
+
+        @asynccontextmanager
+        async def lifespan(app: Starlette) -> AsyncIterator[None]:
+            # Task work must outlive the tools/call that started it, so it runs in a group
+            # owned by the app, cancelled (with the work's `finally` running) on shutdown.
+            async with server.session_manager.run(), anyio.create_task_group() as tg:
+                self._task_group = tg
+                try:
+                    yield
+                finally:
+                    self._task_group = None
+                    tg.cancel_scope.cancel()
+
+        return Starlette(
+            routes=[
+                *self.control_routes(),
+                Route("/_control/effects", self._control_effects, methods=["GET"]),
+                Route("/_control/tasks", self._control_tasks, methods=["GET"]),
+                Mount("/", app=self._ending_sessions(mcp_app)),
+            ],
+            lifespan=lifespan,
+        )
+
+    def _ending_sessions(self, mcp_app: Any) -> Any:
+        """Clean a session's tasks up when the client deletes the session, as real servers do."""
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            await mcp_app(scope, receive, send)
+            if scope["type"] == "http" and scope["method"] == "DELETE":
+                session = dict(scope["headers"]).get(b"mcp-session-id", b"").decode()
+                if session:
+                    ignores = lambda task_id: self.has_fault(TASKS_IGNORE_CANCEL, task_id)  # noqa: E731
+                    self.task_registry.close_session(session, keep_working=ignores)
+
+        return app
+
+    async def _control_effects(self, request: Request) -> JSONResponse:
+        tool = request.query_params.get("tool")
+        return JSONResponse({"effects": self.effects(tool), "journal": self.journal(tool)})
+
+    async def _control_tasks(self, request: Request) -> JSONResponse:
+        return JSONResponse({"tasks": self.tasks()})
+
+
+def _session_of(ctx: ServerRequestContext[Any, Any]) -> str:
+    """The Streamable HTTP session a request came in (tasks belong to it)."""
+    request = ctx.request
+    headers = getattr(request, "headers", None)
+    return str(headers.get("mcp-session-id", "")) if headers is not None else ""
+
+
+def _count_key(method: str, params: Mapping[str, Any]) -> str | None:
+    if method == "tools/call":
+        return str(params.get("name"))
+    if method.startswith("tasks/") and "taskId" in params:
+        return str(params["taskId"])
+    return None
+
+
+def _text(text: str, *, is_error: bool = False) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=is_error)
+
+
+def _dump(result: types.CallToolResult) -> dict[str, Any]:
+    return result.model_dump(by_alias=True, mode="json", exclude_none=True)

@@ -1,0 +1,493 @@
+"""An OpenAI Responses API stand-in: background create, retrieve, cancel, and their races.
+
+Follows the documented wire protocol (see mechanisms.md section 1) closely enough that the
+official `openai` SDK parses every answer, including the awkward parts:
+
+- a background response is `queued`, then `in_progress`, then final after `run_s`;
+- cancel is only for background responses (400 otherwise) and repeating it returns the
+  final object; cancelling an already finished one is undocumented upstream, so it is a
+  setting: 409 like ogx/Llama Stack (default) or the unchanged object like sglang;
+- there is no list endpoint, so a create whose answer was lost leaves an orphan that only
+  the `/_control/responses` side channel (for tests, not for the code under test) can see;
+- a request whose `model` is `script:<name>` is answered by a scripted model
+  (`scripted_model.py`): function calls, hosted `mcp_call` items, then a final answer, over
+  Responses and Chat Completions, streamed or not. A scripted background response carries its
+  turn's hosted tool calls as output items from the moment it runs, so a cancel leaves them there
+  for the application to inspect, as upstream does.
+
+Time is evaluated lazily on each read: a response's status is a function of the clock and
+of what happened to it, so no background task has to run and a stopped server loses nothing
+a test cares about.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import anyio
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from stopdrill.sandbox import scripted_model as sm
+from stopdrill.sandbox.common import SandboxParty
+
+RUNNING = frozenset({"queued", "in_progress"})
+TERMINAL = frozenset({"completed", "failed", "cancelled", "incomplete"})
+
+# Fault names. Each can be global or aimed at one response id.
+IGNORE_CANCEL = "ignore_cancel"  # cancel answers 200 with the run still in progress; it completes later
+FLIP_TO_COMPLETED = "flip_to_completed"  # cancel answers `cancelled`, a later read shows `completed`
+CANCEL_409 = "cancel_409"
+CANCEL_500 = "cancel_500"
+RETRIEVE_500 = "retrieve_500"
+HANG = "hang"  # cancel and retrieve never answer
+CREATE_HANG = "create_hang"  # create records and starts the run, but its answer never comes
+FAIL = "fail"  # the run ends `failed`
+INCOMPLETE = "incomplete"  # the run ends `incomplete` (max_output_tokens)
+
+CancelOnTerminal = Literal["409", "200"]
+
+
+@dataclass
+class StoredResponse:
+    id: str
+    model: str
+    input: Any
+    metadata: dict[str, str]
+    background: bool
+    store: bool
+    created_at: float  # wall clock, as the API reports it
+    started: float  # monotonic, drives the lazy state machine
+    queue_s: float
+    run_s: float
+    output_text: str
+    status: str = "queued"
+    completed_at: float | None = None
+    error: dict[str, str] | None = None
+    incomplete_reason: str | None = None
+    cancel_requests: int = 0
+    cancel_ignored: bool = False
+    flip_at: float | None = None  # monotonic time at which a `cancelled` turns `completed`
+    history: list[str] = field(default_factory=list)
+    tool_items: list[dict[str, Any]] = field(default_factory=list)  # hosted tool calls a script launched
+
+    def to_json(self) -> dict[str, Any]:
+        completed = self.status == "completed"
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": int(self.created_at),
+            "status": self.status,
+            "background": self.background,
+            "store": self.store,
+            "model": self.model,
+            "output": self._output(completed),
+            "metadata": dict(self.metadata),
+            "error": self.error,
+            "incomplete_details": {"reason": self.incomplete_reason} if self.incomplete_reason else None,
+            "instructions": None,
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "completed_at": self.completed_at,
+            "usage": _usage() if completed else None,
+        }
+
+    def _output(self, completed: bool) -> list[dict[str, Any]]:
+        launched = self.tool_items if self.status != "queued" else []
+        return [*launched, _message(self.id, self.output_text)] if completed else list(launched)
+
+
+class OpenAIStandin(SandboxParty):
+    """State and behaviour of the stand-in; `app()` builds a fresh Starlette app over it.
+
+    Python control: `configure(...)`, `set_fault(...)`, `arm(fault)` for the next created
+    response, `finish(id, status)`, `responses()`, `get(id)`, `stats()`, `reset()`.
+    HTTP control: `/_control/{stats,config,faults,reset,responses,arm,finish}`.
+    """
+
+    FAULTS: ClassVar[frozenset[str]] = frozenset(
+        {IGNORE_CANCEL, FLIP_TO_COMPLETED, CANCEL_409, CANCEL_500, RETRIEVE_500, HANG, CREATE_HANG, FAIL, INCOMPLETE}
+    )
+    CONFIG_FIELDS: ClassVar[tuple[str, ...]] = (
+        "latency_s",
+        "queue_s",
+        "run_s",
+        "flip_after_s",
+        "cancel_on_terminal",
+        "output_text",
+    )
+
+    def __init__(
+        self,
+        *,
+        latency_s: float = 0.0,
+        queue_s: float = 0.05,
+        run_s: float = 1.0,
+        flip_after_s: float = 0.3,
+        cancel_on_terminal: CancelOnTerminal = "409",
+        output_text: str = "",
+    ) -> None:
+        super().__init__(latency_s=latency_s)
+        self.queue_s = queue_s
+        self.run_s = run_s
+        self.flip_after_s = flip_after_s
+        self.cancel_on_terminal: CancelOnTerminal = cancel_on_terminal
+        self.output_text = output_text
+        self._responses: dict[str, StoredResponse] = {}
+        self._armed: list[set[str]] = []
+        self._scripts: dict[str, sm.Script] = {}
+        self._model_log: list[dict[str, Any]] = []
+
+    # --- Python control API -----------------------------------------------------------
+
+    def arm(self, fault: str, times: int = 1) -> None:
+        """Aim `fault` at the next `times` responses created (their ids are not known yet)."""
+        self.check_fault(fault)
+        with self.lock:
+            # One slot per future response; arming twice aims both faults at the same one.
+            while len(self._armed) < times:
+                self._armed.append(set())
+            for slot in self._armed[:times]:
+                slot.add(fault)
+
+    def load_script(self, script: sm.Script) -> str:
+        """Serve `script`; returns the model name that selects it (`script:<name>`)."""
+        with self.lock:
+            self._scripts[script.name] = script
+        return sm.SCRIPT_PREFIX + script.name
+
+    def model_log(self) -> list[dict[str, Any]]:
+        """Every scripted model request answered: endpoint, script, turn, stream (tests read it)."""
+        with self.lock:
+            return list(self._model_log)
+
+    def get(self, response_id: str) -> dict[str, Any] | None:
+        with self.lock:
+            stored = self._responses.get(response_id)
+            if stored is None:
+                return None
+            self._advance(stored)
+            return stored.to_json()
+
+    def responses(self) -> list[dict[str, Any]]:
+        """Every response ever created, orphans included (the real API cannot list them)."""
+        with self.lock:
+            for stored in self._responses.values():
+                self._advance(stored)
+            return [s.to_json() for s in self._responses.values()]
+
+    def finish(self, response_id: str, status: str = "completed") -> dict[str, Any]:
+        """Force a response to a terminal status now, whatever it was (a late flip, too)."""
+        if status not in TERMINAL:
+            raise ValueError(f"{status!r} is not a terminal status")
+        with self.lock:
+            stored = self._responses[response_id]
+            self._set_status(stored, status)
+            stored.flip_at = None
+            return stored.to_json()
+
+    def reset(self) -> None:
+        super().reset()
+        with self.lock:
+            self._responses.clear()
+            self._armed.clear()
+            self._model_log.clear()
+
+    # --- state machine ----------------------------------------------------------------
+
+    def _advance(self, stored: StoredResponse) -> None:
+        """Bring `stored` up to date with the clock. Caller holds the lock."""
+        now = time.monotonic()
+        if stored.status in RUNNING:
+            elapsed = now - stored.started
+            if elapsed >= stored.queue_s + stored.run_s:
+                self._set_status(stored, self._outcome(stored))
+            elif elapsed >= stored.queue_s and stored.status == "queued":
+                self._set_status(stored, "in_progress")
+        elif stored.status == "cancelled" and stored.flip_at is not None and now >= stored.flip_at:
+            # The Azure case: termination was not guaranteed and the output arrived anyway.
+            stored.flip_at = None
+            self._set_status(stored, "completed")
+
+    def _outcome(self, stored: StoredResponse) -> str:
+        if self._has_fault_locked(FAIL, [stored.id]):
+            return "failed"
+        if self._has_fault_locked(INCOMPLETE, [stored.id]):
+            return "incomplete"
+        return "completed"
+
+    def _set_status(self, stored: StoredResponse, status: str) -> None:
+        stored.status = status
+        stored.history.append(status)
+        stored.error = None
+        stored.incomplete_reason = None
+        if status in TERMINAL:
+            stored.completed_at = time.time() if status == "completed" else None
+        if status == "failed":
+            stored.error = {"code": "server_error", "message": "The stand-in was told to fail this run."}
+        elif status == "incomplete":
+            stored.incomplete_reason = "max_output_tokens"
+
+    # --- HTTP handlers ----------------------------------------------------------------
+
+    async def _create(self, request: Request) -> JSONResponse | StreamingResponse:
+        await self.arrive("create")
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "Request body is not valid JSON.")
+        if not isinstance(body, dict) or not body.get("model"):
+            return _error(400, "Missing required parameter: 'model'.", param="model")
+        metadata = body.get("metadata") or {}
+        if not isinstance(metadata, dict) or len(metadata) > 16:
+            return _error(400, "metadata must be an object with at most 16 keys.", param="metadata")
+        script = self._script_for(body)
+        if isinstance(script, JSONResponse):
+            return script
+        if script is not None and not body.get("background"):
+            return await self._scripted_responses(script, body)
+        stored = self._store_new(body, metadata, script)
+        if self.has_fault(CREATE_HANG, stored.id):
+            await self.hang()
+        if not stored.background:
+            # Foreground: the caller waits for the whole run, as with the real API.
+            await anyio.sleep(stored.queue_s + stored.run_s)
+        with self.lock:
+            self._advance(stored)
+            return JSONResponse(stored.to_json())
+
+    def _store_new(self, body: dict[str, Any], metadata: dict[str, Any], script: sm.Script | None) -> StoredResponse:
+        with self.lock:
+            stored = StoredResponse(
+                id=f"resp_{uuid.uuid4().hex}",
+                model=str(body["model"]),
+                input=body.get("input"),
+                metadata={str(k): str(v) for k, v in metadata.items()},
+                background=bool(body.get("background", False)),
+                store=bool(body.get("store", True)),
+                created_at=time.time(),
+                started=time.monotonic(),
+                queue_s=self.queue_s,
+                run_s=self.run_s,
+                output_text=self.output_text or f"Stand-in answer to: {_summarise(body.get('input'))}",
+                history=["queued"],
+            )
+            if script is not None:
+                index, turn = script.turn_for(body.get("input"))
+                launched = sm.responses_output(turn, response_id=stored.id)
+                stored.tool_items = [i for i in launched if i["type"] != "message"]
+                stored.output_text = turn.text or stored.output_text
+                self._log("responses", script, index, background=True)
+            self._responses[stored.id] = stored
+            if self._armed:
+                self._targeted_faults.setdefault(stored.id, set()).update(self._armed.pop(0))
+        return stored
+
+    async def _retrieve(self, request: Request) -> JSONResponse:
+        response_id = request.path_params["response_id"]
+        await self.arrive("retrieve", response_id)
+        if self.has_fault(HANG, response_id):
+            await self.hang()
+        if self.has_fault(RETRIEVE_500, response_id):
+            return _error(500, "The server had an error while processing your request.", kind="server_error")
+        with self.lock:
+            stored = self._responses.get(response_id)
+            if stored is None or not (stored.store or stored.background):
+                return _not_found(response_id)
+            self._advance(stored)
+            return JSONResponse(stored.to_json())
+
+    async def _cancel(self, request: Request) -> JSONResponse:
+        response_id = request.path_params["response_id"]
+        await self.arrive("cancel", response_id)
+        if self.has_fault(HANG, response_id):
+            await self.hang()
+        if self.has_fault(CANCEL_500, response_id):
+            return _error(500, "The server had an error while processing your request.", kind="server_error")
+        if self.has_fault(CANCEL_409, response_id):
+            return _error(409, "Cancellation conflicted with the response's current state.")
+        with self.lock:
+            stored = self._responses.get(response_id)
+            if stored is None:
+                return _not_found(response_id)
+            if not stored.background:
+                return _error(400, "Only responses created with background=true can be cancelled.")
+            stored.cancel_requests += 1
+            self._advance(stored)
+            return self._apply_cancel(stored)
+
+    def _apply_cancel(self, stored: StoredResponse) -> JSONResponse:
+        """Caller holds the lock and has advanced `stored` to now."""
+        if stored.status == "cancelled":
+            return JSONResponse(stored.to_json())  # documented as idempotent
+        if stored.status in TERMINAL:
+            if self.cancel_on_terminal == "200":
+                return JSONResponse(stored.to_json())
+            return _error(409, f"Cannot cancel a response with status '{stored.status}'.")
+        if self._has_fault_locked(IGNORE_CANCEL, [stored.id]):
+            stored.cancel_ignored = True
+            return JSONResponse(stored.to_json())
+        self._set_status(stored, "cancelled")
+        if self._has_fault_locked(FLIP_TO_COMPLETED, [stored.id]):
+            stored.flip_at = time.monotonic() + self.flip_after_s
+        return JSONResponse(stored.to_json())
+
+    async def _unsupported(self, request: Request) -> JSONResponse:
+        # Deliberately absent upstream: there is no way to list responses.
+        await self.arrive("list")
+        return _error(405, "Method not allowed.")
+
+    # --- the scripted model ------------------------------------------------------------
+
+    def _script_for(self, body: dict[str, Any]) -> sm.Script | JSONResponse | None:
+        name = sm.script_name(str(body.get("model", "")))
+        if name is None:
+            return None
+        with self.lock:
+            script = self._scripts.get(name)
+        if script is None:
+            return _error(404, f"The model `{body['model']}` does not exist.", param="model")
+        return script
+
+    def _log(self, endpoint: str, script: sm.Script, turn: int, **extra: Any) -> None:
+        self._model_log.append({"endpoint": endpoint, "script": script.name, "turn": turn, **extra})
+
+    async def _scripted_responses(self, script: sm.Script, body: dict[str, Any]) -> JSONResponse | StreamingResponse:
+        index, turn = script.turn_for(body.get("input"))
+        stream = bool(body.get("stream"))
+        with self.lock:
+            self._log("responses", script, index, stream=stream)
+        await anyio.sleep(turn.delay_s)
+        response_id = f"resp_{uuid.uuid4().hex}"
+        final = sm.response_object(
+            response_id=response_id,
+            model=str(body["model"]),
+            output=sm.responses_output(turn, response_id=response_id),
+            status="completed",
+            created_at=time.time(),
+        )
+        if not stream:
+            return JSONResponse(final)
+        return _sse(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in sm.responses_events(final))
+
+    async def _chat_completions(self, request: Request) -> JSONResponse | StreamingResponse:
+        await self.arrive("chat")
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "Request body is not valid JSON.")
+        if not isinstance(body, dict) or not body.get("model") or not isinstance(body.get("messages"), list):
+            return _error(400, "Missing required parameter: 'model' or 'messages'.", param="messages")
+        script = self._script_for(body)
+        if isinstance(script, JSONResponse):
+            return script
+        if script is None:
+            return _error(404, f"The model `{body['model']}` does not exist; use a script:<name>.", param="model")
+        index, turn = script.turn_for(body["messages"])
+        stream = bool(body.get("stream"))
+        with self.lock:
+            self._log("chat", script, index, stream=stream)
+        await anyio.sleep(turn.delay_s)
+        model = str(body["model"])
+        if not stream:
+            return JSONResponse(sm.chat_completion(turn, model=model))
+        usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        chunks = sm.chat_chunks(turn, model=model, include_usage=usage)
+        return _sse(itertools.chain((f"data: {json.dumps(c)}\n\n" for c in chunks), ["data: [DONE]\n\n"]))
+
+    # --- control endpoints beyond the common ones ------------------------------------
+
+    async def _control_scripts(self, request: Request) -> JSONResponse:
+        try:
+            model = self.load_script(sm.Script.from_json(await request.json()))
+        except (KeyError, TypeError, ValueError) as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        return JSONResponse({"model": model})
+
+    async def _control_responses(self, request: Request) -> JSONResponse:
+        return JSONResponse({"data": self.responses()})
+
+    async def _control_arm(self, request: Request) -> JSONResponse:
+        body = await request.json()
+        try:
+            self.arm(body["fault"], int(body.get("times", 1)))
+        except (KeyError, ValueError) as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        return JSONResponse({"armed": body["fault"]})
+
+    async def _control_finish(self, request: Request) -> JSONResponse:
+        body = await request.json()
+        try:
+            return JSONResponse(self.finish(request.path_params["response_id"], body.get("status", "completed")))
+        except KeyError:
+            return JSONResponse({"error": "unknown response"}, status_code=404)
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+
+    def app(self) -> Starlette:
+        return Starlette(
+            routes=[
+                Route("/v1/responses", self._create, methods=["POST"]),
+                Route("/v1/responses", self._unsupported, methods=["GET"]),
+                Route("/v1/responses/{response_id}", self._retrieve, methods=["GET"]),
+                Route("/v1/responses/{response_id}/cancel", self._cancel, methods=["POST"]),
+                Route("/v1/chat/completions", self._chat_completions, methods=["POST"]),
+                Route("/_control/scripts", self._control_scripts, methods=["POST"]),
+                *self.control_routes(),
+                Route("/_control/responses", self._control_responses, methods=["GET"]),
+                Route("/_control/arm", self._control_arm, methods=["POST"]),
+                Route("/_control/responses/{response_id}/finish", self._control_finish, methods=["POST"]),
+            ]
+        )
+
+
+def _message(response_id: str, text: str) -> dict[str, Any]:
+    return {
+        "id": f"msg_{response_id.removeprefix('resp_')}",
+        "type": "message",
+        "role": "assistant",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
+    }
+
+
+def _sse(frames: Iterator[str]) -> StreamingResponse:
+    async def body() -> AsyncIterator[str]:
+        for frame in frames:
+            yield frame
+
+    return StreamingResponse(body(), media_type="text/event-stream")
+
+
+def _usage() -> dict[str, Any]:
+    return {
+        "input_tokens": 12,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": 8,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 20,
+    }
+
+
+def _summarise(value: Any) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text[:80]
+
+
+def _error(status: int, message: str, *, kind: str = "invalid_request_error", param: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status_code=status)
+
+
+def _not_found(response_id: str) -> JSONResponse:
+    return _error(404, f"Response with id '{response_id}' not found.", param="response_id")
