@@ -15,7 +15,8 @@ ready, which is the cue to declare it or narrow the agent's tool set.
 The policy (`settings.STOPDESK_READINESS_POLICY`): "off" (default), "warn" (log a refusal that
 would have happened) or "enforce" (refuse to register the item: the agent's tool set is narrowed
 to the tools whose stop path can account for their work). The ledger calls
-`registration_check` through `settings.STOPDESK_READINESS_CHECK`, so it never imports this app.
+`registration_check` through its `registration_check` port (`stopdesk.ports`), which this app
+registers, so the ledger never imports it.
 """
 
 from __future__ import annotations

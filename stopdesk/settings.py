@@ -329,7 +329,6 @@ STOPDESK_MCP_URL = os.environ.get("STOPDESK_MCP_URL", "http://127.0.0.1:8764/mcp
 # Tool readiness (reconcile/readiness.py): "enforce" refuses to register an item for a tool that
 # cannot account for its submitted work (no status lookup, or a failed latest drill); "warn" logs it.
 STOPDESK_READINESS_POLICY = os.environ.get("STOPDESK_READINESS_POLICY", "off")
-STOPDESK_READINESS_CHECK = "reconcile.readiness.registration_check"
 
 # The sign-in rate limit counts in this cache, which every web process must share: the database
 # by default (its table is made by a migration), Redis when STOPDESK_CACHE_URL is set.

@@ -22,6 +22,7 @@ from reconcile.mechanisms import registry
 from reconcile.mechanisms.http import HttpOperation
 from reconcile.models import COMPENSATION_TRANSITIONS, Compensation, CompensationState, Escalation
 from reconcile.services.records import normalize_version, record_learn_version, record_read
+from stopdesk.celery import app
 from stopdesk.models import ExternalRecord
 from stopdesk.services.errors import LedgerError
 from stopdesk.services.events import actor_for, event_record
@@ -405,9 +406,8 @@ def _event(
 
 
 def _enqueue_execution(compensation_id: int) -> None:
-    """By task name: services do not import tasks (imports go one way)."""
-    from stopdesk.celery import app
-
+    """By task name, the one call of reconcile's own tasks from its services: tasks sit above
+    services in the stack (they call services), so this cannot be an import."""
     if app.conf.task_always_eager:
         # A web process never started a worker, so autodiscovery has not run yet.
         app.loader.import_default_modules()

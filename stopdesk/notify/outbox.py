@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from stopdesk.celery import app
 from stopdesk.models import WorkItem
 from stopdesk.notify.gather import digests_attach
 from stopdesk.notify.models import Notification
@@ -107,11 +108,10 @@ def notifications_write(rows: Iterable[Notification]) -> list[int]:
 
 
 def _enqueue(ids: list[int]) -> None:
-    """By task name: the ledger does not import tasks. A burst (a set-based move) is split into
+    """By task name, the one call of notify's own task from the outbox: tasks sit above what they
+    call in the stack, so this cannot be an import. A burst (a set-based move) is split into
     small jobs so that every worker process takes a share. A lost enqueue (broker down) is not
     lost work: the beat sweep finds notifications without deliveries."""
-    from stopdesk.celery import app
-
     chunks = [ids[n : n + JOB_CHUNK] for n in range(0, len(ids), JOB_CHUNK)]
     try:
         if app.conf.task_always_eager:

@@ -10,10 +10,10 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
-from django.utils.module_loading import import_string
 
 from reconcile.mechanisms import registry
 from reconcile.mechanisms.declared import steering_problem
+from stopdesk import ports
 from stopdesk.models import ExternalRecord, Task, WorkItem
 from stopdesk.record_ids import record_id_problem
 from stopdesk.services.closing import task_open_check
@@ -210,12 +210,11 @@ def detail_declarable(detail: dict[str, Any] | None) -> None:
 
 def _readiness_check(*, mechanism: str, kind: str, detail: dict[str, Any] | None) -> None:
     """The readiness policy's hook (STOPDESK_READINESS_POLICY, off by default). The check lives
-    with the mechanisms (STOPDESK_READINESS_CHECK, a dotted path), loaded only when needed, so
-    the ledger does not import the reconcile app; it raises ToolNotReady to refuse."""
+    with the mechanisms and comes through the ledger's port (`stopdesk.ports`), so the ledger does
+    not import the reconcile app; it raises ToolNotReady to refuse."""
     if getattr(settings, "STOPDESK_READINESS_POLICY", "off") == "off":
         return
-    check = import_string(getattr(settings, "STOPDESK_READINESS_CHECK", "reconcile.readiness.registration_check"))
-    check(mechanism=mechanism, kind=kind, detail=detail)
+    ports.registration_check(mechanism=mechanism, kind=kind, detail=detail)
 
 
 def item_finish(

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from django.db import connection, transaction
 
-from reconcile.models import CompensationState as C
+from stopdesk import ports
 from stopdesk.audit_db import EVENT_COLUMNS
 from stopdesk.services.audit_seal import audit_seal_in_transaction, audit_seal_lock
 from stopdesk.services.sql import is_postgres
@@ -30,7 +30,6 @@ from stopdesk.states import ItemState as S
 MONTHS_AHEAD = 3
 # A task with any of these is still someone's work: its history stays online.
 OPEN_ITEM_STATES = (S.QUEUED, S.RUNNING, S.AWAITING_RECONCILIATION, S.UNCERTAIN)
-OPEN_COMPENSATION_STATES = (C.PROPOSED, C.APPROVED, C.RUNNING, C.ESCALATED)
 
 
 class ArchiveRefused(Exception):
@@ -92,6 +91,8 @@ def event_partitions() -> list[Partition]:
 
 
 def _still_needed(name: str) -> list[int]:
+    # Compensations and escalations are reconcile's: their tasks come through the ledger's port.
+    open_work, open_work_params = ports.tasks_with_open_work().query.sql_with_params()
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
@@ -99,16 +100,10 @@ def _still_needed(name: str) -> list[int]:
             WHERE e.task_id IS NOT NULL AND (
                 EXISTS (SELECT 1 FROM stopdesk_workitem i WHERE i.task_id = e.task_id
                         AND (i.state = ANY(%s) OR i.needs_review))
-                OR EXISTS (SELECT 1 FROM reconcile_compensation c
-                           JOIN stopdesk_externalrecord r ON r.id = c.external_record_id
-                           JOIN stopdesk_workitem i ON i.id = r.item_id
-                           WHERE i.task_id = e.task_id AND c.state = ANY(%s))
-                OR EXISTS (SELECT 1 FROM reconcile_escalation x
-                           JOIN stopdesk_workitem i ON i.id = x.item_id
-                           WHERE i.task_id = e.task_id AND x.closed_at IS NULL))
+                OR e.task_id IN ({open_work}))
             ORDER BY e.task_id LIMIT 20
             """,
-            [list(OPEN_ITEM_STATES), list(OPEN_COMPENSATION_STATES)],
+            [list(OPEN_ITEM_STATES), *open_work_params],
         )
         return [row[0] for row in cursor.fetchall()]
 

@@ -12,7 +12,8 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from stopdesk.models import StopRequest, Task, WorkItem
+from stopdesk import ports
+from stopdesk.models import StopRequest, Task
 from stopdesk.services.events import event_record
 from stopdesk.services.sql import ClockNow
 from stopdesk.services.stop_watch import stop_notify
@@ -154,46 +155,11 @@ def stop_fanout(*, stop_request_id: int, actor: str, dispatch: Callable[[list[in
     return in_flight
 
 
-# One job per item is the rule: a job is then as small as the work, and one item's trouble (a
-# hanging endpoint, a crashed worker) delays only that item. Past this many in-flight items of one
-# mechanism, the per-item jobs cost ten round trips each and tie up workers for the whole stop, so
-# they go in chunks to the batched canceller, which records them set-based. A chunk is kept small
-# enough that all its calls could time out within the job's time limit (with the mechanisms'
-# defaults, 32 in flight and 10 s a call: 8 rounds of cancel + read-back, under 3 minutes).
-BATCH_ABOVE = 50
-BATCH_CHUNK = 250
-
-
 def dispatch_cancellations(item_ids: list[int]) -> None:
-    """Queue one cancellation job per item, or chunks for many items of one mechanism, by task
-    name: the ledger does not import the reconcile app's tasks (imports go one way)."""
-    if not item_ids:
-        return
-    from stopdesk.celery import app
-
-    singles, chunks = list(item_ids), []
-    if len(item_ids) > BATCH_ABOVE:
-        by_mechanism: dict[str, list[int]] = {}
-        for item_id, mechanism in WorkItem.objects.filter(pk__in=item_ids).values_list("pk", "mechanism"):
-            by_mechanism.setdefault(mechanism, []).append(item_id)
-        singles = []
-        for mechanism, ids in sorted(by_mechanism.items()):
-            if len(ids) <= BATCH_ABOVE:
-                singles += ids
-                continue
-            ids.sort()
-            chunks += [(ids[n : n + BATCH_CHUNK], mechanism) for n in range(0, len(ids), BATCH_CHUNK)]
-    if app.conf.task_always_eager:
-        for item_id in singles:
-            app.tasks["reconcile.cancel_item"].apply(args=[item_id])
-        for chunk, mechanism in chunks:
-            app.tasks["reconcile.cancel_items"].apply(args=[chunk, mechanism])
-        return
-    with app.producer_or_acquire() as producer:
-        for item_id in singles:
-            app.send_task("reconcile.cancel_item", args=[item_id], producer=producer)
-        for chunk, mechanism in chunks:
-            app.send_task("reconcile.cancel_items", args=[chunk, mechanism], producer=producer)
+    """Queue the cancellation of these in-flight items through reconcile's port (`stopdesk.ports`):
+    the ledger does not import the reconcile app's tasks (imports go one way)."""
+    if item_ids:
+        ports.cancellations_dispatch(item_ids)
 
 
 def stops_resume_fanout(

@@ -14,12 +14,13 @@ from django.db import DatabaseError, connection, connections, transaction
 from django.test import Client
 from django.urls import reverse
 
+from reconcile.models import Compensation
 from stopdesk.models import Event, EventChain
 from stopdesk.services.audit_seal import audit_seal
 from stopdesk.services.events import event_record
 from stopdesk.services.partitions import ArchiveRefused, event_partitions, event_partitions_ensure, events_archive
 from stopdesk.states import ItemState as S
-from tests.factories import make_item, make_task
+from tests.factories import make_external_effect, make_item, make_task
 
 pytestmark = [pytest.mark.django_db, pytest.mark.postgres]
 
@@ -127,6 +128,20 @@ def test_archiving_refuses_a_month_a_review_still_needs(tmp_path):
         call_command("events_archive", month=f"{PAST:%Y-%m}", to=tmp_path)
     assert Event.objects.filter(task=task, kind="note").exists()
     assert not list(tmp_path.iterdir())
+
+
+def test_archiving_refuses_a_month_a_compensation_under_way_still_needs(tmp_path, django_user_model):
+    """Compensations are reconcile's: the ledger learns of them through its open-work port."""
+    _ensure_past_month()
+    task = make_task()
+    item = make_external_effect(task)
+    _past_event(task, item=item)
+    reviewer = django_user_model.objects.create_user("reviewer")
+    record = item.external_records.get()
+    Compensation.objects.create(external_record=record, action="archive", expected_version="1", proposed_by=reviewer)
+    with pytest.raises(CommandError, match=rf"tasks {task.pk}"):
+        call_command("events_archive", month=f"{PAST:%Y-%m}", to=tmp_path)
+    assert Event.objects.filter(task=task, kind="note").exists()
 
 
 def test_archiving_refuses_this_month(tmp_path):

@@ -17,10 +17,11 @@ import pytest
 from django.db import connection, connections, transaction
 
 from reconcile.services.cancel import item_cancel, items_cancel
+from reconcile.tasks import BATCH_ABOVE
 from stopdesk.agent.openai import response_create
 from stopdesk.models import CancellationAttempt, Event, WorkItem
 from stopdesk.services.items import item_finish, item_register
-from stopdesk.services.stop import BATCH_ABOVE, task_request_stop
+from stopdesk.services.stop import task_request_stop
 from stopdesk.services.transitions import item_start
 from stopdesk.states import ItemState, Kind
 from stopdrill.sandbox import openai_standin as faults
