@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 import sys
 
+from stopdesk import config
+
 USAGE = (
     "usage: python -m stopdesk {check,migrate,web,watch,worker,beat} [extra arguments for the server]\n"
     "       python -m stopdesk ready {worker,beat}   (exit 0 when its heartbeat is recent: health checks)"
@@ -31,7 +33,7 @@ def ready(component: str) -> None:
     import django
 
     django.setup()
-    from stopdesk.health import processes_ready
+    from stopdesk.health import processes_ready  # after django.setup(): it reads the models
 
     found = processes_ready((component,))[component]
     print(f"stopdesk: {component} heartbeat age {found['age_s']} s; {'ready' if found['ok'] else 'NOT ready'}")
@@ -53,7 +55,6 @@ def main(argv: list[str]) -> None:
     import django
 
     django.setup()  # a bad setting raises config.ConfigError here: one line, exit status 1
-    from stopdesk import config
 
     # Checked for every command, so `check` finds a bad number before `web` or `worker` would.
     port = config.integer("PORT", 8000, maximum=65535)
@@ -61,7 +62,7 @@ def main(argv: list[str]) -> None:
     host = config.bind_host()
     web_processes = config.integer("WEB_CONCURRENCY", 2)
     worker_processes = config.integer("WORKER_CONCURRENCY", 8)
-    from reconcile.mechanisms.registry import timing_problems
+    from reconcile.mechanisms.registry import timing_problems  # after django.setup(): it reads settings
 
     if problems := timing_problems():
         raise config.ConfigError(problems[0])

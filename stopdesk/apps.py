@@ -1,4 +1,12 @@
 from django.apps import AppConfig
+from django.db.backends.signals import connection_created
+from django.db.models.signals import post_save
+
+# The Celery app, so that @shared_task binds to it in every Django process.
+import stopdesk.celery  # noqa: F401
+from stopdesk.audit_db import sqlite_register
+from stopdesk.logs import log_event
+from stopdesk.tracing import connect_celery_signals, tracing_setup
 
 
 class StopdeskConfig(AppConfig):
@@ -6,14 +14,6 @@ class StopdeskConfig(AppConfig):
     verbose_name = "stopdesk ledger"
 
     def ready(self) -> None:
-        from django.db.backends.signals import connection_created
-        from django.db.models.signals import post_save
-
-        # The Celery app, so that @shared_task binds to it in every Django process.
-        import stopdesk.celery  # noqa: F401
-        from stopdesk.logs import log_event
-        from stopdesk.tracing import connect_celery_signals, tracing_setup
-
         tracing_setup()  # only when OTEL_* configures an exporter
         connect_celery_signals()
 
@@ -25,6 +25,4 @@ class StopdeskConfig(AppConfig):
 
 def _register_sqlite_functions(sender, connection, **kwargs):  # type: ignore[no-untyped-def]
     if connection.vendor == "sqlite":
-        from stopdesk.audit_db import sqlite_register
-
         sqlite_register(connection.connection)

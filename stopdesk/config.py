@@ -340,6 +340,7 @@ def check_broker(timeout_s: float = 5.0) -> str | None:
             except OSError as exc:
                 return f"cannot create the local broker folder {folders[key]} ({exc.strerror}); set STOPDESK_DATA_DIR to a writable folder."
         return None
+    # In the body: settings import this module, and the Celery app is needed only for this check.
     from stopdesk.celery import app
 
     try:

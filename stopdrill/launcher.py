@@ -28,7 +28,12 @@ import httpx
 from django.conf import settings
 
 from stopdesk import config
+from stopdesk.models import WorkItem
+from stopdesk.notify.models import WebhookEndpoint
+from stopdesk.states import ItemState, Kind
+from stopdrill.demo.start import demo_task_start
 from stopdrill.sandbox.server import LOOPBACK, Sandbox, start_all
+from stopdrill.sandbox.webhooks import DEMO_SECRET
 
 SANDBOX_NAMES = ("openai", "mcp", "crm", "outbox")
 # A system the user set up themselves is used as it is; the sandbox stands in only for the rest.
@@ -227,9 +232,6 @@ class Launcher:
         """The demo's notifications go to the sandbox receiver, which verifies their signatures."""
         from django.db import connection
 
-        from stopdesk.notify.models import WebhookEndpoint
-        from stopdrill.sandbox.webhooks import DEMO_SECRET
-
         assert self.sandbox is not None
         WebhookEndpoint.objects.update_or_create(
             name="sandbox receiver", defaults={"url": self.sandbox.urls[RECEIVER], "secret": DEMO_SECRET}
@@ -308,8 +310,6 @@ class Launcher:
 
     def start_demo(self) -> Any:
         from django.db import connection
-
-        from stopdrill.demo.start import demo_task_start
 
         task = demo_task_start(pace=self.pace)
         connection.close()
@@ -408,9 +408,6 @@ class Launcher:
 
 def _jobs_running() -> int:
     from django.db import connection
-
-    from stopdesk.models import WorkItem
-    from stopdesk.states import ItemState, Kind
 
     try:
         return WorkItem.objects.filter(state=ItemState.RUNNING, kind=Kind.LOCAL_WORKER).count()

@@ -14,6 +14,7 @@ from django.core.signals import setting_changed
 from django.utils.module_loading import import_string
 
 from reconcile.mechanisms.base import Mechanism, MechanismSettings
+from stopdesk.config import timing_variable
 
 BUILTIN: dict[str, str] = {
     "asyncio": "reconcile.mechanisms.aio.AsyncioChild",
@@ -78,8 +79,6 @@ def get(name: str) -> Mechanism:
 def timing_problems() -> list[str]:
     """Each mechanism's timing as configured, checked whole: a call that may outlast the deadline
     would let the deadline pass while we still wait on the call."""
-    from stopdesk.config import timing_variable
-
     problems = []
     for name in names():
         timing = mechanism_settings(name)

@@ -7,6 +7,7 @@ class NotifyConfig(AppConfig):
     verbose_name = "notifications"
 
     def ready(self) -> None:
+        # In ready(): heartbeat uses notify's models, which need the app registry.
         from stopdesk.notify import heartbeat
 
         heartbeat.connect_beat_signal()

@@ -9,8 +9,11 @@ from typing import Any
 
 from celery import shared_task
 
+from stopdesk.agent.http import http_submit
 from stopdesk.agent.workers import LedgerTask, StopRequested
+from stopdesk.models import WorkItem
 from stopdesk.services.errors import TaskStopped
+from stopdesk.services.items import item_register
 from stopdesk.states import Kind
 from stopdrill.drills.sandbox import configure_system
 
@@ -29,8 +32,6 @@ def outbox_declaration(base: str, system: str = "outbox") -> dict[str, Any]:
 
 def crm_step(*, parent_id: int, task_id: int, crm_url: str, key: str, actor: str, system: str = "crm") -> None:
     """One external action as its own child item: registered, then through the boundary."""
-    from stopdesk.agent.http import http_submit
-    from stopdesk.services.items import item_register
 
     decl = crm_declaration(crm_url, system)
     sub = item_register(
@@ -51,7 +52,6 @@ def crm_step(*, parent_id: int, task_id: int, crm_url: str, key: str, actor: str
 def drill_steps(  # type: ignore[no-untyped-def]
     self, crm_url: str, steps: int, step_s: float, slow_s: float = 0.0, system: str = "crm", *, item_id: int
 ) -> str:
-    from stopdesk.models import WorkItem
 
     task_id = WorkItem.objects.values_list("task_id", flat=True).get(pk=item_id)
     for n in range(steps):

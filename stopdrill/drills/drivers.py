@@ -23,12 +23,20 @@ from typing import Any, ClassVar
 import anyio
 import httpx
 
+from stopdesk.agent.aio import supervise
+from stopdesk.agent.http import http_submit
+from stopdesk.agent.mcp import mcp_call_tool, mcp_start_task
+from stopdesk.agent.openai import response_create
+from stopdesk.agent.runtime import LocalRuntime
+from stopdesk.client.errors import StopRequested
 from stopdesk.models import Task, WorkItem
 from stopdesk.services.items import item_register
+from stopdesk.services.transitions import item_start
 from stopdesk.states import Kind
-from stopdrill.drills.agent import crm_declaration, outbox_declaration
+from stopdrill.drills.agent import crm_declaration, drill_steps, outbox_declaration
 from stopdrill.drills.core import Child, DrillContext, wait_until
 from stopdrill.sandbox import crm as crm_faults
+from stopdrill.sandbox import mcp_server as mcp_faults
 from stopdrill.sandbox import openai_standin as oa_faults
 
 AGENT = "drill:agent"
@@ -93,7 +101,6 @@ class OpenAIDriver(Driver):
     }
 
     def child(self, ctx: DrillContext, variant: str) -> Child:
-        from stopdesk.agent.openai import response_create
 
         sandbox = _sandbox(ctx)
         party = sandbox.sandbox.openai
@@ -142,7 +149,6 @@ class HttpDriver(Driver):
     }
 
     def child(self, ctx: DrillContext, variant: str) -> Child:
-        from stopdesk.agent.http import http_submit
 
         sandbox = _sandbox(ctx)
         crm, outbox = sandbox.sandbox.crm, sandbox.sandbox.outbox
@@ -235,8 +241,6 @@ class CeleryDriver(Driver):
     }
 
     def child(self, ctx: DrillContext, variant: str) -> Child:
-        from stopdesk.services.transitions import item_start
-        from stopdrill.drills.agent import drill_steps
 
         sandbox = _sandbox(ctx)
         handle = str(uuid.uuid4())
@@ -293,8 +297,6 @@ class ManualDriver(Driver):
     not_applicable = {"cancel_endpoint_down": "manual has no cancellation endpoint; it waits for a report"}
 
     def child(self, ctx: DrillContext, variant: str) -> Child:
-        from stopdesk.agent.runtime import LocalRuntime
-        from stopdesk.client.errors import StopRequested
 
         sandbox = _sandbox(ctx)
         outbox = sandbox.sandbox.outbox
@@ -404,7 +406,6 @@ class McpDriver(Driver):
         self, ctx: DrillContext, tool: str, *, name: str, seconds: float, timeout_s: float = 30.0,
         expect: frozenset[str] | None = None,
     ) -> Child:  # fmt: skip
-        from stopdesk.agent.mcp import mcp_call_tool
 
         url = _sandbox(ctx).urls["mcp"]
         item = self._item(ctx, "lookup" if tool == "slow_lookup" else "write")
@@ -423,7 +424,6 @@ class McpDriver(Driver):
         return ctx.add(Child(item.pk, run, key=key, expect=expect, name=name))
 
     def _task_child(self, ctx: DrillContext, *, seconds: float, expect: frozenset[str] | None = None) -> Child:
-        from stopdesk.agent.mcp import mcp_start_task
 
         url = _sandbox(ctx).urls["mcp"]
         item = self._item(ctx, "export")
@@ -437,38 +437,37 @@ class McpDriver(Driver):
         return ctx.add(Child(item.pk, run, expect=expect, name="export task"))
 
     def child(self, ctx: DrillContext, variant: str) -> Child:
-        from stopdrill.sandbox import mcp_server as tools
 
         party = _sandbox(ctx).sandbox.mcp
         ctx.cleanups.append(lambda: self._world_settles(ctx))
         if variant == "normal" and ctx.drill == "during_tool_call":
-            main = self._call(ctx, tools.SLOW_LOOKUP, name="lookup", seconds=3.0)
-            self._call(ctx, tools.SLOW_WRITE, name="write", seconds=3.0, expect=frozenset({"uncertain"}))
+            main = self._call(ctx, mcp_faults.SLOW_LOOKUP, name="lookup", seconds=3.0)
+            self._call(ctx, mcp_faults.SLOW_WRITE, name="write", seconds=3.0, expect=frozenset({"uncertain"}))
             self._task_child(ctx, seconds=3.0, expect=frozenset({"uncertain"}))
             return main
         if variant == "normal" and ctx.drill == "before_dispatch":
-            main = self._call(ctx, tools.SLOW_WRITE, name="write", seconds=3.0)
+            main = self._call(ctx, mcp_faults.SLOW_WRITE, name="write", seconds=3.0)
             self._task_child(ctx, seconds=3.0, expect=frozenset({"cancelled"}))
             return main
         if variant == "normal":  # duplicate_stop
             return self._task_child(ctx, seconds=3.0)
         if variant == "accept":
-            main = self._call(ctx, tools.SLOW_WRITE, name="write", seconds=3.0)
+            main = self._call(ctx, mcp_faults.SLOW_WRITE, name="write", seconds=3.0)
             self._task_child(ctx, seconds=3.0, expect=frozenset({"uncertain"}))
             return main
         if variant == "slow":
             main = self._task_child(ctx, seconds=1.0)
             write = self._call(
-                ctx, tools.SLOW_WRITE, name="write", seconds=1.0, expect=frozenset({"uncertain", REVIEW})
+                ctx, mcp_faults.SLOW_WRITE, name="write", seconds=1.0, expect=frozenset({"uncertain", REVIEW})
             )
-            party.set_fault(tools.TASKS_IGNORE_CANCEL)
-            party.set_fault(tools.IGNORE_CANCEL, target=write.key)
+            party.set_fault(mcp_faults.TASKS_IGNORE_CANCEL)
+            party.set_fault(mcp_faults.IGNORE_CANCEL, target=write.key)
             ctx.fault("mcp: the export task reads cancelled after tasks/cancel, but its work runs on and exports")
             ctx.fault("mcp: slow_write ignores notifications/cancelled and writes after the cancel")
             return main
         if variant == "disconnect":
             ctx.fault("mcp client: read timeout 0.3 s into a 3 s write; the agent is gone")
-            return self._call(ctx, tools.SLOW_WRITE, name="write", seconds=3.0, timeout_s=0.3)
+            return self._call(ctx, mcp_faults.SLOW_WRITE, name="write", seconds=3.0, timeout_s=0.3)
         if variant == "down":
             return self._task_child(ctx, seconds=3.0)
         raise ValueError(variant)
@@ -553,8 +552,6 @@ class AsyncioDriver(Driver):
     def child(self, ctx: DrillContext, variant: str) -> Child:
         import asyncio
         import threading
-
-        from stopdesk.agent.aio import supervise
 
         sandbox = _sandbox(ctx)
         crm, outbox = sandbox.sandbox.crm, sandbox.sandbox.outbox

@@ -28,9 +28,16 @@ from urllib.parse import quote, urlparse
 import anyio
 import httpx
 
+from reconcile.mechanisms import mcp_servers
+from reconcile.mechanisms.registry import mechanism_settings
+from stopdesk.agent.http import http_submit
+from stopdesk.agent.mcp import describe, mcp_call_tool
+from stopdesk.agent.openai import openai_client, response_create
 from stopdesk.models import WorkItem
 from stopdesk.services.items import item_register
 from stopdesk.states import Kind
+from stopdrill.drills.agent import crm_declaration
+from stopdrill.drills.catalogue import DRILLS
 from stopdrill.drills.core import Child, DrillContext
 from stopdrill.drills.drivers import REVIEW, Driver
 
@@ -88,8 +95,6 @@ class Integration:
             why = mcp_refusal(self)
             cls: type[IntegrationMcpDriver] = IntegrationMcpDriver
             if why:
-                from stopdrill.drills.catalogue import DRILLS
-
                 every = [d.name for d in DRILLS]
                 cls = type(
                     "RefusedMcpDriver",
@@ -118,8 +123,6 @@ class Integration:
                 elif answer.status_code != 404:
                     found.append(("crm", key, str(item.pk), f"lookup answered HTTP {answer.status_code}"))
             if item.mechanism == "openai" and item.handle:
-                from stopdesk.agent.openai import openai_client
-
                 client = openai_client(
                     base_url=self.openai_base_url or None, api_key=self.openai_api_key or None, timeout_s=self.timeout_s
                 )
@@ -196,8 +199,6 @@ class IntegrationCrmDriver(_IntegrationDriver):
         return f"http (your CRM at {urlparse(self.integration.crm_url).netloc})"
 
     def child(self, ctx: DrillContext, variant: str) -> Child:
-        from stopdesk.agent.http import http_submit
-        from stopdrill.drills.agent import crm_declaration
 
         base = self.integration.crm_url.rstrip("/")
         decl = crm_declaration(base, self.integration.crm_system)
@@ -236,7 +237,6 @@ class IntegrationOpenAIDriver(_IntegrationDriver):
         return f"openai (your endpoint at {urlparse(self.integration.openai_base_url).netloc or 'api.openai.com'})"
 
     def child(self, ctx: DrillContext, variant: str) -> Child:
-        from stopdesk.agent.openai import response_create
 
         item = item_register(
             task=self._task(ctx), kind=Kind.MODEL_REQUEST, noun="draft", actor=AGENT, mechanism="openai"
@@ -275,7 +275,6 @@ class IntegrationMcpDriver(_IntegrationDriver):
         return f"mcp (your tool {self.integration.mcp_tool} at {urlparse(self.integration.mcp_url).netloc})"
 
     def child(self, ctx: DrillContext, variant: str) -> Child:
-        from stopdesk.agent.mcp import mcp_call_tool
 
         item = item_register(task=self._task(ctx), kind=Kind.REMOTE_TOOL, noun="lookup", actor=AGENT, mechanism="mcp")
         integration = self.integration
@@ -294,9 +293,6 @@ class IntegrationMcpDriver(_IntegrationDriver):
 def mcp_refusal(integration: Integration) -> str:
     """Why the MCP tool may not be drilled on the user's server ("" when it may): only a tool the
     server annotates read-only is called."""
-    from reconcile.mechanisms import mcp_servers
-    from reconcile.mechanisms.registry import mechanism_settings
-    from stopdesk.agent.mcp import describe
 
     async def facts_of_tool() -> dict[str, Any]:
         spec = mcp_servers.resolve(integration.mcp_url, mechanism_settings("mcp").options)

@@ -18,6 +18,9 @@ from typing import Any, ClassVar
 
 import httpx
 
+from stopdesk.agent.frameworks import RunStopped
+from stopdesk.agent.frameworks.declare import declaration_of, declare
+from stopdesk.agent.frameworks.local import FrameworkRuntime
 from stopdesk.models import WorkItem
 from stopdesk.services.items import item_register
 from stopdesk.states import Kind
@@ -91,9 +94,6 @@ class FrameworkDriver(Driver):
         child = Child(0, lambda: None, key=key)
 
         def run() -> Any:
-            from stopdesk.agent.frameworks import RunStopped
-            from stopdesk.agent.frameworks.declare import declare
-            from stopdesk.agent.frameworks.local import FrameworkRuntime
 
             declare(create_lead, **declaration)
             runtime = FrameworkRuntime(actor="drill:agent", dispatch=lambda ids: None)
@@ -163,7 +163,7 @@ class OpenAIAgentsDriver(FrameworkDriver):
         from agents import Agent, OpenAIResponsesModel, function_tool, set_tracing_disabled
         from openai import AsyncOpenAI
 
-        from stopdesk.agent.frameworks.declare import declaration_of
+        # In the body: the framework is an optional extra, needed only when this drill runs.
         from stopdesk.agent.frameworks.openai_agents import guard_tool, run_agent
 
         set_tracing_disabled(True)
@@ -187,6 +187,7 @@ class PydanticAIDriver(FrameworkDriver):
         from pydantic_ai.models.openai import OpenAIChatModel
         from pydantic_ai.providers.openai import OpenAIProvider
 
+        # In the body: the framework is an optional extra, needed only when this drill runs.
         from stopdesk.agent.frameworks.pydantic_ai import run_agent
 
         client = AsyncOpenAI(base_url=base_url, api_key="no-key-needed", max_retries=0)
@@ -205,6 +206,7 @@ class LangGraphDriver(FrameworkDriver):
         from langchain_openai import ChatOpenAI
         from openai import AsyncOpenAI
 
+        # In the body: the framework is an optional extra, needed only when this drill runs.
         from stopdesk.agent.frameworks.langgraph import StopdeskMiddleware, run_agent
 
         client = AsyncOpenAI(base_url=base_url, api_key="no-key-needed", max_retries=0)

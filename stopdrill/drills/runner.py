@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from reconcile.mechanisms import registry
 from reconcile.models import DrillResult, DrillRun
+from stopdrill.drills import frameworks  # noqa: F401  (its drivers register on import)
 from stopdrill.drills.catalogue import BY_NAME, DRILLS, Drill
 from stopdrill.drills.checks import inspect_drill
 from stopdrill.drills.core import DrillContext, drill_settings
@@ -157,10 +158,9 @@ def run_drill(drill: Drill, driver: Driver, sandbox: DrillSandbox | None, target
 
 
 def drivers_for(mechanisms: list[str] | None) -> tuple[list[Driver], list[str]]:
-    """Drivers for the named mechanisms (default: every registered one), and the names without one."""
-    # Framework drivers (openai-agents, pydantic-ai, langgraph) register on import; they are not
-    # mechanisms, so they run only when named.
-    from stopdrill.drills import frameworks  # noqa: F401
+    """Drivers for the named mechanisms (default: every registered one), and the names without one.
+    The framework drivers (openai-agents, pydantic-ai, langgraph) are not mechanisms, so they run
+    only when named."""
 
     names = mechanisms or registry.names()
     found, missing = [], []

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from reconcile.mechanisms import registry
 from stopdrill.sandbox.crm import CRM
 from stopdrill.sandbox.mcp_server import MCP_PATH, MCPToolServer
 from stopdrill.sandbox.openai_standin import OpenAIStandin
@@ -216,8 +217,6 @@ def configure_system(system: str, *, like: str, base_url: str) -> None:
     """Configure `system` as the settings' `like` system at `base_url` (a drill's sandbox party,
     or the CRM given to `stopdrill --crm-url`), as an operator would in STOPDESK_MECHANISMS."""
     from django.conf import settings
-
-    from reconcile.mechanisms import registry
 
     systems = settings.STOPDESK_MECHANISMS.setdefault("http", {}).setdefault("options", {}).setdefault("systems", {})
     wanted = {**systems.get(like, {}), "base_url": base_url.rstrip("/")}
