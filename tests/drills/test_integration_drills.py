@@ -115,6 +115,7 @@ def test_a_tool_that_is_not_read_only_is_refused_on_a_users_server(users_mcp):
 
 def test_the_recorded_command_never_holds_the_api_key_or_a_path_outside_the_project(tmp_path):
     from django.conf import settings
+
     from stopdrill.management.commands.stopdrill import recorded_arguments
 
     options = {
