@@ -7,28 +7,7 @@ from django.db import models
 from django.utils import timezone
 
 from stopdesk.models import ExternalRecord, WorkItem
-
-
-class CompensationState(models.TextChoices):
-    PROPOSED = "proposed", "Proposed"
-    APPROVED = "approved", "Approved"
-    RUNNING = "running", "Running"
-    DONE = "done", "Done"
-    FAILED = "failed", "Failed"
-    ESCALATED = "escalated", "Escalated"
-    REJECTED = "rejected", "Rejected"
-
-
-C = CompensationState
-COMPENSATION_TRANSITIONS: dict[str, frozenset[str]] = {
-    C.PROPOSED: frozenset({C.APPROVED, C.REJECTED, C.ESCALATED}),
-    C.APPROVED: frozenset({C.RUNNING}),
-    C.RUNNING: frozenset({C.DONE, C.FAILED, C.ESCALATED}),
-    C.ESCALATED: frozenset({C.REJECTED, C.APPROVED}),
-    C.DONE: frozenset(),
-    C.FAILED: frozenset(),
-    C.REJECTED: frozenset(),
-}
+from stopdesk.states import CompensationState
 
 
 class Compensation(models.Model):

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
-from reconcile.models import Compensation, CompensationState, RecordDecision, RecordDecisionKind
+from reconcile.models import Compensation, RecordDecision, RecordDecisionKind
 from stopdesk.models import ExternalRecord, Task, WorkItem
-from stopdesk.states import ItemState
+from stopdesk.states import CompensationState, ItemState
 
 S = ItemState
 C = CompensationState

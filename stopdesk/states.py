@@ -110,3 +110,41 @@ class DeliveryState(Choices):
     RETRYING = "retrying", "Retrying"
     DELIVERED = "delivered", "Delivered"
     FAILED = "failed", "Failed"
+
+
+D = DeliveryState
+
+# Claimed (one more attempt) from what is due, from a send whose claim ran out, and, when a person
+# re-sends, from delivered or failed; the claim's holder records the result.
+DELIVERY_TRANSITIONS: dict[str, frozenset[str]] = {
+    D.PENDING: frozenset({D.SENDING}),
+    D.RETRYING: frozenset({D.SENDING}),
+    D.SENDING: frozenset({D.SENDING, D.DELIVERED, D.RETRYING, D.FAILED}),
+    D.DELIVERED: frozenset({D.SENDING}),
+    D.FAILED: frozenset({D.SENDING}),
+}
+
+
+class CompensationState(Choices):
+    """A proposed reversal of an external effect (reconcile/services/compensation.py moves it)."""
+
+    PROPOSED = "proposed", "Proposed"
+    APPROVED = "approved", "Approved"
+    RUNNING = "running", "Running"
+    DONE = "done", "Done"
+    FAILED = "failed", "Failed"
+    ESCALATED = "escalated", "Escalated"
+    REJECTED = "rejected", "Rejected"
+
+
+C = CompensationState
+
+COMPENSATION_TRANSITIONS: dict[str, frozenset[str]] = {
+    C.PROPOSED: frozenset({C.APPROVED, C.REJECTED, C.ESCALATED}),
+    C.APPROVED: frozenset({C.RUNNING}),
+    C.RUNNING: frozenset({C.DONE, C.FAILED, C.ESCALATED}),
+    C.ESCALATED: frozenset({C.REJECTED, C.APPROVED}),
+    C.DONE: frozenset(),
+    C.FAILED: frozenset(),
+    C.REJECTED: frozenset(),
+}

@@ -42,10 +42,10 @@ from typing import Any
 from django.db.models import Count, Min, OuterRef, Q, Subquery
 from django.db.models.fields.json import KT
 
-from reconcile.models import Compensation, CompensationState
+from reconcile.models import Compensation
 from stopdesk.models import ExternalRecord, Task, WorkItem, pluralize
 from stopdesk.review_state import needs_review
-from stopdesk.states import ItemState, Kind
+from stopdesk.states import CompensationState, ItemState, Kind
 
 S = ItemState
 C = CompensationState

@@ -20,12 +20,13 @@ from django.utils import timezone
 
 from reconcile.mechanisms import registry
 from reconcile.mechanisms.http import HttpOperation
-from reconcile.models import COMPENSATION_TRANSITIONS, Compensation, CompensationState, Escalation
+from reconcile.models import Compensation, Escalation
 from reconcile.services.records import normalize_version, record_learn_version, record_read
 from stopdesk.celery import app
 from stopdesk.models import ExternalRecord
 from stopdesk.services.errors import LedgerError
 from stopdesk.services.events import actor_for, event_record
+from stopdesk.states import COMPENSATION_TRANSITIONS, CompensationState
 
 C = CompensationState
 APPROVE_PERMISSION = "reconcile.approve_compensation"
@@ -151,7 +152,7 @@ def compensation_approve(*, compensation_id: int, by: Any, reauthenticated_at: d
                 "or accept it as it is."
             )
         now = timezone.now()
-        _move(
+        compensation_move(
             compensation,
             (C.PROPOSED, C.ESCALATED),
             C.APPROVED,
@@ -174,7 +175,7 @@ def compensation_reject(*, compensation_id: int, by: Any, reason: str) -> Compen
     with transaction.atomic():
         compensation = Compensation.objects.select_related("external_record").get(pk=compensation_id)
         now = timezone.now()
-        _move(
+        compensation_move(
             compensation,
             (C.PROPOSED, C.ESCALATED),
             C.REJECTED,
@@ -194,7 +195,7 @@ def compensation_escalate(*, compensation_id: int, by: Any, to: Any, reason: str
         raise CompensationRefused("Say why it is escalated.")
     with transaction.atomic():
         compensation = Compensation.objects.select_related("external_record").get(pk=compensation_id)
-        _move(
+        compensation_move(
             compensation,
             (C.PROPOSED,),
             C.ESCALATED,
@@ -218,7 +219,7 @@ def compensation_execute(*, compensation_id: int) -> Compensation:
             return compensation
         try:
             # The claim: exactly one caller moves it from approved to running.
-            _move(
+            compensation_move(
                 compensation,
                 (C.APPROVED,),
                 C.RUNNING,
@@ -266,7 +267,7 @@ def compensation_execute(*, compensation_id: int) -> Compensation:
         }
         done = f"{compensation.action} done at version {expected}."
     with transaction.atomic():
-        _move(
+        compensation_move(
             compensation,
             (C.RUNNING,),
             C.DONE,
@@ -310,7 +311,7 @@ def compensations_sweep(
     for compensation in stale:
         with transaction.atomic():
             try:
-                _move(
+                compensation_move(
                     compensation,
                     (C.RUNNING,),
                     C.ESCALATED,
@@ -331,7 +332,7 @@ def compensations_sweep(
 def _escalate_stale(compensation: Compensation, expected: str, observed: str) -> Compensation:
     reason = f"The record changed: approved against version {expected}, it is now at version {observed}. Nothing was written."
     with transaction.atomic():
-        _move(
+        compensation_move(
             compensation,
             (C.RUNNING,),
             C.ESCALATED,
@@ -356,7 +357,7 @@ def _escalated_by_stopdesk(compensation: Compensation) -> None:
 
 def _fail(compensation: Compensation, error: str) -> Compensation:
     with transaction.atomic():
-        _move(
+        compensation_move(
             compensation,
             (C.RUNNING,),
             C.FAILED,
@@ -369,7 +370,7 @@ def _fail(compensation: Compensation, error: str) -> Compensation:
     return compensation
 
 
-def _move(
+def compensation_move(
     compensation: Compensation,
     from_states: tuple[str, ...],
     to_state: str,
@@ -378,6 +379,9 @@ def _move(
     message: str,
     **fields: Any,
 ) -> None:
+    """Every move of a compensation's state: checked against `COMPENSATION_TRANSITIONS`, a
+    conditional UPDATE (by id *and* from-state: exactly one row changes or someone else won), and
+    its audit event, in the caller's transaction. The initial state is the model's default."""
     for state in from_states:
         if to_state not in COMPENSATION_TRANSITIONS[state]:
             raise ValueError(f"compensation {state} -> {to_state} is not an allowed move")

@@ -19,8 +19,8 @@ from reconcile.services.compensation import (
     PROPOSE_PERMISSION,
     C,
     CompensationRefused,
-    _move,
     _propose,
+    compensation_move,
 )
 from reconcile.services.records import normalize_version, record_accept_escalated, record_read
 from stopdesk.models import ExternalRecord
@@ -60,7 +60,7 @@ def compensation_propose_current(*, compensation_id: int, by: Any, note: str = "
                 f"stopdesk knows of no version newer than {current or 'the proposed one'}; read the record again first."
             )
         now = timezone.now()
-        _move(
+        compensation_move(
             old,
             (C.ESCALATED,),
             C.REJECTED,
@@ -85,7 +85,7 @@ def compensation_accept_as_is(*, compensation_id: int, by: Any, note: str) -> Co
     with transaction.atomic():
         compensation = Compensation.objects.select_for_update().get(pk=compensation_id)
         now = timezone.now()
-        _move(
+        compensation_move(
             compensation,
             (C.ESCALATED,),
             C.REJECTED,

@@ -18,10 +18,11 @@ from django.utils import timezone
 
 from reconcile.mechanisms import registry
 from reconcile.mechanisms.http import HttpOperation
-from reconcile.models import Compensation, CompensationState, RecordDecision, RecordDecisionKind, RecordReading
+from reconcile.models import Compensation, RecordDecision, RecordDecisionKind, RecordReading
 from stopdesk.models import ExternalRecord
 from stopdesk.services.errors import LedgerError
 from stopdesk.services.events import actor_for, event_record
+from stopdesk.states import CompensationState
 
 C = CompensationState
 D = RecordDecisionKind

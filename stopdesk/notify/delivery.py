@@ -30,7 +30,7 @@ from standardwebhooks.webhooks import Webhook
 
 from stopdesk.notify.models import Delivery, DeliveryAttempt, EmailPreference, Notification, WebhookEndpoint
 from stopdesk.notify.topics import ADMIN_DEFAULTS, DIGESTED, ROLE_DEFAULTS, Topic
-from stopdesk.states import DeliveryState
+from stopdesk.states import DELIVERY_TRANSITIONS, DeliveryState
 
 D = DeliveryState
 log = logging.getLogger(__name__)
@@ -138,10 +138,26 @@ def _take(where: Q, *, claimed_until: datetime) -> list[int]:
     one more attempt each, and return their ids."""
     ids = list(Delivery.objects.filter(where).select_for_update(skip_locked=True).values_list("id", flat=True))
     if ids:
-        Delivery.objects.filter(pk__in=ids).update(
-            state=D.SENDING, claimed_until=claimed_until, attempts=F("attempts") + 1
+        delivery_move(
+            Q(pk__in=ids),
+            from_states=tuple(DELIVERY_TRANSITIONS),
+            to_state=D.SENDING,
+            claimed_until=claimed_until,
+            attempts=F("attempts") + 1,
         )
     return ids
+
+
+def delivery_move(where: Q, *, from_states: tuple[str, ...], to_state: str, **fields: Any) -> int:
+    """Every move of a delivery's state: checked against `DELIVERY_TRANSITIONS`, a conditional
+    UPDATE (the rows matching `where` that are still in one of `from_states`), in the caller's
+    transaction. Returns how many rows moved. A delivery's record of each try is its
+    `DeliveryAttempt` row (written by `delivery_record`), not an audit event: deliveries are
+    bookkeeping of the outbox, whose notification was committed with its event."""
+    for state in from_states:
+        if to_state not in DELIVERY_TRANSITIONS[state]:
+            raise ValueError(f"delivery {state} -> {to_state} is not an allowed move")
+    return Delivery.objects.filter(where, state__in=from_states).update(state=to_state, **fields)
 
 
 def deliveries_claim(where: Q, *, now: datetime | None = None, force: bool = False) -> list[Delivery]:
@@ -254,21 +270,28 @@ def delivery_attempt(delivery: Delivery, *, manual: bool = False) -> str:
 
 def delivery_record(delivery: Delivery, outcome: Outcome, *, manual: bool = False) -> str:
     now = timezone.now()
+    fields: dict[str, Any]
     if outcome.ok:
-        fields: dict[str, Any] = {"state": D.DELIVERED, "delivered_at": now, "next_attempt_at": None}
+        to_state, fields = D.DELIVERED, {"delivered_at": now, "next_attempt_at": None}
     elif delivery.attempts >= int(cfg()["MAX_ATTEMPTS"]):
-        fields = {"state": D.FAILED, "next_attempt_at": None}
+        to_state, fields = D.FAILED, {"next_attempt_at": None}
     else:
-        fields = {"state": D.RETRYING, "next_attempt_at": now + backoff(delivery.attempts)}
+        to_state, fields = D.RETRYING, {"next_attempt_at": now + backoff(delivery.attempts)}
     with _bookkeeping():
         # Only the holder of the claim records; a sender whose claim ran out lost it to a re-send.
-        Delivery.objects.filter(pk=delivery.pk, state=D.SENDING).update(
-            claimed_until=None, last_status=outcome.status, last_error=outcome.error, **fields
+        delivery_move(
+            Q(pk=delivery.pk),
+            from_states=(D.SENDING,),
+            to_state=to_state,
+            claimed_until=None,
+            last_status=outcome.status,
+            last_error=outcome.error,
+            **fields,
         )
         DeliveryAttempt.objects.create(
             delivery_id=delivery.pk, at=now, status=outcome.status, error=outcome.error, ms=outcome.ms, manual=manual
         )
-    return str(fields["state"])
+    return str(to_state)
 
 
 def notifications_deliver(notification_ids: list[int]) -> dict[str, int]:

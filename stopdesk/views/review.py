@@ -14,7 +14,6 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
-from reconcile.models import CompensationState
 from reconcile.selectors import compensation_for
 from reconcile.services.compensation import (
     CompensationRefused,
@@ -39,7 +38,7 @@ from stopdesk import permissions as perms
 from stopdesk.notify.selectors import review_queue_facts
 from stopdesk.paging import ADMIN_CAP
 from stopdesk.services.errors import IllegalTransition
-from stopdesk.states import ItemState
+from stopdesk.states import CompensationState, ItemState
 from stopdesk.views import HtmxHttpRequest
 from stopdesk.views.auth import reauth_check_password, reauth_fresh, reauthenticated_at
 from stopdesk.views.queue import uncertain_context, waiting

@@ -10,11 +10,11 @@ from django.db.models import Count, Exists, F, OuterRef, Prefetch, Q, QuerySet, 
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
-from reconcile.models import Compensation, CompensationState, Escalation, RecordDecision, RecordDecisionKind
+from reconcile.models import Compensation, Escalation, RecordDecision, RecordDecisionKind
 from stopdesk.models import CancellationAttempt, ExternalRecord, StopRequest, Task, WorkItem
 from stopdesk.paging import QUEUE_CAP, capped, capped_count
 from stopdesk.review_state import needs_review, tasks_needing_review, tasks_needing_review_count
-from stopdesk.states import UNSETTLED, ItemState
+from stopdesk.states import UNSETTLED, CompensationState, ItemState
 from stopdesk.summary import task_summary
 from stopdesk.views.task_review import TaskReview, task_review
 from stopdesk.views.timeline import task_timeline

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from django.db.models import Count, Q
 from django.db.models.fields.json import KT
 
-from reconcile.models import Compensation, CompensationState
+from reconcile.models import Compensation
 from stopdesk.models import ExternalRecord, Task, WorkItem
 from stopdesk.review_state import needs_review, reversal_pending
-from stopdesk.states import ItemState
+from stopdesk.states import CompensationState, ItemState
 from stopdesk.summary import past_tense
 
 S = ItemState

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from reconcile.models import CompensationState
-from stopdesk.states import Effect, ItemState, Kind
+from stopdesk.states import CompensationState, Effect, ItemState, Kind
 from stopdesk.summary import _WORDS, REVIEW, compose, latest_outcome, number_word
 
 S = ItemState

@@ -12,7 +12,6 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reconcile.models import CompensationState
 from reconcile.services.compensation import (
     compensation_approve,
     compensation_escalate,
@@ -26,7 +25,7 @@ from stopdesk.models import Task
 from stopdesk.review_state import tasks_needing_review, tasks_needing_review_count
 from stopdesk.services.items import item_finish
 from stopdesk.services.stop import task_request_stop
-from stopdesk.states import ItemState, Kind
+from stopdesk.states import CompensationState, ItemState, Kind
 from stopdesk.summary import REVIEW, task_summary
 from stopdesk.views.selectors import task_overview, tasks_flag, tasks_listing
 from tests.factories import ACTOR, make_external_effect, make_item, make_task
