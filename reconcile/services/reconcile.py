@@ -7,6 +7,7 @@ services (item_transition, item_finish, items_move).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -20,11 +21,10 @@ from django.utils import timezone
 from reconcile import engine
 from reconcile.mechanisms import registry
 from reconcile.mechanisms.base import Capability, ItemRef, Mechanism, Observation, Seen
-from reconcile.services.handles import item_attach_fact
 from reconcile.services.launched import response_launched_record
 from stopdesk.models import CancellationAttempt, WorkItem
 from stopdesk.services.errors import IllegalTransition
-from stopdesk.services.items import item_finish
+from stopdesk.services.items import item_attach_record, item_finish
 from stopdesk.services.sql import is_postgres
 from stopdesk.services.transitions import Schedule, item_late_result_record, item_transition, items_move, items_schedule
 from stopdesk.states import SETTLED, SWEPT, TERMINAL, ItemState
@@ -325,7 +325,7 @@ def decide(
 
 def _attach(item_id: int, observation: Observation, actor: str) -> None:
     assert observation.record is not None
-    item_attach_fact(item_id=item_id, fact=observation.record, actor=actor)
+    item_attach_record(item_id=item_id, actor=actor, **dataclasses.asdict(observation.record))
 
 
 def _late_result(*, item_id: int, reported: str, actor: str, outcome: str, evidence: dict[str, Any]) -> None:

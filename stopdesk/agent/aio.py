@@ -30,10 +30,9 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from reconcile.services.handles import item_record_detail
 from stopdesk.client.errors import StopRequested
 from stopdesk.services.errors import IllegalTransition, TaskStopped
-from stopdesk.services.items import item_finish, item_heartbeat, item_task_id
+from stopdesk.services.items import item_finish, item_heartbeat, item_record_detail, item_task_id
 from stopdesk.services.stop_watch import stop_hub, stopped_among
 from stopdesk.services.transitions import item_start, item_submit, item_transition
 from stopdesk.states import ItemState
@@ -77,7 +76,7 @@ class Child:
 
     async def declare(self, detail: dict[str, Any]) -> None:
         """Record how the external action can be looked up (e.g. {"http": {...lookup_url...}})."""
-        await in_thread(item_record_detail, item_id=self.item_id, detail=detail)
+        await in_thread(item_record_detail, item_id=self.item_id, detail=detail, actor=self.actor)
 
 
 class Group:

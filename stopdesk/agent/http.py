@@ -7,6 +7,7 @@ adapter can look it up whatever happens to the call.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,10 +19,9 @@ from reconcile.mechanisms.http import declaration as declaration_of
 from reconcile.mechanisms.http import record_fact
 from reconcile.mechanisms.http import unsafe_record_id_outcome as unsafe
 from reconcile.mechanisms.registry import mechanism_settings
-from reconcile.services.handles import item_attach_fact, item_record_detail
 from stopdesk.record_ids import record_id_problem
 from stopdesk.services.errors import IllegalTransition
-from stopdesk.services.items import item_finish
+from stopdesk.services.items import item_attach_record, item_finish, item_record_detail
 from stopdesk.services.transitions import item_submit, item_transition
 from stopdesk.states import ItemState
 
@@ -53,7 +53,7 @@ def http_submit(
     will say whether it landed. Raises TaskStopped (nothing sent) once Stop was requested."""
 
     decl = {**declaration}
-    item_record_detail(item_id=item_id, detail={"http": decl})
+    item_record_detail(item_id=item_id, detail={"http": decl}, actor=actor)
     item_submit(item_id=item_id, idempotency_key=idempotency_key, actor=actor)
     cfg = mechanism_settings("http")
     timeout = timeout_s if timeout_s is not None else cfg.call_timeout_s
@@ -72,7 +72,7 @@ def http_submit(
             # It happened, but the id cannot be recorded for a later reversal: a person decides.
             item_transition(item_id=item_id, to_state=ItemState.UNCERTAIN, actor=actor, outcome=unsafe(fact, problem))
             return Submitted(True, response.status_code, None, error=problem)
-        item_attach_fact(item_id=item_id, fact=fact, actor=actor)
+        item_attach_record(item_id=item_id, actor=actor, **dataclasses.asdict(fact))
         item_finish(item_id=item_id, succeeded=True, actor=actor, outcome=f"{fact.effect} {fact.record_id}")
         return Submitted(True, response.status_code, fact)
     if response is not None and response.status_code < 500:

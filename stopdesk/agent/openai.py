@@ -11,8 +11,8 @@ import openai as sdk
 
 from reconcile.mechanisms.openai import client_for
 from reconcile.mechanisms.registry import mechanism_settings
-from reconcile.services.handles import item_record_handle
 from stopdesk.models import WorkItem
+from stopdesk.services.items import item_set_handle
 from stopdesk.services.transitions import item_submit
 
 
@@ -61,5 +61,5 @@ def response_create(
     response = client.responses.create(background=True, metadata=metadata, **params)
     # Only the id: the reconciler cancels and reads back at the configured endpoint, never at one
     # an item names (the server's key goes with it).
-    item_record_handle(item_id=item_id, handle=response.id, actor=actor)
+    item_set_handle(item_id=item_id, handle=response.id, actor=actor)
     return response

@@ -281,6 +281,29 @@ def item_set_handle(*, item_id: int, handle: str, actor: str, detail: dict[str, 
     return item
 
 
+def item_record_detail(*, item_id: int, detail: dict[str, Any], actor: str) -> WorkItem:
+    """Merge mechanism facts (server, tool annotations, protocol version, how to look an action
+    up...) into the item, with an event when they change it (the same facts again change nothing)."""
+    detail_declarable(detail)
+    with transaction.atomic():
+        item = WorkItem.objects.select_for_update().get(pk=item_id)
+        merged = {**item.detail, **detail}
+        if merged == item.detail:
+            return item
+        item.detail = merged
+        item.save(update_fields=["detail"])
+        event_record(
+            kind="detail_recorded",
+            actor=actor,
+            item=item,
+            from_state=item.state,
+            to_state=item.state,
+            message=", ".join(sorted(detail)),
+            data={"detail": detail},
+        )
+    return item
+
+
 def item_note_evidence(*, item_id: int, evidence: dict[str, Any], actor: str, message: str) -> None:
     """Add an observation to an item's evidence without changing its state (progress the server
     kept reporting after a cancel, say), with an event saying what was seen."""
@@ -297,6 +320,10 @@ def item_note_evidence(*, item_id: int, evidence: dict[str, Any], actor: str, me
             message=message,
             data={"evidence": evidence},
         )
+
+
+def item_state_of(*, item_id: int) -> str:
+    return str(WorkItem.objects.values_list("state", flat=True).get(pk=item_id))
 
 
 def item_task_id(*, item_id: int) -> int:

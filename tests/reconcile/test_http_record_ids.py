@@ -6,7 +6,7 @@ import pytest
 
 from reconcile.mechanisms import registry
 from stopdesk.models import ExternalRecord
-from stopdesk.services.items import item_attach_record, item_register
+from stopdesk.services.items import item_attach_record, item_record_detail, item_register
 from stopdesk.services.transitions import item_submit
 from stopdesk.states import Kind
 from tests.factories import ACTOR, make_task
@@ -30,9 +30,7 @@ UNSAFE = ["decoy-0704/../crm-2", "../crm-2", "..", ".", "crm-2/", "a\\..\\crm-2"
 def _record(base: str, record_id: str) -> ExternalRecord:
     item = item_register(task=make_task(), kind=Kind.EXTERNAL_OPERATION, noun="record", actor=ACTOR, mechanism="http")
     item_submit(item_id=item.pk, idempotency_key=f"k-{item.pk}", actor=ACTOR)
-    from reconcile.services.handles import item_record_detail
-
-    item_record_detail(item_id=item.pk, detail={"http": crm_declaration(base)})
+    item_record_detail(item_id=item.pk, detail={"http": crm_declaration(base)}, actor=ACTOR)
     return item_attach_record(
         item_id=item.pk, system="crm", record_id=record_id, effect="created", actor=ACTOR, version="1"
     )

@@ -13,7 +13,6 @@ import mcp_types as types
 from reconcile.mechanisms import mcp_servers
 from reconcile.mechanisms.mcp_servers import Connection
 from reconcile.mechanisms.registry import mechanism_settings
-from reconcile.services.handles import item_add_evidence
 from stopdesk.agent.aio import in_thread
 from stopdesk.agent.mcp.common import (
     ServerRef,
@@ -24,7 +23,7 @@ from stopdesk.agent.mcp.common import (
     unwrap,
 )
 from stopdesk.services.errors import IllegalTransition, TaskStopped
-from stopdesk.services.items import item_finish, item_heartbeat
+from stopdesk.services.items import item_finish, item_heartbeat, item_note_evidence
 from stopdesk.services.transitions import item_transition
 from stopdesk.states import ItemState
 
@@ -191,7 +190,7 @@ async def _record_progress(item_id: int, progress: ProgressSeen) -> None:
         return
     last = progress.after[-1]
     await in_thread(
-        item_add_evidence,
+        item_note_evidence,
         item_id=item_id,
         evidence={
             "progress_after_cancel": {

@@ -11,9 +11,9 @@ from mcp.shared.exceptions import MCPError
 
 from reconcile.mechanisms.mcp import annotations_of
 from reconcile.mechanisms.mcp_servers import Connection, ServerSpec
-from reconcile.services.handles import item_record_detail, item_state_of
 from stopdesk.agent.aio import in_thread
 from stopdesk.services.errors import IllegalTransition
+from stopdesk.services.items import item_record_detail, item_state_of
 from stopdesk.services.transitions import item_start, item_submit, item_transition
 from stopdesk.states import ItemState
 
@@ -47,7 +47,7 @@ async def describe(conn: Connection, tool: str, arguments: dict[str, Any]) -> di
 
 async def pass_boundary(item_id: int, actor: str, facts: dict[str, Any]) -> None:
 
-    await in_thread(item_record_detail, item_id=item_id, detail={"mcp": facts})
+    await in_thread(item_record_detail, item_id=item_id, detail={"mcp": facts}, actor=actor)
     if facts["annotations"]["readOnlyHint"]:
         await in_thread(item_start, item_id=item_id, actor=actor, worker="mcp")
     else:

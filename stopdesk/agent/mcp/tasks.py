@@ -20,12 +20,11 @@ from reconcile.mechanisms.base import Observation, Seen
 from reconcile.mechanisms.mcp import INVALID_PARAMS, NOT_FOUND_AT_ONCE, task_observation
 from reconcile.mechanisms.mcp_servers import Connection
 from reconcile.mechanisms.registry import mechanism_settings
-from reconcile.services.handles import item_record_detail, item_record_handle
 from reconcile.services.reconcile import item_observe
 from stopdesk.agent.aio import in_thread
 from stopdesk.agent.mcp.common import ServerRef, describe, error_text, pass_boundary, record_failure, unwrap
 from stopdesk.services.errors import TaskStopped
-from stopdesk.services.items import item_heartbeat
+from stopdesk.services.items import item_heartbeat, item_record_detail, item_set_handle
 
 log = logging.getLogger(__name__)
 # A task the server forgets within this long of creating it was "not found right after creation".
@@ -147,7 +146,7 @@ async def _start_and_own(
     created = time.monotonic()
     session = {"id": conn.session_id, "owner": _owner_name(), "transport": conn.spec.transport}
     detail = {**facts, "task_status": task.status, "ttl_ms": task.ttl, "session": session}
-    await in_thread(item_record_handle, item_id=item_id, handle=task.task_id, actor=actor, detail={"mcp": detail})
+    await in_thread(item_set_handle, item_id=item_id, handle=task.task_id, actor=actor, detail={"mcp": detail})
     owner.task_id = task.task_id
     owner.detail = detail
     owner.started.set()
@@ -190,16 +189,16 @@ async def _own(
                     item_observe, item_id=owner.item_id, observation=observation, action="inspect", actor=actor
                 )
         if observation.seen != Seen.RUNNING:
-            await _end_session(owner, observation)
+            await _end_session(owner, observation, actor)
             return observation
         if cancelled_at is not None and time.monotonic() - cancelled_at > deadline_s:
             # Still working at the deadline: the reconciler records it uncertain; the session is let go.
-            await _end_session(owner, observation)
+            await _end_session(owner, observation, actor)
             return observation
         await anyio.sleep(poll_s)
 
 
-async def _end_session(owner: TaskOwner, observation: Observation) -> None:
+async def _end_session(owner: TaskOwner, observation: Observation, actor: str) -> None:
     """Say on the item that its owner reconciled the task and closes the session, so a later look
     by the reconciler repeats what the owner saw instead of finding the session gone."""
     owner.final = observation
@@ -209,7 +208,7 @@ async def _end_session(owner: TaskOwner, observation: Observation) -> None:
         said = observation.message or f"the task read {observation.remote_status or observation.seen}."
     session = {**owner.detail.get("session", {}), "ended": f"Reconciled by the session's owner: {said}"}
     owner.detail = {**owner.detail, "session": session}
-    await in_thread(item_record_detail, item_id=owner.item_id, detail={"mcp": owner.detail})
+    await in_thread(item_record_detail, item_id=owner.item_id, detail={"mcp": owner.detail}, actor=actor)
 
 
 async def _get(
