@@ -6,7 +6,10 @@ import os
 
 import pytest
 from django.conf import settings
-from django.db import connection
+from django.db import connection, connections
+from django.db.backends.signals import connection_created
+
+from tests import state_guard
 
 REQUIRE_SERVICES = os.environ.get("STOPDESK_REQUIRE_SERVICES") == "1"
 
@@ -77,6 +80,26 @@ def _flush_past_the_audit_triggers():
     yield
     Postgres.execute_sql_flush = originals[Postgres]  # type: ignore[method-assign]
     Sqlite.execute_sql_flush = originals[Sqlite]  # type: ignore[method-assign]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _state_writes_guarded():
+    """Every connection any test opens, in any thread, runs its SQL past the state guard
+    (tests/state_guard.py): a state written outside its machine's one writer fails the test."""
+    connection_created.connect(state_guard.install, dispatch_uid="tests.state_guard")
+    for conn in connections.all(initialized_only=True):
+        state_guard.install(conn)
+    yield
+    connection_created.disconnect(dispatch_uid="tests.state_guard")
+
+
+@pytest.fixture(autouse=True)
+def _no_state_written_outside_its_writer():
+    """Also what a thread, or code that swallows the guard's error, ran into during the test."""
+    state_guard.take_found()
+    yield
+    found = state_guard.take_found()
+    assert not found, "state written outside its writer:\n" + "\n".join(found)
 
 
 @pytest.fixture
