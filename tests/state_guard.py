@@ -72,7 +72,7 @@ MIGRATIONS = f"{os.sep}migrations{os.sep}"
 # --- reading the SQL -----------------------------------------------------------------------------
 
 _LITERAL = re.compile(r"'(?:[^']|'')*'")
-_PLACEHOLDER = re.compile(r"%\((\w+)\)s|%s|\?")
+_PLACEHOLDER = re.compile(r"\(?(?:%\((\w+)\)s|(%s|\?))\)?(?:::[\w\[\]]+)?")
 
 
 def _unquote(sql: str) -> tuple[str, list[str]]:
@@ -135,6 +135,11 @@ def _inserts_other_than_initial(sql: str, literals: list[str], params: Any, mach
             continue
         at = columns.index(machine.column)
         rest = sql[match.end() :]
+        if re.match(r"[^)]*\)\s*select\s+\*\s+from\s+unnest\s*\(", rest) and isinstance(params, (list, tuple)):
+            # Django's bulk insert on PostgreSQL: one array parameter per column.
+            if any(value != machine.initial for value in params[at]):
+                return True
+            continue
         values = re.match(r"[^)]*\)\s*values\s*", rest)
         if values is None:
             return True  # INSERT ... SELECT: the value cannot be read here
@@ -157,7 +162,10 @@ def _inserted(text: str, at: int, literals: list[str], params: Any) -> Iterator[
             elif literal is not None:
                 value = literals[int(literal.group(1))]
             else:
-                value = object()  # an expression: not a value the guard can read
+                # An expression: not a value the guard can read; its parameters are skipped.
+                for _ in re.findall(r"%s|\?", cell):
+                    next(positional, None)
+                value = object()
             if i == at:
                 yield value
         depth, j = 1, row.end()

@@ -81,6 +81,10 @@ def test_creating_an_item_in_another_state_than_queued_is_caught():
     task = make_task()
     _caught(lambda: WorkItem.objects.create(task=task, kind="model_request", noun="x", state=S.RUNNING))
     _caught(lambda: WorkItem.objects.bulk_create([WorkItem(task=task, kind="model_request", state=S.COMPLETED)]))
+    _caught(lambda: WorkItem.objects.bulk_create([WorkItem(task=task, state=s) for s in (S.QUEUED, S.RUNNING)]))
+    # New work in the initial state is no move, one row or many.
+    WorkItem.objects.bulk_create([WorkItem(task=task, kind="model_request", noun=n) for n in ("a", "b")])
+    assert state_guard.take_found() == []
 
 
 @pytest.mark.django_db
@@ -187,5 +191,13 @@ def test_the_guard_reads_the_statement_not_its_spelling():
     assert written(insert, [1, "queued", 2, "queued"]) == []
     assert written(insert, [1, "queued", 2, "running"]) == ["stopdesk_workitem"]
     assert written("INSERT INTO stopdesk_workitem (task_id, state) SELECT 1, 'queued'") == ["stopdesk_workitem"]
+    unnest = (
+        'INSERT INTO "stopdesk_workitem" ("task_id", "state") SELECT * FROM UNNEST((%s)::bigint[], (%s)::varchar[])'
+    )
+    assert written(unnest, [[1, 2], ["queued", "queued"]]) == []
+    assert written(unnest, [[1, 2], ["queued", "failed"]]) == ["stopdesk_workitem"]
+    cast = "INSERT INTO stopdesk_workitem (detail, task_id, state) VALUES (%s::jsonb || %s::jsonb, %s, (%s)::text)"
+    assert written(cast, ["{}", "{}", 1, "queued"]) == []
+    assert written(cast, ["{}", "{}", 1, "running"]) == ["stopdesk_workitem"]
     assert written('UPDATE "reconcile_compensation" SET "state" = %s') == ["reconcile_compensation"]
     assert written('UPDATE "notify_delivery" SET "attempts" = 1') == []
