@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
+
+from django.db.models import QuerySet
 
 from stopdesk.models import Task, WorkItem
 from stopdesk.services.items import item_attach_record, item_finish, item_register, task_create
@@ -38,6 +41,12 @@ def make_item(
         item_transition(item_id=item.pk, to_state=state, actor=ACTOR)
     item.refresh_from_db()
     return item
+
+
+def set_state_by_hand(rows: QuerySet[Any], state: str) -> int:
+    """Put rows in a state as no writer would (no event, no check of the move): for a test that
+    needs the aftermath of a lost step. The suite's state guard lets this one helper through."""
+    return rows.update(state=state)
 
 
 def make_external_effect(

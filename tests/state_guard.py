@@ -8,7 +8,8 @@ with a state other than the initial one, and raw SQL however it is quoted, cased
 (f-strings, data-modifying CTEs). A statement writes the state when it is an UPDATE of the table
 whose SET list names the column, or an INSERT whose column list has it with a value other than the
 initial state (or a value the guard cannot read, as in INSERT ... SELECT). It is allowed when a
-frame of the machine's writer is on the call stack; migrations may write too (history).
+frame of the machine's writer is on the call stack; migrations may write too (history), and so may
+`tests.factories.set_state_by_hand`, for a test that needs a row no writer would leave.
 
 Not seen: workers in other processes, and SQL sent on a raw DB-API cursor that bypasses Django's.
 """
@@ -68,6 +69,8 @@ MACHINES = (
     ),
 )
 MIGRATIONS = f"{os.sep}migrations{os.sep}"
+# The one test helper that may put a row in a state by hand (tests/factories.py).
+BY_HAND = (str(ROOT / "tests" / "factories.py"), "set_state_by_hand")
 
 # --- reading the SQL -----------------------------------------------------------------------------
 
@@ -195,7 +198,8 @@ def _from_writer(machine: Machine) -> bool:
     frame = sys._getframe(2)
     while frame is not None:
         code = frame.f_code
-        if machine.writes_here(code.co_filename, code.co_name) or MIGRATIONS in code.co_filename:
+        here = code.co_filename
+        if machine.writes_here(here, code.co_name) or MIGRATIONS in here or (here, code.co_name) == BY_HAND:
             return True
         frame = frame.f_back  # type: ignore[assignment]
     return False

@@ -20,7 +20,7 @@ from stopdesk.services.transitions import item_transition
 from stopdesk.states import CompensationState, DeliveryState
 from stopdesk.states import ItemState as S
 from tests import state_guard
-from tests.factories import make_external_effect, make_item, make_task
+from tests.factories import make_external_effect, make_item, make_task, set_state_by_hand
 from tests.state_guard import StateWriteOutsideWriter, machines_written
 
 TABLE = WorkItem._meta.db_table
@@ -45,6 +45,13 @@ def test_the_guard_lets_the_transitions_through_and_new_items_start_queued():
     item_transition(item_id=item.pk, to_state=S.AWAITING_RECONCILIATION, actor="t")
     item.refresh_from_db()
     assert item.state == S.AWAITING_RECONCILIATION and state_guard.take_found() == []
+
+
+@pytest.mark.django_db
+def test_the_one_test_helper_that_sets_a_state_by_hand_passes():
+    item = make_item(make_task())
+    assert set_state_by_hand(WorkItem.objects.filter(pk=item.pk), S.COMPLETED) == 1
+    assert state_guard.take_found() == []
 
 
 @pytest.mark.django_db

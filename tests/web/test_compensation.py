@@ -19,6 +19,7 @@ from reconcile.services.compensation import (
 )
 from stopdesk.models import Event, StopRequest, WorkItem
 from stopdesk.views.auth import REAUTH_SESSION_KEY
+from tests.factories import set_state_by_hand
 from tests.web.conftest import htmx, system_url
 from tests.web.scenes import crm_effect, mail_effect, proposal
 
@@ -144,7 +145,7 @@ def test_an_edit_between_the_read_and_the_write_is_caught_by_if_match(roles, crm
 
     record = crm_effect(_crm_url())
     c = proposal(record, roles["reviewer"])
-    Compensation.objects.filter(pk=c.pk).update(state="approved")
+    set_state_by_hand(Compensation.objects.filter(pk=c.pk), "approved")
     real_read = HttpOperation.read_version
 
     def read_then_someone_edits(self, rec, **kwargs):  # type: ignore[no-untyped-def]
@@ -259,7 +260,7 @@ def test_two_approvers_at_once_execute_it_once(roles, crm, eager):
 def test_two_executions_of_one_approval_run_it_once(roles, crm):
     record = crm_effect(_crm_url())
     c = proposal(record, roles["reviewer"])
-    Compensation.objects.filter(pk=c.pk).update(state="approved")  # as if approved; its job delivered twice
+    set_state_by_hand(Compensation.objects.filter(pk=c.pk), "approved")  # as if approved; its job delivered twice
     barrier = threading.Barrier(4)
     results: list = []
     errors: list = []

@@ -17,6 +17,7 @@ from reconcile.services.escalation import compensation_accept_as_is, compensatio
 from stopdesk.models import Event, ExternalRecord
 from stopdesk.views.auth import REAUTH_SESSION_KEY
 from stopdesk.views.selectors import queue_reversals
+from tests.factories import set_state_by_hand
 from tests.web.conftest import system_url
 from tests.web.scenes import crm_effect, proposal
 from tests.web.test_compensation import _in_thread
@@ -184,7 +185,7 @@ def test_a_read_that_fails_is_recorded_and_teaches_the_ledger_nothing(escalated,
 def test_proposing_again_is_refused_while_no_newer_version_is_known(roles, crm, eager):
     record = crm_effect(system_url("crm"))
     c = proposal(record, roles["reviewer"])
-    Compensation.objects.filter(pk=c.pk).update(state="escalated")  # escalated by hand, same version
+    set_state_by_hand(Compensation.objects.filter(pk=c.pk), "escalated")  # same version
     with pytest.raises(CompensationRefused, match="no version newer"):
         compensation_propose_current(compensation_id=c.pk, by=roles["approver"])
     with pytest.raises(CompensationRefused, match="Say why"):

@@ -13,7 +13,7 @@ from stopdesk.services.errors import LedgerError
 from stopdesk.services.items import item_attach_record, item_finish, item_register
 from stopdesk.services.transitions import item_submit
 from stopdesk.states import Kind
-from tests.factories import ACTOR, make_task
+from tests.factories import ACTOR, make_task, set_state_by_hand
 from tests.web.conftest import system_url
 from tests.web.scenes import proposal
 
@@ -45,7 +45,7 @@ def _effect(crm_url: str, record_id: str, *, version: str = "1") -> ExternalReco
 
 def _run(record: ExternalRecord, roles) -> Compensation:  # type: ignore[no-untyped-def]
     c = proposal(record, roles["reviewer"])
-    Compensation.objects.filter(pk=c.pk).update(state="approved")
+    set_state_by_hand(Compensation.objects.filter(pk=c.pk), "approved")
     compensation_execute(compensation_id=c.pk)
     c.refresh_from_db()
     return c
