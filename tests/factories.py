@@ -43,10 +43,10 @@ def make_item(
     return item
 
 
-def set_state_by_hand(rows: QuerySet[Any], state: str) -> int:
+def set_state_by_hand(rows: QuerySet[Any], state: str, **fields: Any) -> int:
     """Put rows in a state as no writer would (no event, no check of the move): for a test that
     needs the aftermath of a lost step. The suite's state guard lets this one helper through."""
-    return rows.update(state=state)
+    return rows.update(state=state, **fields)
 
 
 def make_external_effect(

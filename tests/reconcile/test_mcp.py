@@ -19,7 +19,7 @@ from stopdesk.services.stop import task_request_stop
 from stopdesk.states import ItemState, Kind
 from stopdrill.sandbox import mcp_server as tools
 from stopdrill.sandbox.mcp_raw import RawMcpSession
-from tests.factories import make_task
+from tests.factories import make_task, set_state_by_hand
 from tests.reconcile.helpers import sweep_until_settled
 
 S = ItemState
@@ -207,8 +207,12 @@ def abandoned_task(party, url, item, *, delete_session):  # type: ignore[no-unty
         "annotations": {"readOnlyHint": False, "destructiveHint": False},
         "session": {"id": raw.session_id, "owner": "gone-host:1", "transport": "streamable_http"},
     }
-    WorkItem.objects.filter(pk=item.pk).update(
-        state=S.RUNNING, handle=task_id, detail={"mcp": facts}, lease_until=timezone.now() - timedelta(seconds=1)
+    set_state_by_hand(
+        WorkItem.objects.filter(pk=item.pk),
+        S.RUNNING,
+        handle=task_id,
+        detail={"mcp": facts},
+        lease_until=timezone.now() - timedelta(seconds=1),
     )
     if delete_session:
         raw.close()

@@ -10,6 +10,7 @@ from django.utils import timezone
 from reconcile.models import Compensation
 from reconcile.services.compensation import compensation_execute, compensations_sweep
 from stopdesk.models import Event
+from tests.factories import set_state_by_hand
 from tests.web.conftest import system_url
 from tests.web.scenes import crm_effect, proposal
 
@@ -18,8 +19,11 @@ pytestmark = pytest.mark.django_db
 
 def _approved_long_ago(c: Compensation, roles, minutes: int = 5) -> None:  # type: ignore[no-untyped-def]
     # As if approved (through the flow the other tests cover) and its job lost with the broker.
-    Compensation.objects.filter(pk=c.pk).update(
-        state="approved", approved_by=roles["approver"], approved_at=timezone.now() - timedelta(minutes=minutes)
+    set_state_by_hand(
+        Compensation.objects.filter(pk=c.pk),
+        "approved",
+        approved_by=roles["approver"],
+        approved_at=timezone.now() - timedelta(minutes=minutes),
     )
 
 
@@ -46,8 +50,11 @@ def test_a_recent_approval_is_left_to_its_own_job(roles, crm):
 def test_a_compensation_whose_worker_died_mid_run_is_escalated_not_retried(roles, crm):
     record = crm_effect(system_url("crm"))
     c = proposal(record, roles["reviewer"])
-    Compensation.objects.filter(pk=c.pk).update(
-        state="running", approved_by=roles["approver"], started_at=timezone.now() - timedelta(minutes=30)
+    set_state_by_hand(
+        Compensation.objects.filter(pk=c.pk),
+        "running",
+        approved_by=roles["approver"],
+        started_at=timezone.now() - timedelta(minutes=30),
     )
     queued: list[int] = []
     swept = compensations_sweep(enqueue=queued.append)

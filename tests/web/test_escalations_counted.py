@@ -18,6 +18,7 @@ from reconcile.models import Compensation, Escalation
 from reconcile.services.compensation import compensation_escalate
 from reconcile.services.review import item_escalate
 from stopdesk.views.auth import REAUTH_SESSION_KEY
+from tests.factories import set_state_by_hand
 from tests.web.conftest import system_url
 from tests.web.scenes import crm_effect, proposal, uncertain_item
 
@@ -90,8 +91,8 @@ def test_the_queue_and_the_admin_count_the_same_escalations(as_user, roles, crm,
 def test_compensations_already_waiting_get_their_open_row_when_the_database_is_migrated(roles, crm):
     waiting = proposal(crm_effect(system_url("crm"), name="Before Ltd"), roles["reviewer"])
     # As an escalation by stopdesk itself left it before such escalations wrote a row.
-    Compensation.objects.filter(pk=waiting.pk).update(
-        state="escalated", reason="The record changed.", decided_at=timezone.now()
+    set_state_by_hand(
+        Compensation.objects.filter(pk=waiting.pk), "escalated", reason="The record changed.", decided_at=timezone.now()
     )
     executor = MigrationExecutor(connection)
     executor.migrate([("reconcile", "0003_roles")])
