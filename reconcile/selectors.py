@@ -8,8 +8,9 @@ from typing import Any
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 
-from reconcile.models import Compensation, CompensationState, Escalation
+from reconcile.models import Compensation, Escalation
 from stopdesk.permissions import REVIEW_ANY, check
+from stopdesk.states import CompensationState
 
 
 def compensation_for(user: Any, pk: int) -> Compensation:
