@@ -42,7 +42,7 @@ NO_DISPATCH: dict[str, Any] = {"dispatch": lambda ids: None}
 def run() -> list[Figure]:
     from django.db import connections
 
-    from stopdesk.api.tokens import runtime_create
+    from stopdesk.services.runtimes import runtime_create
 
     runtime, token = runtime_create(name=f"bench-push-{os.getpid()}-{time.time_ns()}", actor="bench")
     figures: list[Figure] = []

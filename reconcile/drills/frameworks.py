@@ -93,10 +93,10 @@ class FrameworkDriver(Driver):
         def run() -> Any:
             from stopdesk.agent.frameworks import RunStopped
             from stopdesk.agent.frameworks.declare import declare
-            from stopdesk.agent.frameworks.local import FrameworkRuntime
+            from stopdesk.agent.runtime import LocalRuntime
 
             declare(create_lead, **declaration)
-            runtime = FrameworkRuntime(actor="drill:agent", dispatch=lambda ids: None)
+            runtime = LocalRuntime(actor="drill:agent", dispatch=lambda ids: None)
             try:
                 return asyncio.run(self.run_agent(runtime, task.pk, model_url, model, create_lead))
             except RunStopped:

@@ -176,7 +176,7 @@ class CloseTask(Body):
     reason: Text(2000) = ""  # type: ignore[valid-type]
 
 
-# The calls a framework run makes most (stopdesk.agent.frameworks.local.FrameworkRuntime), over HTTP.
+# The calls a framework run makes most (stopdesk.agent.runtime.LocalRuntime), over HTTP.
 
 
 class RegisterStarted(RegisterItem):

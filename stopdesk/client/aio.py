@@ -200,7 +200,7 @@ class AsyncClient:
         return await self._run(calls.cancel(item_id, {"detail": detail}, None))
 
     # The calls a framework run makes most (stopdesk.agent.frameworks.core), each one request, with
-    # the in-process FrameworkRuntime's names and arguments.
+    # the in-process LocalRuntime's names and arguments.
     async def register_started(
         self,
         task_id: int,

@@ -189,7 +189,7 @@ class Client:
         return self._run(calls.cancel(item_id, {"detail": detail}, None))
 
     # The calls a framework run makes most (stopdesk.agent.frameworks.core), each one request, with
-    # the in-process FrameworkRuntime's names and arguments.
+    # the in-process LocalRuntime's names and arguments.
     def register_started(
         self,
         task_id: int,

@@ -12,7 +12,7 @@ from reconcile.mechanisms import registry
 from reconcile.sandbox.crm import CRM
 from reconcile.sandbox.openai_standin import OpenAIStandin
 from reconcile.sandbox.server import BackgroundServer
-from stopdesk.agent.frameworks.local import FrameworkRuntime
+from stopdesk.agent.runtime import LocalRuntime
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def crm(settings) -> Iterator[tuple[CRM, str]]:  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def runtime(transactional_db) -> FrameworkRuntime:  # type: ignore[no-untyped-def]
+def runtime(transactional_db) -> LocalRuntime:  # type: ignore[no-untyped-def]
     registry.reset()
     # Stop's cancellation jobs are run by the test itself (the reconcile service), not by Celery.
-    return FrameworkRuntime(actor="agent:test", dispatch=lambda ids: None)
+    return LocalRuntime(actor="agent:test", dispatch=lambda ids: None)

@@ -11,14 +11,14 @@ import pytest
 from django.db import connection
 
 from stopdesk.agent.frameworks.core import StopdeskRun, close_connections
-from stopdesk.agent.frameworks.local import FrameworkRuntime
+from stopdesk.agent.runtime import LocalRuntime
 from stopdesk.models import WorkItem
 from stopdesk.states import ItemState as S
 
 pytestmark = pytest.mark.postgres
 
 
-class Observed(FrameworkRuntime):
+class Observed(LocalRuntime):
     """The in-process runtime, noting for each write what the database says of the connection it
     runs on: its backend and whether its commits wait for the flush (`synchronous_commit`)."""
 

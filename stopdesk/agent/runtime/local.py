@@ -9,38 +9,55 @@ front of this class, so the two cannot drift apart.
     sd.start(item.id)   # raises StopRequested after a stop
 
 Bound to a `Runtime`, it sees and changes only that runtime's tasks (another's task is NotFound).
+`request_key` is the HTTP client's Idempotency-Key, kept for the same signatures; the API door
+stores and replays keyed requests (`stopdesk.api.idempotency`), and an in-process call, whose
+answer cannot be lost on the way, has nothing to replay.
+
+The calls a framework run makes most, each one round trip:
+- `register_started(...)`: register a tool call or model request and pass the boundary; on
+  PostgreSQL one statement, so one round trip (and one commit) on the tool's path;
+- `finish_fast(...)`: as `finish`, but a running item's plain result is one statement (anything
+  else, such as a late result, takes the general path);
+- `report_stopped(item_id)`: the run's own item ended by Stop, cancelled also from awaiting
+  reconciliation (where Stop's job for a "manual" item leaves it, waiting for this report);
+- `task_settle_check(task_id)`: whether the task settled, for results written with `open_item`
+  that may have committed after the run's item settled;
+- `task_stopped(task_id)`: one indexed read, for watching Stop without building the task's detail;
+- `record_launched(item_id, calls)`: tool calls a model response ran itself, as children of the
+  response's item (the service the OpenAI adapter's read-back uses, so each call once);
+- `thread_prepare(wait_for_flush)`: called by the run's threads before each call: the thread's
+  connection checked as Django checks one per request, and whether its commits wait for the disk
+  flush (see `StopdeskRun` for which writes do not wait).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
 import threading
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any, Literal
 
-from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, Q
 from pydantic import BaseModel
 
+from reconcile.services.launched import response_launched_record
 from stopdesk.agent import schemas
+from stopdesk.agent.runtime.info import item_info, record_info, stop_info, task_info
 from stopdesk.client.action import ExternalAction
-from stopdesk.client.errors import Conflict, IdempotencyKeyReused, InvalidRequest, NotFound, StopRequested
+from stopdesk.client.errors import Conflict, InvalidRequest, NotFound, StopRequested
 from stopdesk.client.errors import TaskClosed as ClientTaskClosed
 from stopdesk.client.types import (
     HeartbeatInfo,
     ItemInfo,
     RecordInfo,
-    StartedInfo,
     StopInfo,
     StopWatchInfo,
     TaskDetail,
     TaskInfo,
 )
-from stopdesk.models import ApiIdempotency, ExternalRecord, Runtime, StopRequest, Task, WorkItem
+from stopdesk.models import Runtime, Task, WorkItem
 from stopdesk.services.closing import task_close
 from stopdesk.services.errors import (
     DeclarationRefused,
@@ -56,13 +73,16 @@ from stopdesk.services.items import (
     item_finish,
     item_heartbeat,
     item_register,
+    item_register_started,
+    item_report_stopped,
     item_set_handle,
     item_transition,
     task_create,
 )
+from stopdesk.services.sql import is_postgres, thread_connection_ready
 from stopdesk.services.stop import dispatch_cancellations, task_request_stop
 from stopdesk.services.stop_watch import stop_hub
-from stopdesk.services.transitions import item_start, item_submit
+from stopdesk.services.transitions import item_close_running, item_start, item_submit, task_settle_check
 from stopdesk.states import ItemState
 from stopdesk.summary import task_summary
 
@@ -89,13 +109,7 @@ class LocalRuntime:
     # Tasks
     def create_task(self, title: str, *, request_key: str | None = None) -> TaskInfo:
         args = schemas.CreateTask.parse({"title": title})
-        return self._once(
-            request_key,
-            "create_task",
-            TaskInfo,
-            lambda: task_info(task_create(title=args.title, actor=self.actor, runtime=self.runtime)),
-            args,
-        )
+        return task_info(task_create(title=args.title, actor=self.actor, runtime=self.runtime))
 
     def get_task(self, task_id: int) -> TaskDetail:
         task = self._task(task_id)
@@ -167,16 +181,11 @@ class LocalRuntime:
         )
         task = self._task(task_id)
 
-        def produce() -> ItemInfo:
-            if args.parent is not None and not WorkItem.objects.filter(pk=args.parent, task=task).exists():
-                raise InvalidRequest("parent must be an item of the same task.", field="parent")
-            with _ledger_errors():
-                item = item_register(
-                    task=task, actor=self.actor, **args.model_dump(exclude={"detail"}), detail=args.detail
-                )
-            return item_info(item)
-
-        return self._once(request_key, f"register:{task.pk}", ItemInfo, produce, args)
+        if args.parent is not None and not WorkItem.objects.filter(pk=args.parent, task=task).exists():
+            raise InvalidRequest("parent must be an item of the same task.", field="parent")
+        with ledger_errors():
+            item = item_register(task=task, actor=self.actor, **args.model_dump(exclude={"detail"}), detail=args.detail)
+        return item_info(item)
 
     def get_item(self, item_id: int) -> ItemInfo:
         return item_info(self._item(item_id))
@@ -194,12 +203,9 @@ class LocalRuntime:
         args = _parse(schemas.Start, worker=self.worker if worker is None else worker, lease_seconds=lease_seconds)
         self._check_item(item_id)
 
-        def produce() -> ItemInfo:
-            with _ledger_errors():
-                item_start(item_id=item_id, actor=self.actor, worker=args.worker, lease_seconds=args.lease_seconds)
-            return item_info(WorkItem.objects.get(pk=item_id))
-
-        return self._once_transition(request_key, f"start:{item_id}", ItemInfo, produce, args)
+        with ledger_errors():
+            item_start(item_id=item_id, actor=self.actor, worker=args.worker, lease_seconds=args.lease_seconds)
+        return item_info(WorkItem.objects.get(pk=item_id))
 
     def submit(
         self,
@@ -219,18 +225,15 @@ class LocalRuntime:
         )
         self._check_item(item_id)
 
-        def produce() -> ItemInfo:
-            with _ledger_errors():
-                item_submit(
-                    item_id=item_id,
-                    idempotency_key=args.idempotency_key,
-                    actor=self.actor,
-                    worker=args.worker,
-                    lease_seconds=args.lease_seconds,
-                )
-            return item_info(WorkItem.objects.get(pk=item_id))
-
-        return self._once_transition(request_key, f"submit:{item_id}", ItemInfo, produce, args)
+        with ledger_errors():
+            item_submit(
+                item_id=item_id,
+                idempotency_key=args.idempotency_key,
+                actor=self.actor,
+                worker=args.worker,
+                lease_seconds=args.lease_seconds,
+            )
+        return item_info(WorkItem.objects.get(pk=item_id))
 
     def heartbeat(self, item_id: int, *, lease_seconds: int | None = None, raise_on_stop: bool = True) -> HeartbeatInfo:
         """Extend a running item's lease and answer whether Stop was requested. With
@@ -269,12 +272,9 @@ class LocalRuntime:
         args = _parse(schemas.RecordHandle, handle=handle, detail=detail)
         self._check_item(item_id)
 
-        def produce() -> ItemInfo:
-            with _ledger_errors():
-                item = item_set_handle(item_id=item_id, handle=args.handle, actor=self.actor, detail=args.detail)
-            return item_info(item)
-
-        return self._once(request_key, f"record_handle:{item_id}", ItemInfo, produce, args)
+        with ledger_errors():
+            item = item_set_handle(item_id=item_id, handle=args.handle, actor=self.actor, detail=args.detail)
+        return item_info(item)
 
     def attach_record(
         self,
@@ -302,17 +302,14 @@ class LocalRuntime:
         )
         item = self._item(item_id)
 
-        def produce() -> RecordInfo:
-            if item.started_at is None:
-                raise Conflict(
-                    f"Item {item.pk} is {item.state} and never passed the boundary; it cannot have had an effect.",
-                    state=item.state,
-                    item=item.pk,
-                )
-            record = item_attach_record(item_id=item.pk, actor=self.actor, **args.model_dump())
-            return record_info(record)
-
-        return self._once(request_key, f"attach_record:{item.pk}", RecordInfo, produce, args)
+        if item.started_at is None:
+            raise Conflict(
+                f"Item {item.pk} is {item.state} and never passed the boundary; it cannot have had an effect.",
+                state=item.state,
+                item=item.pk,
+            )
+        record = item_attach_record(item_id=item.pk, actor=self.actor, **args.model_dump())
+        return record_info(record)
 
     def finish(
         self,
@@ -328,23 +325,20 @@ class LocalRuntime:
         args = _parse(schemas.Finish, status=status, detail=detail, evidence=evidence)
         item = self._item(item_id)
 
-        def produce() -> ItemInfo:
-            if item.state == S.QUEUED:
-                # A result for work that never passed the boundary is a runtime bug; refuse it
-                # loudly instead of recording work the boundary never allowed.
-                raise Conflict(
-                    f"Item {item.pk} is queued; start it before reporting its result.", state=item.state, item=item.pk
-                )
-            result = item_finish(
-                item_id=item.pk,
-                succeeded=args.status == "completed",
-                actor=self.actor,
-                outcome=args.detail,
-                evidence=args.evidence,
+        if item.state == S.QUEUED:
+            # A result for work that never passed the boundary is a runtime bug; refuse it
+            # loudly instead of recording work the boundary never allowed.
+            raise Conflict(
+                f"Item {item.pk} is queued; start it before reporting its result.", state=item.state, item=item.pk
             )
-            return item_info(result)
-
-        return self._once(request_key, f"finish:{item.pk}", ItemInfo, produce, args)
+        result = item_finish(
+            item_id=item.pk,
+            succeeded=args.status == "completed",
+            actor=self.actor,
+            outcome=args.detail,
+            evidence=args.evidence,
+        )
+        return item_info(result)
 
     def mark_uncertain(
         self, item_id: int, *, detail: str = "", evidence: dict[str, Any] | None = None, request_key: str | None = None
@@ -352,18 +346,12 @@ class LocalRuntime:
         """The external call's outcome is unknown: uncertain, with an investigate-by deadline."""
         args = _parse(schemas.MarkUncertain, detail=detail, evidence=evidence)
         self._check_item(item_id)
-        return self._once(
-            request_key,
-            f"mark_uncertain:{item_id}",
-            ItemInfo,
-            lambda: self._move(
-                item_id,
-                S.UNCERTAIN,
-                frozenset({S.RUNNING, S.AWAITING_RECONCILIATION}),
-                args.detail or "outcome unknown",
-                args.evidence,
-            ),
-            args,
+        return self._move(
+            item_id,
+            S.UNCERTAIN,
+            frozenset({S.RUNNING, S.AWAITING_RECONCILIATION}),
+            args.detail or "outcome unknown",
+            args.evidence,
         )
 
     def cancel(self, item_id: int, *, detail: str = "", request_key: str | None = None) -> ItemInfo:
@@ -371,14 +359,8 @@ class LocalRuntime:
         dispatched."""
         args = _parse(schemas.Cancel, detail=detail)
         self._check_item(item_id)
-        return self._once(
-            request_key,
-            f"cancel:{item_id}",
-            ItemInfo,
-            lambda: self._move(
-                item_id, S.CANCELLED, frozenset({S.QUEUED, S.RUNNING}), args.detail or "stopped between steps", None
-            ),
-            args,
+        return self._move(
+            item_id, S.CANCELLED, frozenset({S.QUEUED, S.RUNNING}), args.detail or "stopped between steps", None
         )
 
     def external_action(
@@ -393,6 +375,73 @@ class LocalRuntime:
         return ExternalAction(
             self, item_id, idempotency_key=idempotency_key, worker=worker, failures=failures, complete=complete
         )
+
+    # The calls a framework run makes most, each one round trip (see the module docstring).
+    def register_started(
+        self, task_id: int, *, submit_key: str = "", worker: str | None = None, **register: Any
+    ) -> int:
+        try:
+            item_id = item_register_started(
+                task_id=_id(task_id, "task"),
+                runtime_id=self.runtime.pk if self.runtime is not None else None,  # scoped: another's is NotFound
+                actor=self.actor,
+                worker=self.worker if worker is None else worker,
+                submit_key=submit_key,
+                **register,
+            )
+        except TaskStopped as exc:
+            raise StopRequested(str(exc), task=task_id, item=exc.item_id, state=ItemState.CANCELLED) from exc
+        except TaskClosed as exc:
+            raise ClientTaskClosed(str(exc), task=task_id) from exc
+        if item_id is None:
+            raise NotFound(f"No task {task_id}.")
+        return item_id
+
+    def finish_fast(
+        self,
+        item_id: int,
+        *,
+        status: Literal["completed", "failed"] | str = "completed",
+        detail: str = "",
+        open_item: int | None = None,
+    ) -> None:
+        """`finish` without the answer: a running item's result in one statement; any other case
+        (a late result, an item Stop settled, a database without that statement) as `finish`.
+        `open_item`: the caller's item that keeps the task unsettled (its run), so the task's
+        settle check is skipped while that item is open."""
+        args = schemas.Finish.parse({"status": status, "detail": detail})
+        if is_postgres() and item_close_running(
+            item_id=_id(item_id, "item"),
+            succeeded=args.status == "completed",
+            actor=self.actor,
+            outcome=args.detail,
+            runtime_id=self.runtime.pk if self.runtime is not None else None,
+            open_item=open_item,
+        ):
+            return
+        self.finish(item_id, status=args.status, detail=args.detail)
+
+    def report_stopped(self, item_id: int, *, detail: str = "") -> None:
+        """The work stopped because of Stop: cancelled, also when Stop's job already left it
+        awaiting this report (a "manual" item); an item recorded otherwise keeps its outcome and
+        this becomes a late result."""
+        self._check_item(item_id)  # scoped, as every item call
+        item_report_stopped(item_id=_id(item_id, "item"), actor=self.actor, outcome=detail or "stopped between steps")
+
+    def task_settle_check(self, task_id: int) -> None:
+        """Whether the task settled (see `finish_fast`'s `open_item`)."""
+        task_settle_check(task_id=self._task(task_id).pk)
+
+    def task_stopped(self, task_id: int) -> bool:
+        return self._tasks().filter(pk=task_id, stop_requested_at__isnull=False).exists()
+
+    def thread_prepare(self, wait_for_flush: bool) -> None:
+        """This thread's connection, checked, and whether its commits wait for the disk flush."""
+        thread_connection_ready(wait_for_flush=wait_for_flush)
+
+    def record_launched(self, item_id: int, calls: list[dict[str, Any]]) -> list[int]:
+        self._check_item(item_id)  # scoped, as every item call
+        return response_launched_record(item_id=item_id, calls=calls, actor=self.actor)
 
     # Scoping: the one place a runtime's lookups are narrowed to its own tasks.
     def _tasks(self) -> Any:
@@ -425,7 +474,7 @@ class LocalRuntime:
     def _move(
         self, item_id: int, to_state: str, allowed: frozenset[str], outcome: str, evidence: dict[str, Any] | None
     ) -> ItemInfo:
-        with _ledger_errors():
+        with ledger_errors():
             item = item_transition(
                 item_id=item_id,
                 to_state=to_state,
@@ -435,82 +484,6 @@ class LocalRuntime:
                 allowed_from=allowed,
             )
         return item_info(item)
-
-    def _once_transition(
-        self,
-        key: str | None,
-        operation: str,
-        kind: type[ItemInfo],
-        produce: Callable[[], ItemInfo],
-        args: BaseModel,
-    ) -> ItemInfo:
-        """Like `_once`, for the boundary's transitions, which refuse a repeat on their own (a
-        started item cannot start again). So the work goes first, and the stored answer is read
-        only when the ledger refuses: one round trip less on every start and submit. A concurrent
-        twin waits on the item's row lock, so the winner's answer is committed when it looks."""
-        if not key or self.runtime is None:
-            return produce()
-        fingerprint = request_fingerprint(args)
-        # No atomic block of our own around the work: the boundary is one statement, and its
-        # refusals (a Conflict, or StopRequested after it cancelled the item) must leave the
-        # caller's transaction usable and the cancellation recorded.
-        try:
-            result = produce()
-        except Conflict:
-            seen = ApiIdempotency.objects.filter(runtime=self.runtime, key=key, endpoint=operation).first()
-            if seen is None:
-                raise
-            return kind.from_json(_replayable(seen, fingerprint))
-        ApiIdempotency.objects.create(
-            runtime=self.runtime,
-            key=key,
-            endpoint=operation,
-            status=200,
-            body=result.to_json(),
-            fingerprint=fingerprint,
-        )
-        return result
-
-    def _once[T: (TaskInfo, ItemInfo, RecordInfo, StartedInfo)](
-        self, key: str | None, operation: str, kind: type[T], produce: Callable[[], T], args: BaseModel
-    ) -> T:
-        """With a request key, do the work once per (runtime, key, operation) and answer every
-        repeat of the same request with the first answer; the same key with another body is
-        refused (IdempotencyKeyReused). Only successes are kept: a refused request wrote nothing
-        and may be sent again."""
-        if not key or self.runtime is None:
-            return produce()
-        fingerprint = request_fingerprint(args)
-        nested = connection.in_atomic_block
-        try:
-            # No savepoint inside a caller's transaction: if a concurrent twin wins the unique key,
-            # the whole request must be retried (the HTTP door does), not half of it kept.
-            with transaction.atomic(savepoint=not nested):
-                seen = ApiIdempotency.objects.filter(runtime=self.runtime, key=key, endpoint=operation).first()
-                if seen is not None:
-                    return kind.from_json(_replayable(seen, fingerprint))
-                try:
-                    result = produce()
-                except StopRequested as exc:
-                    # The boundary's cancellation is the record: leave the block normally so that
-                    # it commits (an exception through it would roll it back), then refuse.
-                    refused = exc
-                else:
-                    ApiIdempotency.objects.create(
-                        runtime=self.runtime,
-                        key=key,
-                        endpoint=operation,
-                        status=200,
-                        body=result.to_json(),
-                        fingerprint=fingerprint,
-                    )
-                    return result
-        except IntegrityError:
-            if nested:
-                raise
-            seen = ApiIdempotency.objects.get(runtime=self.runtime, key=key, endpoint=operation)
-            return kind.from_json(_replayable(seen, fingerprint))
-        raise refused
 
 
 class LocalStopWatch:
@@ -537,23 +510,6 @@ class LocalStopWatch:
         self._unwatch()
 
 
-def request_fingerprint(args: BaseModel) -> str:
-    """What was asked, independent of key order and of defaults spelled out or left off: the
-    validated arguments, canonically serialised and hashed."""
-    canonical = json.dumps(args.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def _replayable(seen: ApiIdempotency, fingerprint: str) -> Any:
-    # Rows stored before fingerprints existed have none; they replay as they always did.
-    if seen.fingerprint and seen.fingerprint != fingerprint:
-        raise IdempotencyKeyReused(
-            "This Idempotency-Key was already used for a different request; use a new key for new work.",
-            field="Idempotency-Key",
-        )
-    return seen.body
-
-
 def _dispatch_or_log(item_ids: list[int]) -> None:
     """Queue the cancellation jobs after Stop commits. If the broker is down, the stop still stands
     and the runtime is told so: the items carry cancel_requested_at and a due next_check_at, and the
@@ -577,7 +533,7 @@ def _id(value: Any, what: str) -> int:
 
 
 @contextlib.contextmanager
-def _ledger_errors() -> Iterator[None]:
+def ledger_errors() -> Iterator[None]:
     """Translate the services' refusals into the errors both doors raise."""
     try:
         yield
@@ -595,74 +551,3 @@ def _ledger_errors() -> Iterator[None]:
         raise Conflict(str(exc), code=exc.code, field="handle", item=exc.item_id, handle=exc.handle) from exc
     except DeclarationRefused as exc:
         raise InvalidRequest(str(exc), code=exc.code, field=exc.field) from exc
-
-
-def task_info(task: Task) -> TaskInfo:
-    return TaskInfo(
-        id=task.pk,
-        title=task.title,
-        created_at=task.created_at,
-        stop_requested_at=task.stop_requested_at,
-        settled_at=task.settled_at,
-        stopped=task.stop_requested_at is not None,
-        closed_at=task.closed_at,
-        closed=task.closed_at is not None,
-    )
-
-
-def item_info(item: WorkItem) -> ItemInfo:
-    return ItemInfo(
-        id=item.pk,
-        task=item.task_id,
-        parent=item.parent_id,
-        kind=item.kind,
-        noun=item.noun,
-        state=item.state,
-        mechanism=item.mechanism,
-        handle=item.handle,
-        idempotency_key=item.idempotency_key,
-        noun_plural=item.noun_plural,
-        label=item.label,
-        created_at=item.created_at,
-        updated_at=item.updated_at,
-        started_at=item.started_at,
-        submitted_at=item.submitted_at,
-        finished_at=item.finished_at,
-        heartbeat_at=item.heartbeat_at,
-        lease_until=item.lease_until,
-        worker=item.worker,
-        cancel_requested_at=item.cancel_requested_at,
-        investigate_by=item.investigate_by,
-        outcome=item.outcome,
-        needs_review=item.review_required,
-        detail=item.detail,
-        evidence=item.evidence,
-    )
-
-
-def record_info(record: ExternalRecord) -> RecordInfo:
-    return RecordInfo(
-        id=record.pk,
-        item=record.item_id,
-        system=record.system,
-        record_id=record.record_id,
-        effect=record.effect,
-        version=record.version,
-        reversible=record.reversible,
-        reversal=record.reversal,
-        link=record.link,
-        recorded_at=record.recorded_at,
-    )
-
-
-def stop_info(stop: StopRequest, *, created: bool) -> StopInfo:
-    return StopInfo(
-        task=stop.task_id,
-        requested_at=stop.requested_at,
-        actor=stop.actor,
-        created=created,
-        reason=stop.reason,
-        queued_cancelled=stop.queued_cancelled,
-        dispatched=stop.dispatched,
-        duplicates=stop.duplicates,
-    )
