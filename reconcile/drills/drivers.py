@@ -294,7 +294,7 @@ class ManualDriver(Driver):
 
     def child(self, ctx: DrillContext, variant: str) -> Child:
         from stopdesk.agent.runtime import LocalRuntime
-        from stopdesk.client.errors import StopRequested
+        from stopdesk.protocol.errors import StopRequested
 
         sandbox = _sandbox(ctx)
         outbox = sandbox.sandbox.outbox

@@ -31,7 +31,7 @@ from django.db import connection
 from django.utils import timezone
 
 from reconcile.services.handles import item_record_detail
-from stopdesk.client.errors import StopRequested
+from stopdesk.protocol.errors import StopRequested
 from stopdesk.services.errors import IllegalTransition, TaskStopped
 from stopdesk.services.items import item_finish, item_heartbeat, item_task_id
 from stopdesk.services.stop_watch import stop_hub, stopped_among

@@ -11,7 +11,7 @@ from django.core.validators import URLValidator
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 from pydantic import ValidationError as PydanticValidationError
 
-from stopdesk.client.errors import InvalidRequest
+from stopdesk.protocol.errors import InvalidRequest
 from stopdesk.record_ids import record_id_problem
 from stopdesk.states import Effect, Kind
 

@@ -25,8 +25,8 @@ from celery import Task as CeleryTask
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 
-from stopdesk.client.errors import StopRequested
 from stopdesk.models import Task, WorkItem
+from stopdesk.protocol.errors import StopRequested
 from stopdesk.services.errors import IllegalTransition
 from stopdesk.services.items import (
     item_finish,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from django.http import HttpRequest
 
-from stopdesk.client.errors import Unauthorized
 from stopdesk.models import Runtime
+from stopdesk.protocol.errors import Unauthorized
 
 
 def authenticate(request: HttpRequest) -> Runtime:

@@ -12,9 +12,9 @@ from typing import Any
 from django.db import IntegrityError, connection, transaction
 from pydantic import BaseModel
 
-from stopdesk.client.errors import Conflict, IdempotencyKeyReused, StopRequested
-from stopdesk.client.types import ItemInfo, RecordInfo, StartedInfo, TaskInfo
 from stopdesk.models import ApiIdempotency, Runtime
+from stopdesk.protocol.errors import Conflict, IdempotencyKeyReused, StopRequested
+from stopdesk.protocol.types import ItemInfo, RecordInfo, StartedInfo, TaskInfo
 
 
 def once_transition(

@@ -10,7 +10,7 @@ from pydantic import TypeAdapter
 
 from stopdesk.api import watch
 from stopdesk.api.views import OPERATIONS
-from stopdesk.client import types
+from stopdesk.protocol import types
 
 REF = "#/components/schemas/{model}"
 ANSWERS = (

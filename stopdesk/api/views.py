@@ -24,7 +24,8 @@ from stopdesk.agent.runtime.local import ledger_errors
 from stopdesk.api.auth import authenticate
 from stopdesk.api.errors import error_response, server_error
 from stopdesk.api.idempotency import once, once_transition
-from stopdesk.client.errors import (
+from stopdesk.models import WorkItem
+from stopdesk.protocol.errors import (
     InvalidRequest,
     MalformedRequest,
     MethodNotAllowed,
@@ -33,8 +34,7 @@ from stopdesk.client.errors import (
     StopdeskError,
     StopRequested,
 )
-from stopdesk.client.types import ItemInfo, LaunchedInfo, RecordInfo, ResultInfo, StartedInfo, TaskInfo
-from stopdesk.models import WorkItem
+from stopdesk.protocol.types import ItemInfo, LaunchedInfo, RecordInfo, ResultInfo, StartedInfo, TaskInfo
 from stopdesk.tracing import server_span, span_event
 
 log = logging.getLogger(__name__)
@@ -201,7 +201,7 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-# Endpoints: (runtime, validated body, Idempotency-Key, path ids) -> an answer from stopdesk.client.types.
+# Endpoints: (runtime, validated body, Idempotency-Key, path ids) -> an answer from stopdesk.protocol.types.
 
 
 @endpoint("POST", "/tasks", body=schemas.CreateTask, returns="TaskInfo", status=201)

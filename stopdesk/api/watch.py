@@ -28,9 +28,9 @@ from django.views.decorators.csrf import csrf_exempt
 
 from stopdesk.api.auth import runtime_for
 from stopdesk.api.views import _path_id
-from stopdesk.client.errors import InvalidRequest, MethodNotAllowed, NotFound, StopdeskError
-from stopdesk.client.types import StopWatchInfo
 from stopdesk.models import Task
+from stopdesk.protocol.errors import InvalidRequest, MethodNotAllowed, NotFound, StopdeskError
+from stopdesk.protocol.types import StopWatchInfo
 from stopdesk.services.stop_watch import resolve, stop_hub
 
 log = logging.getLogger(__name__)

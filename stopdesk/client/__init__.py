@@ -16,9 +16,11 @@
 in-process. This package imports nothing from Django: it needs only httpx.
 """
 
-from stopdesk.client.action import AsyncExternalAction, ExternalAction
 from stopdesk.client.aio import AsyncClient
-from stopdesk.client.errors import (
+from stopdesk.client.sync import Client
+from stopdesk.client.watch import StopWatch
+from stopdesk.protocol.action import AsyncExternalAction, ExternalAction
+from stopdesk.protocol.errors import (
     Conflict,
     IdempotencyKeyReused,
     InvalidRequest,
@@ -30,9 +32,7 @@ from stopdesk.client.errors import (
     TaskClosed,
     Unauthorized,
 )
-from stopdesk.client.sync import Client
-from stopdesk.client.types import HeartbeatInfo, ItemInfo, RecordInfo, StopInfo, StopWatchInfo, TaskDetail, TaskInfo
-from stopdesk.client.watch import StopWatch
+from stopdesk.protocol.types import HeartbeatInfo, ItemInfo, RecordInfo, StopInfo, StopWatchInfo, TaskDetail, TaskInfo
 
 __all__ = [
     "AsyncClient",

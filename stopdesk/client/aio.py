@@ -8,11 +8,12 @@ from typing import Any, Literal
 import httpx
 
 from stopdesk.client import calls
-from stopdesk.client.action import AsyncExternalAction
 from stopdesk.client.calls import Call
 from stopdesk.client.calls import record_launched as launched_call
 from stopdesk.client.transport import api_base, backoff, headers_for, read_answer, should_retry
-from stopdesk.client.types import (
+from stopdesk.client.watch import POLL_S, watch_stop_async
+from stopdesk.protocol.action import AsyncExternalAction
+from stopdesk.protocol.types import (
     HeartbeatInfo,
     ItemInfo,
     RecordInfo,
@@ -21,7 +22,6 @@ from stopdesk.client.types import (
     TaskDetail,
     TaskInfo,
 )
-from stopdesk.client.watch import POLL_S, watch_stop_async
 
 
 class AsyncClient:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from stopdesk.client.types import (
+from stopdesk.protocol.types import (
     HeartbeatInfo,
     ItemInfo,
     LaunchedInfo,

@@ -8,12 +8,12 @@ from typing import Any, Literal
 import httpx
 
 from stopdesk.client import calls
-from stopdesk.client.action import ExternalAction
 from stopdesk.client.calls import Call
 from stopdesk.client.calls import record_launched as launched_call
 from stopdesk.client.transport import api_base, backoff, headers_for, read_answer, should_retry
-from stopdesk.client.types import HeartbeatInfo, ItemInfo, RecordInfo, StopInfo, TaskDetail, TaskInfo
 from stopdesk.client.watch import POLL_S, StopWatch
+from stopdesk.protocol.action import ExternalAction
+from stopdesk.protocol.types import HeartbeatInfo, ItemInfo, RecordInfo, StopInfo, TaskDetail, TaskInfo
 
 
 class Client:

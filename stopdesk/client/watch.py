@@ -16,9 +16,9 @@ from typing import Protocol
 import httpx
 
 from stopdesk.client.calls import Call
-from stopdesk.client.errors import ServerError, StopdeskError
 from stopdesk.client.transport import backoff, read_answer
-from stopdesk.client.types import StopWatchInfo
+from stopdesk.protocol.errors import ServerError, StopdeskError
+from stopdesk.protocol.types import StopWatchInfo
 
 
 class Client(Protocol):

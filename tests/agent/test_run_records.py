@@ -14,8 +14,8 @@ from django.test.utils import CaptureQueriesContext
 from reconcile.services.cancel import item_cancel
 from stopdesk.agent.frameworks.core import RunStopped, StopdeskRun
 from stopdesk.agent.runtime import LocalRuntime
-from stopdesk.client.errors import NotFound, StopRequested
 from stopdesk.models import Event, Runtime, Task, WorkItem
+from stopdesk.protocol.errors import NotFound, StopRequested
 from stopdesk.services.audit_seal import audit_seal
 from stopdesk.services.items import item_register
 from stopdesk.services.transitions import item_start

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stopdesk.agent.frameworks.declare import UNDECLARED, ToolDeclaration
-from stopdesk.client.errors import StopRequested
+from stopdesk.protocol.errors import StopRequested
 
 log = logging.getLogger(__name__)
 

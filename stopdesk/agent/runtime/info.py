@@ -1,10 +1,10 @@
-"""The ledger's rows as the answers both doors give (`stopdesk.client.types`): one mapper per kind of
+"""The ledger's rows as the answers both doors give (`stopdesk.protocol.types`): one mapper per kind of
 answer, so the in-process runtime and the HTTP API cannot describe a row two ways."""
 
 from __future__ import annotations
 
-from stopdesk.client.types import ItemInfo, RecordInfo, StopInfo, TaskInfo
 from stopdesk.models import ExternalRecord, StopRequest, Task, WorkItem
+from stopdesk.protocol.types import ItemInfo, RecordInfo, StopInfo, TaskInfo
 
 
 def task_info(task: Task) -> TaskInfo:

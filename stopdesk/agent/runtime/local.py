@@ -45,10 +45,11 @@ from pydantic import BaseModel
 from reconcile.services.launched import response_launched_record
 from stopdesk.agent import schemas
 from stopdesk.agent.runtime.info import item_info, record_info, stop_info, task_info
-from stopdesk.client.action import ExternalAction
-from stopdesk.client.errors import Conflict, InvalidRequest, NotFound, StopRequested
-from stopdesk.client.errors import TaskClosed as ClientTaskClosed
-from stopdesk.client.types import (
+from stopdesk.models import Runtime, Task, WorkItem
+from stopdesk.protocol.action import ExternalAction
+from stopdesk.protocol.errors import Conflict, InvalidRequest, NotFound, StopRequested
+from stopdesk.protocol.errors import TaskClosed as ClientTaskClosed
+from stopdesk.protocol.types import (
     HeartbeatInfo,
     ItemInfo,
     RecordInfo,
@@ -57,7 +58,6 @@ from stopdesk.client.types import (
     TaskDetail,
     TaskInfo,
 )
-from stopdesk.models import Runtime, Task, WorkItem
 from stopdesk.services.closing import task_close
 from stopdesk.services.errors import (
     DeclarationRefused,
