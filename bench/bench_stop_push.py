@@ -62,8 +62,8 @@ def run() -> list[Figure]:
         Figure("stop.watch_idle_queries_per_s.http", idle_http, "queries/s"),
         Figure("stop.watch_idle_queries_per_s.polling_0_5s", idle_polling, "queries/s"),
     ]
-    from stopdesk.api.watch import close_connections
-    from stopdesk.services.stop_watch import stop_hub_close
+    from stopdesk.push.hub import stop_hub_close
+    from stopdesk.push.watch import close_connections
 
     stop_hub_close()  # before the scratch database is dropped under its listener
     close_connections()

@@ -12,10 +12,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 from pydantic import ValidationError as PydanticValidationError
 
 from stopdesk.protocol.errors import InvalidRequest
+from stopdesk.protocol.ids import MAX_ID
 from stopdesk.record_ids import record_id_problem
 from stopdesk.states import Effect, Kind
 
-MAX_ID = 2**63 - 1
 MAX_JSON_DEPTH = 16
 MAX_LAUNCHED_CALLS = 200
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import wraps
@@ -29,11 +28,11 @@ from stopdesk.protocol.errors import (
     InvalidRequest,
     MalformedRequest,
     MethodNotAllowed,
-    NotFound,
     PayloadTooLarge,
     StopdeskError,
     StopRequested,
 )
+from stopdesk.protocol.ids import path_id
 from stopdesk.protocol.types import ItemInfo, LaunchedInfo, RecordInfo, ResultInfo, StartedInfo, TaskInfo
 from stopdesk.tracing import server_span, span_event
 
@@ -41,7 +40,6 @@ log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024
 API_ROUTE = "/api/v1"
-_ID = re.compile(r"[1-9][0-9]{0,18}")
 
 
 @dataclass(frozen=True)
@@ -132,7 +130,7 @@ def _serve(
     if request.method != method:
         raise MethodNotAllowed(f"Use {method} here.", allow=[method])
     runtime = authenticate(request)
-    ids = {name: _path_id(value, name) for name, value in path_ids.items()}
+    ids = {name: path_id(value, name) for name, value in path_ids.items()}
     key = _request_key(request) if replayable else None
     args = body.parse(_read_json(request)) if body is not None else None
     sd = LocalRuntime(runtime=runtime)
@@ -158,13 +156,6 @@ def _serve(
         span_event("stopdesk.boundary_refused", facts)
         raise refused
     return JsonResponse(result.to_json(), status=status)
-
-
-def _path_id(value: str, name: str) -> int:
-    # Ids outside bigint would fail inside PostgreSQL; they cannot exist, so they are unknown.
-    if not _ID.fullmatch(value) or int(value) > schemas.MAX_ID:
-        raise NotFound(f"No {name.removesuffix('_id')} {value}.")
-    return int(value)
 
 
 def _request_key(request: HttpRequest) -> str | None:

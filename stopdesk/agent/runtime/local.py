@@ -58,6 +58,7 @@ from stopdesk.protocol.types import (
     TaskDetail,
     TaskInfo,
 )
+from stopdesk.push.hub import stop_hub
 from stopdesk.services.closing import task_close
 from stopdesk.services.errors import (
     DeclarationRefused,
@@ -81,7 +82,6 @@ from stopdesk.services.items import (
 )
 from stopdesk.services.sql import is_postgres, thread_connection_ready
 from stopdesk.services.stop import dispatch_cancellations, task_request_stop
-from stopdesk.services.stop_watch import stop_hub
 from stopdesk.services.transitions import item_close_running, item_start, item_submit, task_settle_check
 from stopdesk.states import ItemState
 from stopdesk.summary import task_summary
