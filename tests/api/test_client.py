@@ -193,11 +193,12 @@ def test_a_server_that_is_not_there_is_retried_then_raises(token):
 
 def test_local_runtime_has_the_clients_method_names():
     def public(cls: type) -> set[str]:
-        # Plumbing, not calls: the clients' closing, and the in-process runtime's thread hook.
+        # Plumbing, not calls: the clients' closing, and the in-process runtime's thread hooks.
         return {n for n, v in inspect.getmembers(cls, inspect.isfunction) if not n.startswith("_")} - {
             "close",
             "aclose",
             "thread_prepare",
+            "thread_close",
         }
 
     # One runtime: LocalRuntime has the calls a framework run makes most too, and so do the clients.

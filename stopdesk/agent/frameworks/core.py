@@ -32,7 +32,7 @@ made before it, and the run's end waits, so a run that returned is on disk whole
 `runtime` is anything with the runtime methods: `stopdesk.client.AsyncClient` (awaited), or the
 in-process `LocalRuntime` / the sync `Client` (run on the process's stopdesk threads: "lanes",
 shared by the runs, whose database connections last from run to run as Django's do;
-`close_connections` closes them).
+`close_connections` closes them through the runtime's `thread_close`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ import inspect
 import json
 import logging
 import os
-import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -246,9 +245,23 @@ class StopdeskRun:
             log.exception("watch_stop failed; polling for Stop instead")
             return await self._poll_stop()
         try:
-            # The in-process handle is set from the listener's thread; looking at it costs nothing.
-            while not handle.is_set():
-                await asyncio.sleep(0.02)
+            on_set = getattr(handle, "on_set", None)
+            if on_set is None:
+                # A handle that can only be looked at (a runtime of your own): look every 20 ms.
+                while not handle.is_set():
+                    await asyncio.sleep(0.02)
+                return
+            # Ours are set from another thread (the process's listener, or the client's long
+            # poll), which wakes this loop at once.
+            loop = asyncio.get_running_loop()
+            woken = asyncio.Event()
+
+            def wake() -> None:
+                with contextlib.suppress(RuntimeError):  # the run's loop already closed
+                    loop.call_soon_threadsafe(woken.set)
+
+            on_set(wake)
+            await woken.wait()
         finally:
             handle.cancel()
 
@@ -511,6 +524,9 @@ class StopdeskRun:
             return await fn(*args, **kwargs)
         pool = _lane(lane)
         prepare = getattr(self.runtime, "thread_prepare", None)
+        closer = getattr(self.runtime, "thread_close", None)
+        if closer is not None:
+            _closers.add(closer)
         for attempt in range(DEADLOCK_RETRIES + 1):
             try:
                 return await asyncio.get_running_loop().run_in_executor(
@@ -556,6 +572,9 @@ LANE_THREADS = {"writes": 8, "results": 4, "watch": 2}
 
 _lanes: dict[str, ThreadPoolExecutor] = {}
 _lanes_lock = threading.Lock()
+# What closes a lane thread's resources: the runtimes' `thread_close` (the in-process runtime's
+# closes the thread's database connections), gathered from the runtimes the lanes served.
+_closers: set[Callable[[], None]] = set()
 
 
 def _lane(name: str) -> ThreadPoolExecutor:
@@ -573,13 +592,10 @@ def _in_lane(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
-    # These threads see no requests: their connection is checked here, as Django checks one per request.
+    # These threads see no requests: the runtime checks their connection (`thread_prepare`), as
+    # Django checks one per request.
     if prepare is not None:
         prepare(wait_for_flush)
-    elif "django.db" in sys.modules:
-        from django.db import close_old_connections
-
-        close_old_connections()
     return fn(*args, **kwargs)
 
 
@@ -603,10 +619,8 @@ def _close_db_connection(barrier: threading.Barrier) -> None:
     # Every thread of the pool waits here, so each one takes exactly one of these jobs.
     with contextlib.suppress(threading.BrokenBarrierError):
         barrier.wait(timeout=5)
-    if "django.db" in sys.modules:
-        from django.db import connections
-
-        connections.close_all()
+    for closer in list(_closers):
+        closer()
 
 
 def _forget_lanes() -> None:

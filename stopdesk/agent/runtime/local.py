@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any, Literal
 
+from django.db import connections
 from django.db.models import Count, Q
 from pydantic import BaseModel
 
@@ -435,6 +436,12 @@ class LocalRuntime:
     def task_stopped(self, task_id: int) -> bool:
         return self._tasks().filter(pk=task_id, stop_requested_at__isnull=False).exists()
 
+    @staticmethod
+    def thread_close() -> None:
+        """Close this thread's database connections (a framework run's threads, when the program
+        is done with them: `stopdesk.agent.frameworks.core.close_connections`)."""
+        connections.close_all()
+
     def thread_prepare(self, wait_for_flush: bool) -> None:
         """This thread's connection, checked, and whether its commits wait for the disk flush."""
         thread_connection_ready(wait_for_flush=wait_for_flush)
@@ -494,11 +501,26 @@ class LocalStopWatch:
         self.info: StopWatchInfo | None = None
         self.error: Exception | None = None
         self._stopped = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
         self._unwatch = stop_hub().watch_checked(task_id, self._set)
 
     def _set(self, task_id: int, requested_at: datetime | None) -> None:
         self.info = StopWatchInfo(task_id, True, requested_at)
-        self._stopped.set()
+        with self._lock:
+            self._stopped.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def on_set(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once, from the thread that sets the handle (at once if it is set): an
+        event loop awaits Stop with it instead of looking."""
+        with self._lock:
+            if not self._stopped.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
 
     def is_set(self) -> bool:
         return self._stopped.is_set()
