@@ -13,6 +13,7 @@ from pydantic import ValidationError as PydanticValidationError
 
 from stopdesk.protocol.errors import InvalidRequest
 from stopdesk.protocol.ids import MAX_ID
+from stopdesk.protocol.spec import ITEM_FIELDS, ItemSpec
 from stopdesk.record_ids import record_id_problem
 from stopdesk.states import Effect, Kind
 
@@ -117,6 +118,10 @@ class RegisterItem(Body):
     parent: Id | None = Field(None, description="Another item of the same task.")
     idempotency_key: Text(200) = ""  # type: ignore[valid-type]
     detail: JsonObject | None = None
+
+    def spec(self) -> ItemSpec:
+        """The validated registration, as it travels on (`stopdesk.protocol.spec`)."""
+        return ItemSpec(**self.model_dump(include=set(ITEM_FIELDS)))
 
 
 class Start(Body):

@@ -211,9 +211,7 @@ def get_task(sd: LocalRuntime, args: None, key: None, task_id: int) -> Any:
 def register(sd: LocalRuntime, args: schemas.RegisterItem, key: str | None, task_id: int) -> Any:
     """Register a work item before dispatching it. Allowed after Stop, but such an item can never start. A closed
     task takes no new work: 409 task_closed, and nothing is written."""
-    return once(
-        sd.runtime, key, f"register:{task_id}", ItemInfo, lambda: sd.register(task_id, **args.model_dump()), args
-    )
+    return once(sd.runtime, key, f"register:{task_id}", ItemInfo, lambda: sd.register_spec(task_id, args.spec()), args)
 
 
 # Stop keeps its own transactions: the request commits first (so it is durable at once), then the

@@ -32,6 +32,7 @@ from stopdesk.protocol.errors import (
     TaskClosed,
     Unauthorized,
 )
+from stopdesk.protocol.spec import ItemSpec
 from stopdesk.protocol.types import HeartbeatInfo, ItemInfo, RecordInfo, StopInfo, StopWatchInfo, TaskDetail, TaskInfo
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "IdempotencyKeyReused",
     "InvalidRequest",
     "ItemInfo",
+    "ItemSpec",
     "NotFound",
     "PayloadTooLarge",
     "RecordInfo",

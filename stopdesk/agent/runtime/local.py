@@ -50,6 +50,7 @@ from stopdesk.models import Runtime, Task, WorkItem
 from stopdesk.protocol.action import ExternalAction
 from stopdesk.protocol.errors import Conflict, InvalidRequest, NotFound, StopRequested
 from stopdesk.protocol.errors import TaskClosed as ClientTaskClosed
+from stopdesk.protocol.spec import ItemSpec
 from stopdesk.protocol.types import (
     HeartbeatInfo,
     ItemInfo,
@@ -168,8 +169,7 @@ class LocalRuntime:
         request_key: str | None = None,
     ) -> ItemInfo:
         """Record a child before dispatching it."""
-        args = _parse(
-            schemas.RegisterItem,
+        spec = ItemSpec(
             kind=kind,
             noun=noun,
             noun_plural=noun_plural,
@@ -180,12 +180,16 @@ class LocalRuntime:
             idempotency_key=idempotency_key,
             detail=detail,
         )
-        task = self._task(task_id)
+        return self.register_spec(task_id, spec)
 
+    def register_spec(self, task_id: int, spec: ItemSpec, *, request_key: str | None = None) -> ItemInfo:
+        """`register`, with the item as one value (`stopdesk.client.ItemSpec`)."""
+        args = _parse(schemas.RegisterItem, **spec.to_json())
+        task = self._task(task_id)
         if args.parent is not None and not WorkItem.objects.filter(pk=args.parent, task=task).exists():
             raise InvalidRequest("parent must be an item of the same task.", field="parent")
         with ledger_errors():
-            item = item_register(task=task, actor=self.actor, **args.model_dump(exclude={"detail"}), detail=args.detail)
+            item = item_register(task=task, actor=self.actor, spec=args.spec())
         return item_info(item)
 
     def get_item(self, item_id: int) -> ItemInfo:
@@ -379,16 +383,26 @@ class LocalRuntime:
 
     # The calls a framework run makes most, each one round trip (see the module docstring).
     def register_started(
-        self, task_id: int, *, submit_key: str = "", worker: str | None = None, **register: Any
+        self,
+        task_id: int,
+        *,
+        submit_key: str = "",
+        worker: str | None = None,
+        lease_seconds: int | None = None,
+        **register: Any,
     ) -> int:
+        """`register`, then the boundary (start, or submit with `submit_key`); the item's fields
+        as `register` takes them."""
+        spec = ItemSpec(**register)
         try:
             item_id = item_register_started(
                 task_id=_id(task_id, "task"),
                 runtime_id=self.runtime.pk if self.runtime is not None else None,  # scoped: another's is NotFound
                 actor=self.actor,
                 worker=self.worker if worker is None else worker,
+                lease_seconds=lease_seconds,
                 submit_key=submit_key,
-                **register,
+                spec=spec,
             )
         except TaskStopped as exc:
             raise StopRequested(str(exc), task=task_id, item=exc.item_id, state=ItemState.CANCELLED) from exc
