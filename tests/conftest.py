@@ -103,7 +103,7 @@ def django_db_setup(django_db_setup):  # type: ignore[no-untyped-def]
     """pytest-django's, plus: close the stop listeners', watch threads' and framework runs' threads'
     connections before the test database is dropped (they live in threads that outlast the tests)."""
     yield
-    from stopdesk.agent.frameworks.core import close_connections as close_run_connections
+    from stopdesk.agent.frameworks.lanes import close_connections as close_run_connections
     from stopdesk.push.hub import stop_hub_close
     from stopdesk.push.watch import close_connections
 

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from stopdesk.agent.frameworks.core import StopdeskRun, close_connections
+from stopdesk.agent.frameworks.core import StopdeskRun
+from stopdesk.agent.frameworks.lanes import close_connections
 from stopdesk.agent.runtime import LocalRuntime
 from stopdesk.models import WorkItem
 from stopdesk.states import ItemState as S

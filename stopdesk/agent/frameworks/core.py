@@ -32,7 +32,7 @@ made before it, and the run's end waits, so a run that returned is on disk whole
 `runtime` is anything with the runtime methods: `stopdesk.client.AsyncClient` (awaited), or the
 in-process `LocalRuntime` / the sync `Client` (run on the process's stopdesk threads: "lanes",
 shared by the runs, whose database connections last from run to run as Django's do;
-`close_connections` closes them through the runtime's `thread_close`).
+`lanes.close_connections` closes them through the runtime's `thread_close`).
 """
 
 from __future__ import annotations
@@ -43,13 +43,11 @@ import contextvars
 import inspect
 import json
 import logging
-import os
-import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from stopdesk.agent.frameworks import lanes
 from stopdesk.agent.frameworks.declare import UNDECLARED, ToolDeclaration
 from stopdesk.protocol.errors import StopRequested
 
@@ -522,15 +520,12 @@ class StopdeskRun:
         fn = getattr(self.runtime, method)
         if inspect.iscoroutinefunction(fn):
             return await fn(*args, **kwargs)
-        pool = _lane(lane)
+        pool = lanes.lane(lane, self.runtime)
         prepare = getattr(self.runtime, "thread_prepare", None)
-        closer = getattr(self.runtime, "thread_close", None)
-        if closer is not None:
-            _closers.add(closer)
         for attempt in range(DEADLOCK_RETRIES + 1):
             try:
                 return await asyncio.get_running_loop().run_in_executor(
-                    pool, lambda: _in_lane(fn, prepare, lane != "results", args, kwargs)
+                    pool, lambda: lanes.in_lane(fn, prepare, lane != "results", args, kwargs)
                 )
             except Exception as exc:
                 # PostgreSQL chose this write as a deadlock victim and rolled it back whole; the
@@ -566,71 +561,6 @@ class _Draft:
 RUN_STOPPED = "stopped before it finished"
 USED_AFTER_REFUSAL = "the answer came back before Stop was known here, and the agent used it"
 DEADLOCK_RETRIES = 3
-# The process's, shared by its runs: a thread (and its connection) starts only when the others are
-# busy. "writes" is the boundary's, with room for parallel tool calls and several runs at once.
-LANE_THREADS = {"writes": 8, "results": 4, "watch": 2}
-
-_lanes: dict[str, ThreadPoolExecutor] = {}
-_lanes_lock = threading.Lock()
-# What closes a lane thread's resources: the runtimes' `thread_close` (the in-process runtime's
-# closes the thread's database connections), gathered from the runtimes the lanes served.
-_closers: set[Callable[[], None]] = set()
-
-
-def _lane(name: str) -> ThreadPoolExecutor:
-    with _lanes_lock:
-        pool = _lanes.get(name)
-        if pool is None:
-            pool = _lanes[name] = ThreadPoolExecutor(LANE_THREADS[name], thread_name_prefix=f"stopdesk-{name}")
-        return pool
-
-
-def _in_lane(
-    fn: Callable[..., Any],
-    prepare: Callable[[bool], None] | None,
-    wait_for_flush: bool,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-) -> Any:
-    # These threads see no requests: the runtime checks their connection (`thread_prepare`), as
-    # Django checks one per request.
-    if prepare is not None:
-        prepare(wait_for_flush)
-    return fn(*args, **kwargs)
-
-
-def close_connections() -> None:
-    """Close the database connections of the stopdesk threads and end them (a program done with
-    stopdesk, or tests before dropping their database); the next run starts new ones."""
-    with _lanes_lock:
-        pools = list(_lanes.items())
-        _lanes.clear()
-    for name, pool in pools:
-        threads = LANE_THREADS[name]
-        barrier = threading.Barrier(threads)
-        jobs = [pool.submit(_close_db_connection, barrier) for _ in range(threads)]
-        for job in jobs:
-            with contextlib.suppress(Exception):
-                job.result(timeout=10)
-        pool.shutdown(wait=True)
-
-
-def _close_db_connection(barrier: threading.Barrier) -> None:
-    # Every thread of the pool waits here, so each one takes exactly one of these jobs.
-    with contextlib.suppress(threading.BrokenBarrierError):
-        barrier.wait(timeout=5)
-    for closer in list(_closers):
-        closer()
-
-
-def _forget_lanes() -> None:
-    # A forked child has none of the parent's threads: it starts its own.
-    global _lanes_lock
-    _lanes.clear()
-    _lanes_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_lanes)
 
 
 def current_run() -> StopdeskRun:

@@ -453,7 +453,7 @@ class LocalRuntime:
     @staticmethod
     def thread_close() -> None:
         """Close this thread's database connections (a framework run's threads, when the program
-        is done with them: `stopdesk.agent.frameworks.core.close_connections`)."""
+        is done with them: `stopdesk.agent.frameworks.lanes.close_connections`)."""
         connections.close_all()
 
     def thread_prepare(self, wait_for_flush: bool) -> None:
