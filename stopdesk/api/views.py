@@ -18,8 +18,8 @@ from django.views.decorators.csrf import csrf_exempt
 
 from stopdesk.agent import schemas
 from stopdesk.agent.runtime import LocalRuntime
+from stopdesk.agent.runtime.errors import ledger_errors
 from stopdesk.agent.runtime.info import task_info
-from stopdesk.agent.runtime.local import ledger_errors
 from stopdesk.api.auth import authenticate
 from stopdesk.api.errors import error_response, server_error
 from stopdesk.api.idempotency import once, once_transition

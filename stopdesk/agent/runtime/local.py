@@ -32,11 +32,8 @@ The calls a framework run makes most, each one round trip:
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import threading
-from collections.abc import Callable, Iterator
-from datetime import datetime
+from collections.abc import Callable
 from typing import Any, Literal
 
 from django.db import connections
@@ -45,7 +42,9 @@ from pydantic import BaseModel
 
 from reconcile.services.launched import response_launched_record
 from stopdesk.agent import schemas
+from stopdesk.agent.runtime.errors import ledger_errors
 from stopdesk.agent.runtime.info import item_info, record_info, stop_info, task_info
+from stopdesk.agent.runtime.watch import LocalStopWatch
 from stopdesk.models import Runtime, Task, WorkItem
 from stopdesk.protocol.action import ExternalAction
 from stopdesk.protocol.errors import Conflict, InvalidRequest, NotFound, StopRequested
@@ -56,20 +55,13 @@ from stopdesk.protocol.types import (
     ItemInfo,
     RecordInfo,
     StopInfo,
-    StopWatchInfo,
     TaskDetail,
     TaskInfo,
 )
-from stopdesk.push.hub import stop_hub
 from stopdesk.services.closing import task_close
 from stopdesk.services.errors import (
-    DeclarationRefused,
-    HandleConflict,
-    IllegalTransition,
     TaskClosed,
     TaskStopped,
-    ToolNotReady,
-    UnknownMechanism,
 )
 from stopdesk.services.items import (
     item_attach_record,
@@ -507,45 +499,6 @@ class LocalRuntime:
         return item_info(item)
 
 
-class LocalStopWatch:
-    """`Client.watch_stop`'s handle, in-process: set by push when the task's Stop commits."""
-
-    def __init__(self, task_id: int) -> None:
-        self.task_id = task_id
-        self.info: StopWatchInfo | None = None
-        self.error: Exception | None = None
-        self._stopped = threading.Event()
-        self._lock = threading.Lock()
-        self._callbacks: list[Callable[[], None]] = []
-        self._unwatch = stop_hub().watch_checked(task_id, self._set)
-
-    def _set(self, task_id: int, requested_at: datetime | None) -> None:
-        self.info = StopWatchInfo(task_id, True, requested_at)
-        with self._lock:
-            self._stopped.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback()
-
-    def on_set(self, callback: Callable[[], None]) -> None:
-        """Call `callback` once, from the thread that sets the handle (at once if it is set): an
-        event loop awaits Stop with it instead of looking."""
-        with self._lock:
-            if not self._stopped.is_set():
-                self._callbacks.append(callback)
-                return
-        callback()
-
-    def is_set(self) -> bool:
-        return self._stopped.is_set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return self._stopped.wait(timeout)
-
-    def cancel(self) -> None:
-        self._unwatch()
-
-
 def _dispatch_or_log(item_ids: list[int]) -> None:
     """Queue the cancellation jobs after Stop commits. If the broker is down, the stop still stands
     and the runtime is told so: the items carry cancel_requested_at and a due next_check_at, and the
@@ -566,24 +519,3 @@ def _id(value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= schemas.MAX_ID:
         raise NotFound(f"No {what} {value}.")
     return value
-
-
-@contextlib.contextmanager
-def ledger_errors() -> Iterator[None]:
-    """Translate the services' refusals into the errors both doors raise."""
-    try:
-        yield
-    except TaskStopped as exc:
-        raise StopRequested(str(exc), task=exc.task_id, item=exc.item_id) from exc
-    except TaskClosed as exc:
-        raise ClientTaskClosed(str(exc), task=exc.extra.get("task")) from exc
-    except IllegalTransition as exc:
-        raise Conflict(str(exc), state=exc.current, item=exc.item_id) from exc
-    except ToolNotReady as exc:
-        raise InvalidRequest(str(exc), code=exc.code, field="mechanism", tool=exc.tool, missing=exc.missing) from exc
-    except UnknownMechanism as exc:
-        raise InvalidRequest(str(exc), code=exc.code, field="mechanism") from exc
-    except HandleConflict as exc:
-        raise Conflict(str(exc), code=exc.code, field="handle", item=exc.item_id, handle=exc.handle) from exc
-    except DeclarationRefused as exc:
-        raise InvalidRequest(str(exc), code=exc.code, field=exc.field) from exc
