@@ -35,8 +35,8 @@ def run() -> list[Figure]:
     from django.test.utils import override_settings
 
     from stopdesk.agent.runtime import LocalRuntime
-    from stopdesk.api.tokens import runtime_create
     from stopdesk.client import Client
+    from stopdesk.services.runtimes import runtime_create
 
     runtime, token = runtime_create(name=f"bench-{os.getpid()}-{time.time_ns()}", actor="bench")
     connections.close_all()

@@ -165,7 +165,7 @@ class _Counted:
 
 
 def run() -> list[Figure]:
-    from stopdesk.agent.frameworks.local import FrameworkRuntime
+    from stopdesk.agent.runtime import LocalRuntime
     from stopdesk.models import WorkItem
     from stopdrill.sandbox.openai_standin import OpenAIStandin
     from stopdrill.sandbox.server import BackgroundServer
@@ -173,7 +173,7 @@ def run() -> list[Figure]:
     party = OpenAIStandin()
     model = party.load_script(_script())
     options: dict[str, Any] = {"actor": "agent:bench", "dispatch": lambda ids: None}
-    runtime = FrameworkRuntime(**options)
+    runtime = LocalRuntime(**options)
     figures = []
     with BackgroundServer(party.app, name="openai") as server:
         base_url = server.url + "/v1"
@@ -199,7 +199,7 @@ def run() -> list[Figure]:
             figures.append(Figure(f"integration.run_s.{name}", statistics.median(recorded), "s"))
             counted = _Counted()
             task = runtime.create_task(f"bench {name} counted")
-            asyncio.run(agent(base_url, model, counted.runtime(FrameworkRuntime)(**options), task.id))
+            asyncio.run(agent(base_url, model, counted.runtime(LocalRuntime)(**options), task.id))
             assert counted.calls["register_started:local_worker"] == TOOL_CALLS, counted.calls
             path = counted.by_method["register_started:local_worker"] / TOOL_CALLS
             figures.append(Figure(f"integration.boundary_queries_per_tool_call.{name}", path, "queries", target=1))

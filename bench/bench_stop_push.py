@@ -42,7 +42,7 @@ NO_DISPATCH: dict[str, Any] = {"dispatch": lambda ids: None}
 def run() -> list[Figure]:
     from django.db import connections
 
-    from stopdesk.api.tokens import runtime_create
+    from stopdesk.services.runtimes import runtime_create
 
     runtime, token = runtime_create(name=f"bench-push-{os.getpid()}-{time.time_ns()}", actor="bench")
     figures: list[Figure] = []
@@ -62,8 +62,8 @@ def run() -> list[Figure]:
         Figure("stop.watch_idle_queries_per_s.http", idle_http, "queries/s"),
         Figure("stop.watch_idle_queries_per_s.polling_0_5s", idle_polling, "queries/s"),
     ]
-    from stopdesk.api.watch import close_connections
-    from stopdesk.services.stop_watch import stop_hub_close
+    from stopdesk.push.hub import stop_hub_close
+    from stopdesk.push.watch import close_connections
 
     stop_hub_close()  # before the scratch database is dropped under its listener
     close_connections()

@@ -9,9 +9,9 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from stopdesk.api.tokens import runtime_revoke, runtime_rotate
 from stopdesk.models import Runtime
 from stopdesk.services.events import actor_for
+from stopdesk.services.runtimes import runtime_revoke, runtime_rotate
 
 
 class RuntimeAdmin(admin.ModelAdmin):  # type: ignore[type-arg]

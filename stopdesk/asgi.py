@@ -1,5 +1,5 @@
 """The ASGI application. Production serves the stop watch endpoint with it (uvicorn, `python -m
-stopdesk watch`). That path goes to a plain ASGI handler (`stopdesk.api.watch.asgi_watch`), outside
+stopdesk watch`). That path goes to a plain ASGI handler (`stopdesk.push.watch.asgi_watch`), outside
 Django's request cycle, which keeps a thread for every request in flight: a waiting watcher is then
 only a future on the event loop. Every other path is Django's."""
 
@@ -13,7 +13,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "stopdesk.settings")
 
 django_application = get_asgi_application()
 
-from stopdesk.api.watch import asgi_watch  # noqa: E402 - needs the apps loaded above
+from stopdesk.push.watch import asgi_watch  # noqa: E402 - needs the apps loaded above
 
 WATCH = re.compile(r"^/api/v1/tasks/([^/]+)/stop/watch/?$")
 

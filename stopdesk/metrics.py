@@ -22,12 +22,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from stopdesk.api.auth import bearer_token
 from stopdesk.api.errors import error_response
-from stopdesk.client.errors import Unauthorized
 from stopdesk.notify.models import Heartbeat
 from stopdesk.notify.selectors import UNSEALED_CAP, age_seconds, audit_backlog, review_queue_facts
 from stopdesk.notify.tally import SETTLE_BUCKETS, TALLY
+from stopdesk.protocol.errors import Unauthorized
+from stopdesk.services.runtimes import bearer_token
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 HEARTBEATS = ("beat", "worker", "reconcile_sweep", TALLY)

@@ -126,9 +126,9 @@ def django_db_setup(django_db_setup):  # type: ignore[no-untyped-def]
     """pytest-django's, plus: close the stop listeners', watch threads' and framework runs' threads'
     connections before the test database is dropped (they live in threads that outlast the tests)."""
     yield
-    from stopdesk.agent.frameworks.core import close_connections as close_run_connections
-    from stopdesk.api.watch import close_connections
-    from stopdesk.services.stop_watch import stop_hub_close
+    from stopdesk.agent.frameworks.lanes import close_connections as close_run_connections
+    from stopdesk.push.hub import stop_hub_close
+    from stopdesk.push.watch import close_connections
 
     stop_hub_close()
     close_connections()

@@ -30,10 +30,11 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from stopdesk.client.errors import StopRequested
+from stopdesk.protocol.errors import StopRequested
+from stopdesk.push.hub import stop_hub
 from stopdesk.services.errors import IllegalTransition, TaskStopped
 from stopdesk.services.items import item_finish, item_heartbeat, item_record_detail, item_task_id
-from stopdesk.services.stop_watch import stop_hub, stopped_among
+from stopdesk.services.stop_notify import stopped_among
 from stopdesk.services.transitions import item_start, item_submit, item_transition
 from stopdesk.states import ItemState
 

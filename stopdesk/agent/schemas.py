@@ -11,11 +11,12 @@ from django.core.validators import URLValidator
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 from pydantic import ValidationError as PydanticValidationError
 
-from stopdesk.client.errors import InvalidRequest
+from stopdesk.protocol.errors import InvalidRequest
+from stopdesk.protocol.ids import MAX_ID
+from stopdesk.protocol.spec import ITEM_FIELDS, ItemSpec
 from stopdesk.record_ids import record_id_problem
 from stopdesk.states import Effect, Kind
 
-MAX_ID = 2**63 - 1
 MAX_JSON_DEPTH = 16
 MAX_LAUNCHED_CALLS = 200
 
@@ -118,6 +119,10 @@ class RegisterItem(Body):
     idempotency_key: Text(200) = ""  # type: ignore[valid-type]
     detail: JsonObject | None = None
 
+    def spec(self) -> ItemSpec:
+        """The validated registration, as it travels on (`stopdesk.protocol.spec`)."""
+        return ItemSpec(**self.model_dump(include=set(ITEM_FIELDS)))
+
 
 class Start(Body):
     worker: Text(200) = ""  # type: ignore[valid-type]
@@ -176,7 +181,7 @@ class CloseTask(Body):
     reason: Text(2000) = ""  # type: ignore[valid-type]
 
 
-# The calls a framework run makes most (stopdesk.agent.frameworks.local.FrameworkRuntime), over HTTP.
+# The calls a framework run makes most (stopdesk.agent.runtime.LocalRuntime), over HTTP.
 
 
 class RegisterStarted(RegisterItem):

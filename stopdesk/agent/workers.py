@@ -25,8 +25,9 @@ from celery import Task as CeleryTask
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 
-from stopdesk.client.errors import StopRequested
 from stopdesk.models import Task, WorkItem
+from stopdesk.protocol.errors import StopRequested
+from stopdesk.push.hub import stop_hub
 from stopdesk.services.errors import IllegalTransition
 from stopdesk.services.items import (
     item_finish,
@@ -36,7 +37,6 @@ from stopdesk.services.items import (
     item_task_id,
     stop_requested,
 )
-from stopdesk.services.stop_watch import stop_hub
 from stopdesk.services.transitions import item_start
 from stopdesk.states import Kind
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.http import HttpRequest, JsonResponse
 
-from stopdesk.client.errors import MethodNotAllowed, NotFound, StopdeskError, Unauthorized
+from stopdesk.protocol.errors import MethodNotAllowed, NotFound, StopdeskError, Unauthorized
 
 
 def error_response(exc: StopdeskError) -> JsonResponse:

@@ -8,9 +8,9 @@ from typing import Any
 from django.http import HttpRequest, JsonResponse
 from pydantic import TypeAdapter
 
-from stopdesk.api import watch
 from stopdesk.api.views import OPERATIONS
-from stopdesk.client import types
+from stopdesk.protocol import types
+from stopdesk.push import watch
 
 REF = "#/components/schemas/{model}"
 ANSWERS = (

@@ -3,8 +3,8 @@ from django.urls import path, re_path
 from stopdesk.api.errors import unknown_path
 from stopdesk.api.openapi import openapi_json
 from stopdesk.api.views import OPERATIONS
-from stopdesk.api.watch import PATH as WATCH_PATH
-from stopdesk.api.watch import watch_stop
+from stopdesk.push.watch import PATH as WATCH_PATH
+from stopdesk.push.watch import watch_stop
 
 app_name = "api"
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import wraps
@@ -18,28 +17,29 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from stopdesk.agent import schemas
-from stopdesk.agent.frameworks.local import FrameworkRuntime
-from stopdesk.agent.runtime import LocalRuntime, _ledger_errors, task_info
+from stopdesk.agent.runtime import LocalRuntime
+from stopdesk.agent.runtime.errors import ledger_errors
+from stopdesk.agent.runtime.info import task_info
 from stopdesk.api.auth import authenticate
 from stopdesk.api.errors import error_response, server_error
-from stopdesk.client.errors import (
+from stopdesk.api.idempotency import once, once_transition
+from stopdesk.models import WorkItem
+from stopdesk.protocol.errors import (
     InvalidRequest,
     MalformedRequest,
     MethodNotAllowed,
-    NotFound,
     PayloadTooLarge,
     StopdeskError,
     StopRequested,
 )
-from stopdesk.client.types import LaunchedInfo, ResultInfo, StartedInfo
-from stopdesk.models import WorkItem
+from stopdesk.protocol.ids import path_id
+from stopdesk.protocol.types import ItemInfo, LaunchedInfo, RecordInfo, ResultInfo, StartedInfo, TaskInfo
 from stopdesk.tracing import server_span, span_event
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024
 API_ROUTE = "/api/v1"
-_ID = re.compile(r"[1-9][0-9]{0,18}")
 
 
 @dataclass(frozen=True)
@@ -130,10 +130,10 @@ def _serve(
     if request.method != method:
         raise MethodNotAllowed(f"Use {method} here.", allow=[method])
     runtime = authenticate(request)
-    ids = {name: _path_id(value, name) for name, value in path_ids.items()}
+    ids = {name: path_id(value, name) for name, value in path_ids.items()}
     key = _request_key(request) if replayable else None
     args = body.parse(_read_json(request)) if body is not None else None
-    sd = FrameworkRuntime(runtime=runtime)
+    sd = LocalRuntime(runtime=runtime)
     if not atomic:
         return JsonResponse(fn(sd, args, key, **ids).to_json(), status=status)
     for attempt in (1, 2):
@@ -156,13 +156,6 @@ def _serve(
         span_event("stopdesk.boundary_refused", facts)
         raise refused
     return JsonResponse(result.to_json(), status=status)
-
-
-def _path_id(value: str, name: str) -> int:
-    # Ids outside bigint would fail inside PostgreSQL; they cannot exist, so they are unknown.
-    if not _ID.fullmatch(value) or int(value) > schemas.MAX_ID:
-        raise NotFound(f"No {name.removesuffix('_id')} {value}.")
-    return int(value)
 
 
 def _request_key(request: HttpRequest) -> str | None:
@@ -199,13 +192,13 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-# Endpoints: (runtime, validated body, Idempotency-Key, path ids) -> an answer from stopdesk.client.types.
+# Endpoints: (runtime, validated body, Idempotency-Key, path ids) -> an answer from stopdesk.protocol.types.
 
 
 @endpoint("POST", "/tasks", body=schemas.CreateTask, returns="TaskInfo", status=201)
 def create_task(sd: LocalRuntime, args: schemas.CreateTask, key: str | None) -> Any:
     """Create a task owned by this runtime."""
-    return sd.create_task(args.title, request_key=key)
+    return once(sd.runtime, key, "create_task", TaskInfo, lambda: sd.create_task(args.title), args)
 
 
 @endpoint("GET", "/tasks/{task_id}", returns="TaskDetail")
@@ -218,7 +211,7 @@ def get_task(sd: LocalRuntime, args: None, key: None, task_id: int) -> Any:
 def register(sd: LocalRuntime, args: schemas.RegisterItem, key: str | None, task_id: int) -> Any:
     """Register a work item before dispatching it. Allowed after Stop, but such an item can never start. A closed
     task takes no new work: 409 task_closed, and nothing is written."""
-    return sd.register(task_id, **args.model_dump(), request_key=key)
+    return once(sd.runtime, key, f"register:{task_id}", ItemInfo, lambda: sd.register_spec(task_id, args.spec()), args)
 
 
 # Stop keeps its own transactions: the request commits first (so it is durable at once), then the
@@ -247,7 +240,14 @@ def get_item(sd: LocalRuntime, args: None, key: None, item_id: int) -> Any:
 def start(sd: LocalRuntime, args: schemas.Start, key: str | None, item_id: int) -> Any:
     """The boundary before starting queued work: 409 task_stopped once Stop was requested (the item is then
     cancelled); 409 illegal_transition naming the state if the item is not queued."""
-    return sd.start(item_id, worker=args.worker, lease_seconds=args.lease_seconds, request_key=key)
+    return once_transition(
+        sd.runtime,
+        key,
+        f"start:{item_id}",
+        ItemInfo,
+        lambda: sd.start(item_id, worker=args.worker, lease_seconds=args.lease_seconds),
+        args,
+    )
 
 
 @endpoint(
@@ -267,12 +267,15 @@ def heartbeat(sd: LocalRuntime, args: schemas.Heartbeat, key: None, item_id: int
 def submit(sd: LocalRuntime, args: schemas.Submit, key: str | None, item_id: int) -> Any:
     """The boundary before an external action, recording its idempotency key before the call goes out
     (from queued, or from running before the item's first submission)."""
-    return sd.submit(
-        item_id,
-        idempotency_key=args.idempotency_key,
-        worker=args.worker,
-        lease_seconds=args.lease_seconds,
-        request_key=key,
+    return once_transition(
+        sd.runtime,
+        key,
+        f"submit:{item_id}",
+        ItemInfo,
+        lambda: sd.submit(
+            item_id, idempotency_key=args.idempotency_key, worker=args.worker, lease_seconds=args.lease_seconds
+        ),
+        args,
     )
 
 
@@ -282,7 +285,14 @@ def record_handle(sd: LocalRuntime, args: schemas.RecordHandle, key: str | None,
     so Stop can cancel it through its mechanism. Only for an item that passed the boundary (409 illegal_transition
     otherwise); one handle per item (409 handle_conflict for another; the same one again is a no-op). After Stop
     it is still recorded, and an item whose cancel was requested is checked again at once."""
-    return sd.record_handle(item_id, handle=args.handle, detail=args.detail, request_key=key)
+    return once(
+        sd.runtime,
+        key,
+        f"record_handle:{item_id}",
+        ItemInfo,
+        lambda: sd.record_handle(item_id, handle=args.handle, detail=args.detail),
+        args,
+    )
 
 
 @endpoint(
@@ -291,29 +301,50 @@ def record_handle(sd: LocalRuntime, args: schemas.RecordHandle, key: str | None,
 def attach_record(sd: LocalRuntime, args: schemas.AttachRecord, key: str | None, item_id: int) -> Any:
     """Attach an external record (system, record id, version, effect, reversibility, link) to an item that
     passed the boundary. Attaching the same record again updates its version."""
-    return sd.attach_record(item_id, **args.model_dump(), request_key=key)
+    return once(
+        sd.runtime,
+        key,
+        f"attach_record:{item_id}",
+        RecordInfo,
+        lambda: sd.attach_record(item_id, **args.model_dump()),
+        args,
+    )
 
 
 @endpoint("POST", "/items/{item_id}/finish", body=schemas.Finish, returns="ItemInfo", conflicts=True)
 def finish(sd: LocalRuntime, args: schemas.Finish, key: str | None, item_id: int) -> Any:
     """Report completed or failed. A result for an item Stop already settled is kept as a late result (an event,
     and the item flagged for review), never written over the recorded outcome."""
-    return sd.finish(item_id, status=args.status, detail=args.detail, evidence=args.evidence, request_key=key)
+    return once(
+        sd.runtime,
+        key,
+        f"finish:{item_id}",
+        ItemInfo,
+        lambda: sd.finish(item_id, status=args.status, detail=args.detail, evidence=args.evidence),
+        args,
+    )
 
 
 @endpoint("POST", "/items/{item_id}/uncertain", body=schemas.MarkUncertain, returns="ItemInfo", conflicts=True)
 def mark_uncertain(sd: LocalRuntime, args: schemas.MarkUncertain, key: str | None, item_id: int) -> Any:
     """The external call's outcome is unknown: uncertain, with an investigate-by deadline and a review."""
-    return sd.mark_uncertain(item_id, detail=args.detail, evidence=args.evidence, request_key=key)
+    return once(
+        sd.runtime,
+        key,
+        f"mark_uncertain:{item_id}",
+        ItemInfo,
+        lambda: sd.mark_uncertain(item_id, detail=args.detail, evidence=args.evidence),
+        args,
+    )
 
 
 @endpoint("POST", "/items/{item_id}/cancel", body=schemas.Cancel, returns="ItemInfo", conflicts=True)
 def cancel(sd: LocalRuntime, args: schemas.Cancel, key: str | None, item_id: int) -> Any:
     """The worker stopped between steps (after a heartbeat said Stop), or a queued item will not be dispatched."""
-    return sd.cancel(item_id, detail=args.detail, request_key=key)
+    return once(sd.runtime, key, f"cancel:{item_id}", ItemInfo, lambda: sd.cancel(item_id, detail=args.detail), args)
 
 
-# The calls a framework run makes most, each one request (see stopdesk.agent.frameworks.local).
+# The calls a framework run makes most, each one request (see stopdesk.agent.runtime.local).
 
 
 @endpoint(
@@ -324,7 +355,7 @@ def cancel(sd: LocalRuntime, args: schemas.Cancel, key: str | None, item_id: int
     status=201,
     conflicts=True,
 )
-def register_started(sd: FrameworkRuntime, args: schemas.RegisterStarted, key: str | None, task_id: int) -> Any:
+def register_started(sd: LocalRuntime, args: schemas.RegisterStarted, key: str | None, task_id: int) -> Any:
     """Register a work item and pass the boundary in one request: started, or submitted with `submit_key` (an
     external action). For work that starts the moment it is known (a framework's tool call or model request).
     After Stop: 409 task_stopped naming the item, which is recorded, cancelled. On a closed task: 409 task_closed,
@@ -334,16 +365,16 @@ def register_started(sd: FrameworkRuntime, args: schemas.RegisterStarted, key: s
         raise InvalidRequest("parent must be an item of the same task.", field="parent")
 
     def produce() -> StartedInfo:
-        with _ledger_errors():
+        with ledger_errors():
             return StartedInfo(id=sd.register_started(task_id, **fields), task=task_id)
 
-    return sd._once(key, f"register_started:{task_id}", StartedInfo, produce, args)
+    return once(sd.runtime, key, f"register_started:{task_id}", StartedInfo, produce, args)
 
 
 @endpoint(
     "POST", "/items/{item_id}/result", body=schemas.FinishFast, returns="ResultInfo", conflicts=True, replayable=False
 )
-def finish_fast(sd: FrameworkRuntime, args: schemas.FinishFast, key: None, item_id: int) -> Any:
+def finish_fast(sd: LocalRuntime, args: schemas.FinishFast, key: None, item_id: int) -> Any:
     """Report completed or failed without reading the item back: a running item's result in one statement; any
     other case as `finish` (a result for an item Stop settled is a late result). Safe to repeat: the same result
     again changes nothing."""
@@ -352,7 +383,7 @@ def finish_fast(sd: FrameworkRuntime, args: schemas.FinishFast, key: None, item_
 
 
 @endpoint("POST", "/items/{item_id}/stopped", body=schemas.ReportStopped, returns="ItemInfo", replayable=False)
-def report_stopped(sd: FrameworkRuntime, args: schemas.ReportStopped, key: None, item_id: int) -> Any:
+def report_stopped(sd: LocalRuntime, args: schemas.ReportStopped, key: None, item_id: int) -> Any:
     """The work stopped because of Stop: cancelled, also when Stop's job already left it awaiting this report (a
     "manual" item) or uncertain; an item recorded otherwise keeps its outcome and this becomes a late result. Safe
     to repeat."""
@@ -361,7 +392,7 @@ def report_stopped(sd: FrameworkRuntime, args: schemas.ReportStopped, key: None,
 
 
 @endpoint("POST", "/items/{item_id}/launched", body=schemas.RecordLaunched, returns="LaunchedInfo", replayable=False)
-def record_launched(sd: FrameworkRuntime, args: schemas.RecordLaunched, key: None, item_id: int) -> Any:
+def record_launched(sd: LocalRuntime, args: schemas.RecordLaunched, key: None, item_id: int) -> Any:
     """Tool calls a model response ran itself (hosted MCP calls, code interpreter, searches), recorded as children
     of the response's item, each call id once: started when the response was, then completed or failed as the
     provider reports, settled if read-only, otherwise uncertain with an investigate-by deadline. Safe to repeat: a
@@ -371,7 +402,7 @@ def record_launched(sd: FrameworkRuntime, args: schemas.RecordLaunched, key: Non
 
 
 @endpoint("POST", "/tasks/{task_id}/settle", body=schemas.SettleCheck, returns="TaskInfo", replayable=False)
-def task_settle_check(sd: FrameworkRuntime, args: schemas.SettleCheck, key: None, task_id: int) -> Any:
+def task_settle_check(sd: LocalRuntime, args: schemas.SettleCheck, key: None, task_id: int) -> Any:
     """Settle the task now if every item has settled (for results sent with `open_item` that may have committed
     after the run's item settled). Safe to repeat."""
     sd.task_settle_check(task_id)

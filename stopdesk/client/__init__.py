@@ -16,9 +16,11 @@
 in-process. This package imports nothing from Django: it needs only httpx.
 """
 
-from stopdesk.client.action import AsyncExternalAction, ExternalAction
 from stopdesk.client.aio import AsyncClient
-from stopdesk.client.errors import (
+from stopdesk.client.sync import Client
+from stopdesk.client.watch import StopWatch
+from stopdesk.protocol.action import AsyncExternalAction, ExternalAction
+from stopdesk.protocol.errors import (
     Conflict,
     IdempotencyKeyReused,
     InvalidRequest,
@@ -30,9 +32,8 @@ from stopdesk.client.errors import (
     TaskClosed,
     Unauthorized,
 )
-from stopdesk.client.sync import Client
-from stopdesk.client.types import HeartbeatInfo, ItemInfo, RecordInfo, StopInfo, StopWatchInfo, TaskDetail, TaskInfo
-from stopdesk.client.watch import StopWatch
+from stopdesk.protocol.spec import ItemSpec
+from stopdesk.protocol.types import HeartbeatInfo, ItemInfo, RecordInfo, StopInfo, StopWatchInfo, TaskDetail, TaskInfo
 
 __all__ = [
     "AsyncClient",
@@ -44,6 +45,7 @@ __all__ = [
     "IdempotencyKeyReused",
     "InvalidRequest",
     "ItemInfo",
+    "ItemSpec",
     "NotFound",
     "PayloadTooLarge",
     "RecordInfo",

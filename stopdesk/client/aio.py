@@ -8,11 +8,13 @@ from typing import Any, Literal
 import httpx
 
 from stopdesk.client import calls
-from stopdesk.client.action import AsyncExternalAction
 from stopdesk.client.calls import Call
 from stopdesk.client.calls import record_launched as launched_call
 from stopdesk.client.transport import api_base, backoff, headers_for, read_answer, should_retry
-from stopdesk.client.types import (
+from stopdesk.client.watch import POLL_S, watch_stop_async
+from stopdesk.protocol.action import AsyncExternalAction
+from stopdesk.protocol.spec import ItemSpec
+from stopdesk.protocol.types import (
     HeartbeatInfo,
     ItemInfo,
     RecordInfo,
@@ -21,7 +23,6 @@ from stopdesk.client.types import (
     TaskDetail,
     TaskInfo,
 )
-from stopdesk.client.watch import POLL_S, watch_stop_async
 
 
 class AsyncClient:
@@ -80,6 +81,9 @@ class AsyncClient:
             await asyncio.sleep(backoff(attempt, self.backoff_seconds))
             attempt += 1
 
+    def _worker(self, worker: str | None) -> str:
+        return self.worker if worker is None else worker
+
     # Tasks
     async def create_task(self, title: str, *, request_key: str | None = None) -> TaskInfo:
         return await self._run(calls.create_task(title, request_key))
@@ -116,46 +120,47 @@ class AsyncClient:
         detail: dict[str, Any] | None = None,
         request_key: str | None = None,
     ) -> ItemInfo:
-        fields = {
-            "kind": kind,
-            "noun": noun,
-            "noun_plural": noun_plural,
-            "mechanism": mechanism,
-            "handle": handle,
-            "label": label,
-            "parent": parent,
-            "idempotency_key": idempotency_key,
-            "detail": detail,
-        }
-        return await self._run(calls.register(task_id, fields, request_key))
+        spec = ItemSpec(
+            kind=kind,
+            noun=noun,
+            noun_plural=noun_plural,
+            mechanism=mechanism,
+            handle=handle,
+            label=label,
+            parent=parent,
+            idempotency_key=idempotency_key,
+            detail=detail,
+        )
+        return await self._run(calls.register(task_id, spec, request_key))
+
+    async def register_spec(self, task_id: int, spec: ItemSpec, *, request_key: str | None = None) -> ItemInfo:
+        """`register`, with the item as one value (`stopdesk.client.ItemSpec`)."""
+        return await self._run(calls.register(task_id, spec, request_key))
 
     async def get_item(self, item_id: int) -> ItemInfo:
         return await self._run(calls.get_item(item_id))
 
     async def start(self, item_id: int, *, worker: str | None = None, lease_seconds: int | None = None) -> ItemInfo:
-        fields = {"worker": self.worker if worker is None else worker, "lease_seconds": lease_seconds}
-        return await self._run(calls.start(item_id, fields, None))
+        return await self._run(calls.start(item_id, worker=self._worker(worker), lease_seconds=lease_seconds))
 
     async def heartbeat(
         self, item_id: int, *, lease_seconds: int | None = None, raise_on_stop: bool = True
     ) -> HeartbeatInfo:
-        return await self._run(calls.heartbeat(item_id, {"lease_seconds": lease_seconds}, raise_on_stop))
+        return await self._run(calls.heartbeat(item_id, lease_seconds=lease_seconds, raise_on_stop=raise_on_stop))
 
     async def submit(
         self, item_id: int, *, idempotency_key: str, worker: str | None = None, lease_seconds: int | None = None
     ) -> ItemInfo:
-        fields = {
-            "idempotency_key": idempotency_key,
-            "worker": self.worker if worker is None else worker,
-            "lease_seconds": lease_seconds,
-        }
-        return await self._run(calls.submit(item_id, fields, None))
+        call = calls.submit(
+            item_id, idempotency_key=idempotency_key, worker=self._worker(worker), lease_seconds=lease_seconds
+        )
+        return await self._run(call)
 
     async def record_handle(
         self, item_id: int, *, handle: str, detail: dict[str, Any] | None = None, request_key: str | None = None
     ) -> ItemInfo:
         """Record the handle of work dispatched after registration, so Stop can cancel it."""
-        return await self._run(calls.record_handle(item_id, {"handle": handle, "detail": detail}, request_key))
+        return await self._run(calls.record_handle(item_id, handle=handle, detail=detail, key=request_key))
 
     async def attach_record(
         self,
@@ -189,18 +194,18 @@ class AsyncClient:
         detail: str = "",
         evidence: dict[str, Any] | None = None,
     ) -> ItemInfo:
-        return await self._run(calls.finish(item_id, {"status": status, "detail": detail, "evidence": evidence}, None))
+        return await self._run(calls.finish(item_id, status=status, detail=detail, evidence=evidence))
 
     async def mark_uncertain(
         self, item_id: int, *, detail: str = "", evidence: dict[str, Any] | None = None
     ) -> ItemInfo:
-        return await self._run(calls.mark_uncertain(item_id, {"detail": detail, "evidence": evidence}, None))
+        return await self._run(calls.mark_uncertain(item_id, detail=detail, evidence=evidence))
 
     async def cancel(self, item_id: int, *, detail: str = "") -> ItemInfo:
-        return await self._run(calls.cancel(item_id, {"detail": detail}, None))
+        return await self._run(calls.cancel(item_id, detail=detail))
 
     # The calls a framework run makes most (stopdesk.agent.frameworks.core), each one request, with
-    # the in-process FrameworkRuntime's names and arguments.
+    # the in-process LocalRuntime's names and arguments.
     async def register_started(
         self,
         task_id: int,
@@ -221,21 +226,26 @@ class AsyncClient:
     ) -> int:
         """Register a work item and pass the boundary (start, or submit with `submit_key`); returns
         its id. Raises StopRequested after Stop (the item is recorded, cancelled)."""
-        fields = {
-            "kind": kind,
-            "noun": noun,
-            "submit_key": submit_key,
-            "worker": self.worker if worker is None else worker,
-            "lease_seconds": lease_seconds,
-            "noun_plural": noun_plural,
-            "mechanism": mechanism,
-            "handle": handle,
-            "label": label,
-            "parent": parent,
-            "idempotency_key": idempotency_key,
-            "detail": detail,
-        }
-        return await self._run(calls.register_started(task_id, fields, request_key))
+        spec = ItemSpec(
+            kind=kind,
+            noun=noun,
+            noun_plural=noun_plural,
+            mechanism=mechanism,
+            handle=handle,
+            label=label,
+            parent=parent,
+            idempotency_key=idempotency_key,
+            detail=detail,
+        )
+        call = calls.register_started(
+            task_id,
+            spec,
+            submit_key=submit_key,
+            worker=self._worker(worker),
+            lease_seconds=lease_seconds,
+            key=request_key,
+        )
+        return await self._run(call)
 
     async def finish_fast(
         self,
@@ -247,12 +257,12 @@ class AsyncClient:
     ) -> None:
         """`finish` without reading the item back; `open_item` is the caller's own open item (its
         run), which keeps the task from settling meanwhile."""
-        await self._run(calls.finish_fast(item_id, {"status": status, "detail": detail, "open_item": open_item}))
+        await self._run(calls.finish_fast(item_id, status=status, detail=detail, open_item=open_item))
 
     async def report_stopped(self, item_id: int, *, detail: str = "") -> ItemInfo:
         """The work stopped because of Stop: cancelled, also when Stop's job already left it
         awaiting this report."""
-        return await self._run(calls.report_stopped(item_id, {"detail": detail}))
+        return await self._run(calls.report_stopped(item_id, detail=detail))
 
     async def record_launched(self, item_id: int, calls: list[dict[str, Any]]) -> list[int]:
         """Tool calls a model response ran itself, as children of its item, each call id once;

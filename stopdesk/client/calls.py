@@ -1,5 +1,6 @@
-"""One description per endpoint, shared by the sync and the async client: method, path, body, how
-to read the answer, and whether a retry is safe."""
+"""One description per call, shared by the sync and the async client: method, path, the body built
+from the method's arguments, how to read the answer, and whether a retry is safe. The two clients
+only differ in how they send a `Call` (`Client._run`, `AsyncClient._run`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from stopdesk.client.types import (
+from stopdesk.protocol.spec import ItemSpec
+from stopdesk.protocol.types import (
     HeartbeatInfo,
     ItemInfo,
     LaunchedInfo,
@@ -64,41 +66,47 @@ def get_item(item_id: int) -> Call[ItemInfo]:
     return Call("GET", f"/items/{int(item_id)}", None, ItemInfo.from_json, safe=True)
 
 
-def register(task_id: int, fields: dict[str, Any], key: str | None) -> Call[ItemInfo]:
-    return _post(f"/tasks/{int(task_id)}/items", fields, ItemInfo.from_json, key)
+def register(task_id: int, spec: ItemSpec, key: str | None) -> Call[ItemInfo]:
+    return _post(f"/tasks/{int(task_id)}/items", spec.to_json(), ItemInfo.from_json, key)
 
 
-def start(item_id: int, fields: dict[str, Any], key: str | None) -> Call[ItemInfo]:
-    return _post(f"/items/{int(item_id)}/start", fields, ItemInfo.from_json, key)
+def start(item_id: int, *, worker: str, lease_seconds: int | None) -> Call[ItemInfo]:
+    body = {"worker": worker, "lease_seconds": lease_seconds}
+    return _post(f"/items/{int(item_id)}/start", body, ItemInfo.from_json, None)
 
 
-def submit(item_id: int, fields: dict[str, Any], key: str | None) -> Call[ItemInfo]:
-    return _post(f"/items/{int(item_id)}/submit", fields, ItemInfo.from_json, key)
+def submit(item_id: int, *, idempotency_key: str, worker: str, lease_seconds: int | None) -> Call[ItemInfo]:
+    body = {"idempotency_key": idempotency_key, "worker": worker, "lease_seconds": lease_seconds}
+    return _post(f"/items/{int(item_id)}/submit", body, ItemInfo.from_json, None)
 
 
-def heartbeat(item_id: int, fields: dict[str, Any], raise_on_stop: bool) -> Call[HeartbeatInfo]:
-    call = _post(f"/items/{int(item_id)}/heartbeat", fields, HeartbeatInfo.from_json, None, keyed=False, safe=True)
+def heartbeat(item_id: int, *, lease_seconds: int | None, raise_on_stop: bool) -> Call[HeartbeatInfo]:
+    body = {"lease_seconds": lease_seconds}
+    call = _post(f"/items/{int(item_id)}/heartbeat", body, HeartbeatInfo.from_json, None, keyed=False, safe=True)
     return Call(call.method, call.path, call.body, call.parse, safe=True, raise_on_stop=raise_on_stop)
 
 
-def record_handle(item_id: int, fields: dict[str, Any], key: str | None) -> Call[ItemInfo]:
-    return _post(f"/items/{int(item_id)}/handle", fields, ItemInfo.from_json, key)
+def record_handle(item_id: int, *, handle: str, detail: dict[str, Any] | None, key: str | None) -> Call[ItemInfo]:
+    return _post(f"/items/{int(item_id)}/handle", {"handle": handle, "detail": detail}, ItemInfo.from_json, key)
 
 
 def attach_record(item_id: int, fields: dict[str, Any], key: str | None) -> Call[RecordInfo]:
+    # `fields`: the keywords of the clients' attach_record, as they were given.
     return _post(f"/items/{int(item_id)}/records", fields, RecordInfo.from_json, key)
 
 
-def finish(item_id: int, fields: dict[str, Any], key: str | None) -> Call[ItemInfo]:
-    return _post(f"/items/{int(item_id)}/finish", fields, ItemInfo.from_json, key)
+def finish(item_id: int, *, status: str, detail: str, evidence: dict[str, Any] | None) -> Call[ItemInfo]:
+    body = {"status": status, "detail": detail, "evidence": evidence}
+    return _post(f"/items/{int(item_id)}/finish", body, ItemInfo.from_json, None)
 
 
-def mark_uncertain(item_id: int, fields: dict[str, Any], key: str | None) -> Call[ItemInfo]:
-    return _post(f"/items/{int(item_id)}/uncertain", fields, ItemInfo.from_json, key)
+def mark_uncertain(item_id: int, *, detail: str, evidence: dict[str, Any] | None) -> Call[ItemInfo]:
+    body = {"detail": detail, "evidence": evidence}
+    return _post(f"/items/{int(item_id)}/uncertain", body, ItemInfo.from_json, None)
 
 
-def cancel(item_id: int, fields: dict[str, Any], key: str | None) -> Call[ItemInfo]:
-    return _post(f"/items/{int(item_id)}/cancel", fields, ItemInfo.from_json, key)
+def cancel(item_id: int, *, detail: str) -> Call[ItemInfo]:
+    return _post(f"/items/{int(item_id)}/cancel", {"detail": detail}, ItemInfo.from_json, None)
 
 
 def request_stop(task_id: int, reason: str) -> Call[StopInfo]:
@@ -116,16 +124,21 @@ def close_task(task_id: int, reason: str) -> Call[TaskInfo]:
 # recorded by its call id, a settle check, a read).
 
 
-def register_started(task_id: int, fields: dict[str, Any], key: str | None) -> Call[int]:
-    return _post(f"/tasks/{int(task_id)}/items/started", fields, lambda body: int(StartedInfo.from_json(body).id), key)
+def register_started(
+    task_id: int, spec: ItemSpec, *, submit_key: str, worker: str, lease_seconds: int | None, key: str | None
+) -> Call[int]:
+    body = {**spec.to_json(), "submit_key": submit_key, "worker": worker, "lease_seconds": lease_seconds}
+    path = f"/tasks/{int(task_id)}/items/started"
+    return _post(path, body, lambda answer: int(StartedInfo.from_json(answer).id), key)
 
 
-def finish_fast(item_id: int, fields: dict[str, Any]) -> Call[ResultInfo]:
-    return _post(f"/items/{int(item_id)}/result", fields, ResultInfo.from_json, None, keyed=False, safe=True)
+def finish_fast(item_id: int, *, status: str, detail: str, open_item: int | None) -> Call[ResultInfo]:
+    body = {"status": status, "detail": detail, "open_item": open_item}
+    return _post(f"/items/{int(item_id)}/result", body, ResultInfo.from_json, None, keyed=False, safe=True)
 
 
-def report_stopped(item_id: int, fields: dict[str, Any]) -> Call[ItemInfo]:
-    return _post(f"/items/{int(item_id)}/stopped", fields, ItemInfo.from_json, None, keyed=False, safe=True)
+def report_stopped(item_id: int, *, detail: str) -> Call[ItemInfo]:
+    return _post(f"/items/{int(item_id)}/stopped", {"detail": detail}, ItemInfo.from_json, None, keyed=False, safe=True)
 
 
 def record_launched(item_id: int, calls: list[dict[str, Any]]) -> Call[LaunchedInfo]:

@@ -8,12 +8,13 @@ from typing import Any, Literal
 import httpx
 
 from stopdesk.client import calls
-from stopdesk.client.action import ExternalAction
 from stopdesk.client.calls import Call
 from stopdesk.client.calls import record_launched as launched_call
 from stopdesk.client.transport import api_base, backoff, headers_for, read_answer, should_retry
-from stopdesk.client.types import HeartbeatInfo, ItemInfo, RecordInfo, StopInfo, TaskDetail, TaskInfo
 from stopdesk.client.watch import POLL_S, StopWatch
+from stopdesk.protocol.action import ExternalAction
+from stopdesk.protocol.spec import ItemSpec
+from stopdesk.protocol.types import HeartbeatInfo, ItemInfo, RecordInfo, StopInfo, TaskDetail, TaskInfo
 
 
 class Client:
@@ -72,6 +73,9 @@ class Client:
             time.sleep(backoff(attempt, self.backoff_seconds))
             attempt += 1
 
+    def _worker(self, worker: str | None) -> str:
+        return self.worker if worker is None else worker
+
     # Tasks
     def create_task(self, title: str, *, request_key: str | None = None) -> TaskInfo:
         return self._run(calls.create_task(title, request_key))
@@ -109,44 +113,45 @@ class Client:
         detail: dict[str, Any] | None = None,
         request_key: str | None = None,
     ) -> ItemInfo:
-        fields = {
-            "kind": kind,
-            "noun": noun,
-            "noun_plural": noun_plural,
-            "mechanism": mechanism,
-            "handle": handle,
-            "label": label,
-            "parent": parent,
-            "idempotency_key": idempotency_key,
-            "detail": detail,
-        }
-        return self._run(calls.register(task_id, fields, request_key))
+        spec = ItemSpec(
+            kind=kind,
+            noun=noun,
+            noun_plural=noun_plural,
+            mechanism=mechanism,
+            handle=handle,
+            label=label,
+            parent=parent,
+            idempotency_key=idempotency_key,
+            detail=detail,
+        )
+        return self._run(calls.register(task_id, spec, request_key))
+
+    def register_spec(self, task_id: int, spec: ItemSpec, *, request_key: str | None = None) -> ItemInfo:
+        """`register`, with the item as one value (`stopdesk.client.ItemSpec`)."""
+        return self._run(calls.register(task_id, spec, request_key))
 
     def get_item(self, item_id: int) -> ItemInfo:
         return self._run(calls.get_item(item_id))
 
     def start(self, item_id: int, *, worker: str | None = None, lease_seconds: int | None = None) -> ItemInfo:
-        fields = {"worker": self.worker if worker is None else worker, "lease_seconds": lease_seconds}
-        return self._run(calls.start(item_id, fields, None))
+        return self._run(calls.start(item_id, worker=self._worker(worker), lease_seconds=lease_seconds))
 
     def heartbeat(self, item_id: int, *, lease_seconds: int | None = None, raise_on_stop: bool = True) -> HeartbeatInfo:
-        return self._run(calls.heartbeat(item_id, {"lease_seconds": lease_seconds}, raise_on_stop))
+        return self._run(calls.heartbeat(item_id, lease_seconds=lease_seconds, raise_on_stop=raise_on_stop))
 
     def submit(
         self, item_id: int, *, idempotency_key: str, worker: str | None = None, lease_seconds: int | None = None
     ) -> ItemInfo:
-        fields = {
-            "idempotency_key": idempotency_key,
-            "worker": self.worker if worker is None else worker,
-            "lease_seconds": lease_seconds,
-        }
-        return self._run(calls.submit(item_id, fields, None))
+        call = calls.submit(
+            item_id, idempotency_key=idempotency_key, worker=self._worker(worker), lease_seconds=lease_seconds
+        )
+        return self._run(call)
 
     def record_handle(
         self, item_id: int, *, handle: str, detail: dict[str, Any] | None = None, request_key: str | None = None
     ) -> ItemInfo:
         """Record the handle of work dispatched after registration, so Stop can cancel it."""
-        return self._run(calls.record_handle(item_id, {"handle": handle, "detail": detail}, request_key))
+        return self._run(calls.record_handle(item_id, handle=handle, detail=detail, key=request_key))
 
     def attach_record(
         self,
@@ -180,16 +185,16 @@ class Client:
         detail: str = "",
         evidence: dict[str, Any] | None = None,
     ) -> ItemInfo:
-        return self._run(calls.finish(item_id, {"status": status, "detail": detail, "evidence": evidence}, None))
+        return self._run(calls.finish(item_id, status=status, detail=detail, evidence=evidence))
 
     def mark_uncertain(self, item_id: int, *, detail: str = "", evidence: dict[str, Any] | None = None) -> ItemInfo:
-        return self._run(calls.mark_uncertain(item_id, {"detail": detail, "evidence": evidence}, None))
+        return self._run(calls.mark_uncertain(item_id, detail=detail, evidence=evidence))
 
     def cancel(self, item_id: int, *, detail: str = "") -> ItemInfo:
-        return self._run(calls.cancel(item_id, {"detail": detail}, None))
+        return self._run(calls.cancel(item_id, detail=detail))
 
     # The calls a framework run makes most (stopdesk.agent.frameworks.core), each one request, with
-    # the in-process FrameworkRuntime's names and arguments.
+    # the in-process LocalRuntime's names and arguments.
     def register_started(
         self,
         task_id: int,
@@ -210,21 +215,26 @@ class Client:
     ) -> int:
         """Register a work item and pass the boundary (start, or submit with `submit_key`); returns
         its id. Raises StopRequested after Stop (the item is recorded, cancelled)."""
-        fields = {
-            "kind": kind,
-            "noun": noun,
-            "submit_key": submit_key,
-            "worker": self.worker if worker is None else worker,
-            "lease_seconds": lease_seconds,
-            "noun_plural": noun_plural,
-            "mechanism": mechanism,
-            "handle": handle,
-            "label": label,
-            "parent": parent,
-            "idempotency_key": idempotency_key,
-            "detail": detail,
-        }
-        return self._run(calls.register_started(task_id, fields, request_key))
+        spec = ItemSpec(
+            kind=kind,
+            noun=noun,
+            noun_plural=noun_plural,
+            mechanism=mechanism,
+            handle=handle,
+            label=label,
+            parent=parent,
+            idempotency_key=idempotency_key,
+            detail=detail,
+        )
+        call = calls.register_started(
+            task_id,
+            spec,
+            submit_key=submit_key,
+            worker=self._worker(worker),
+            lease_seconds=lease_seconds,
+            key=request_key,
+        )
+        return self._run(call)
 
     def finish_fast(
         self,
@@ -236,12 +246,12 @@ class Client:
     ) -> None:
         """`finish` without reading the item back; `open_item` is the caller's own open item (its
         run), which keeps the task from settling meanwhile."""
-        self._run(calls.finish_fast(item_id, {"status": status, "detail": detail, "open_item": open_item}))
+        self._run(calls.finish_fast(item_id, status=status, detail=detail, open_item=open_item))
 
     def report_stopped(self, item_id: int, *, detail: str = "") -> ItemInfo:
         """The work stopped because of Stop: cancelled, also when Stop's job already left it
         awaiting this report."""
-        return self._run(calls.report_stopped(item_id, {"detail": detail}))
+        return self._run(calls.report_stopped(item_id, detail=detail))
 
     def record_launched(self, item_id: int, calls: list[dict[str, Any]]) -> list[int]:
         """Tool calls a model response ran itself, as children of its item, each call id once;

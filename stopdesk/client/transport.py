@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 
 from stopdesk.client.calls import Call
-from stopdesk.client.errors import ServerError, StopRequested, error_from_response
+from stopdesk.protocol.errors import ServerError, StopRequested, error_from_response
 
 try:  # optional: the client works without OpenTelemetry installed
     from opentelemetry.propagate import inject

@@ -11,14 +11,15 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 import httpx
 
 from stopdesk.client.calls import Call
-from stopdesk.client.errors import ServerError, StopdeskError
 from stopdesk.client.transport import backoff, read_answer
-from stopdesk.client.types import StopWatchInfo
+from stopdesk.protocol.errors import ServerError, StopdeskError
+from stopdesk.protocol.types import StopWatchInfo
 
 
 class Client(Protocol):
@@ -54,6 +55,8 @@ class StopWatch:
         self._poll_s = poll_s
         self._stopped = threading.Event()
         self._ended = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
         self._thread = threading.Thread(target=self._run, name=f"stopdesk-watch-{task_id}", daemon=True)
         self._thread.start()
 
@@ -62,6 +65,15 @@ class StopWatch:
 
     def wait(self, timeout: float | None = None) -> bool:
         return self._stopped.wait(timeout)
+
+    def on_set(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once, from the watch's thread when Stop is seen (at once if it was): an
+        event loop awaits Stop with it instead of looking."""
+        with self._lock:
+            if not self._stopped.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
 
     def cancel(self) -> None:
         """Stop watching (the current long poll is abandoned by the server at its timeout)."""
@@ -86,8 +98,12 @@ class StopWatch:
             attempt = 0
             if info.stopped:
                 self.info = info
-                self._stopped.set()
+                with self._lock:
+                    self._stopped.set()
+                    callbacks, self._callbacks = self._callbacks, []
                 self._ended.set()
+                for callback in callbacks:
+                    callback()
                 return
 
 

@@ -1,5 +1,5 @@
-from stopdesk.client.errors import StopRequested
-from stopdesk.client.errors import TaskClosed as ClientTaskClosed
+from stopdesk.protocol.errors import StopRequested
+from stopdesk.protocol.errors import TaskClosed as ClientTaskClosed
 
 
 class LedgerError(Exception):

@@ -15,6 +15,7 @@ from reconcile.mechanisms import registry
 from reconcile.mechanisms.declared import steering_problem
 from stopdesk import ports
 from stopdesk.models import ExternalRecord, Task, WorkItem
+from stopdesk.protocol.spec import ItemSpec
 from stopdesk.record_ids import record_id_problem
 from stopdesk.services.closing import task_open_check
 from stopdesk.services.errors import (
@@ -53,20 +54,14 @@ def task_create(*, title: str, actor: str, owner: Any = None, runtime: Any = Non
 def item_register(
     *,
     task: Task | int,
-    kind: str,
-    noun: str,
     actor: str,
-    mechanism: str = "manual",
-    handle: str = "",
-    label: str = "",
-    noun_plural: str = "",
-    parent: WorkItem | int | None = None,
-    idempotency_key: str = "",
-    detail: dict[str, Any] | None = None,
+    spec: ItemSpec | None = None,
     observed: bool = False,
     started_at: datetime | None = None,
+    **fields: Any,
 ) -> WorkItem:
-    """Record a child before it is dispatched. Registering after Stop is allowed (the record must be
+    """Record a child before it is dispatched: `spec`, or its fields as keywords (`kind=`, `noun=`,
+    a `parent` item or its id, ...). Registering after Stop is allowed (the record must be
     complete), but such an item can never pass the boundary.
 
     `observed` records work that already ran outside our boundary (a tool a model response called
@@ -76,29 +71,21 @@ def item_register(
     parent that launched it (the response was active then), never the time it was found.
 
     A closed task takes no new work: TaskClosed, and nothing is written."""
-    _registrable(kind=kind, mechanism=mechanism, detail=detail)
+    spec = spec or _spec(fields)
+    _registrable(kind=spec.kind, mechanism=spec.mechanism, detail=spec.detail)
     task_id = task if isinstance(task, int) else task.pk
-    parent_id = parent if isinstance(parent, int) or parent is None else parent.pk
+    parent_id = spec.parent
     with transaction.atomic():
         task_open_check(task_id=task_id)
-        item = WorkItem.objects.create(
-            task_id=task_id,
-            parent_id=parent_id,
-            kind=kind,
-            noun=noun,
-            noun_plural=noun_plural,
-            mechanism=mechanism,
-            handle=handle,
-            label=label,
-            idempotency_key=idempotency_key,
-            detail=detail or {},
-        )
+        columns = {**spec.to_json(), "parent_id": parent_id, "detail": spec.detail or {}}
+        del columns["parent"]
+        item = WorkItem.objects.create(task_id=task_id, **columns)
         event_record(
             kind="item_registered",
             actor=actor,
             item=item,
             to_state=item.state,
-            data={"noun": noun, "kind": kind, **({"observed": True} if observed else {})},
+            data={"noun": spec.noun, "kind": spec.kind, **({"observed": True} if observed else {})},
         )
         if observed:
             began = started_at or _launched_at(parent_id) or timezone.now()
@@ -137,15 +124,18 @@ def item_register_started(
     lease_seconds: int | None = None,
     submit_key: str = "",
     runtime_id: int | None = None,
-    **register: Any,
+    spec: ItemSpec | None = None,
+    **fields: Any,
 ) -> int | None:
     """Register a child and pass the boundary (start, or submit with `submit_key`): for work that
     starts the moment it is known (a framework's tool call or model request). On PostgreSQL one
     statement, so one round trip; elsewhere one transaction. Returns the item id, None if there is
     no such task (of the runtime `runtime_id`, when given); raises TaskStopped after Stop, with the
-    item recorded and cancelled, so the ledger still has every call."""
-    _registrable(kind=register["kind"], mechanism=register.get("mechanism", "manual"), detail=register.get("detail"))
-    if is_postgres() and register.get("parent") is None:
+    item recorded and cancelled, so the ledger still has every call. The item is `spec`, or its
+    fields as keywords."""
+    spec = spec or _spec(fields)
+    _registrable(kind=spec.kind, mechanism=spec.mechanism, detail=spec.detail)
+    if is_postgres() and spec.parent is None:
         try:
             return item_register_pass(
                 task_id=task_id,
@@ -154,7 +144,7 @@ def item_register_started(
                 worker=worker,
                 lease_seconds=lease_seconds,
                 submit_key=submit_key,
-                **register,
+                spec=spec,
             )
         except Refused:
             pass  # stopped: the path below records the item and its refusal
@@ -171,7 +161,7 @@ def item_register_started(
         task_gate_shared(task_id)
         if not list(tasks.select_for_update(no_key=True).values_list("pk", flat=True)):
             return None
-        item = item_register(task=task_id, actor=actor, **register)
+        item = item_register(task=task_id, actor=actor, spec=spec)
         stopped = item.state == S.CANCELLED  # registered after Stop
         if not stopped:
             try:
@@ -190,6 +180,14 @@ def item_register_started(
     if stopped:
         raise TaskStopped(task_id, item.pk)
     return item.pk
+
+
+def _spec(fields: dict[str, Any]) -> ItemSpec:
+    """The keyword form's spec; a parent may be given as the item itself."""
+    parent = fields.get("parent")
+    if parent is not None and not isinstance(parent, int):
+        fields = {**fields, "parent": parent.pk}
+    return ItemSpec(**fields)
 
 
 def _registrable(*, kind: str, mechanism: str, detail: dict[str, Any] | None) -> None:

@@ -16,7 +16,7 @@ from stopdesk import ports
 from stopdesk.models import StopRequest, Task
 from stopdesk.services.events import event_record
 from stopdesk.services.sql import ClockNow
-from stopdesk.services.stop_watch import stop_notify
+from stopdesk.services.stop_notify import stop_notify
 from stopdesk.services.transitions import NOW, items_move, task_gate_exclusive
 from stopdesk.states import IN_FLIGHT, SETTLED, ItemState
 from stopdesk.tracing import tracer

@@ -20,7 +20,7 @@ import httpx
 
 from stopdesk.agent.frameworks import RunStopped
 from stopdesk.agent.frameworks.declare import declaration_of, declare
-from stopdesk.agent.frameworks.local import FrameworkRuntime
+from stopdesk.agent.runtime import LocalRuntime
 from stopdesk.models import WorkItem
 from stopdesk.services.items import item_register
 from stopdesk.states import Kind
@@ -96,7 +96,7 @@ class FrameworkDriver(Driver):
         def run() -> Any:
 
             declare(create_lead, **declaration)
-            runtime = FrameworkRuntime(actor="drill:agent", dispatch=lambda ids: None)
+            runtime = LocalRuntime(actor="drill:agent", dispatch=lambda ids: None)
             try:
                 return asyncio.run(self.run_agent(runtime, task.pk, model_url, model, create_lead))
             except RunStopped:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from reconcile.mechanisms import registry
-from stopdesk.agent.frameworks.local import FrameworkRuntime
+from stopdesk.agent.runtime import LocalRuntime
 from stopdrill.sandbox.crm import CRM
 from stopdrill.sandbox.openai_standin import OpenAIStandin
 from stopdrill.sandbox.server import BackgroundServer
@@ -42,7 +42,7 @@ def crm(settings) -> Iterator[tuple[CRM, str]]:  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def runtime(transactional_db) -> FrameworkRuntime:  # type: ignore[no-untyped-def]
+def runtime(transactional_db) -> LocalRuntime:  # type: ignore[no-untyped-def]
     registry.reset()
     # Stop's cancellation jobs are run by the test itself (the reconcile service), not by Celery.
-    return FrameworkRuntime(actor="agent:test", dispatch=lambda ids: None)
+    return LocalRuntime(actor="agent:test", dispatch=lambda ids: None)

@@ -13,9 +13,9 @@ import pytest
 
 from reconcile.services.cancel import item_cancel
 from stopdesk.agent.frameworks.core import RunStopped
-from stopdesk.api.tokens import runtime_create
 from stopdesk.client import AsyncClient, Client
 from stopdesk.models import Event, Task, WorkItem
+from stopdesk.services.runtimes import runtime_create
 from stopdesk.states import ItemState as S
 from stopdesk.summary import task_summary
 from stopdrill.sandbox.scripted_model import Script, ToolCall, Turn

@@ -10,15 +10,16 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from stopdesk.agent.frameworks.core import StopdeskRun, close_connections
-from stopdesk.agent.frameworks.local import FrameworkRuntime
+from stopdesk.agent.frameworks.core import StopdeskRun
+from stopdesk.agent.frameworks.lanes import close_connections
+from stopdesk.agent.runtime import LocalRuntime
 from stopdesk.models import WorkItem
 from stopdesk.states import ItemState as S
 
 pytestmark = pytest.mark.postgres
 
 
-class Observed(FrameworkRuntime):
+class Observed(LocalRuntime):
     """The in-process runtime, noting for each write what the database says of the connection it
     runs on: its backend and whether its commits wait for the flush (`synchronous_commit`)."""
 

@@ -13,9 +13,9 @@ from django.test.utils import CaptureQueriesContext
 
 from reconcile.services.cancel import item_cancel
 from stopdesk.agent.frameworks.core import RunStopped, StopdeskRun
-from stopdesk.agent.frameworks.local import FrameworkRuntime
-from stopdesk.client.errors import NotFound, StopRequested
+from stopdesk.agent.runtime import LocalRuntime
 from stopdesk.models import Event, Runtime, Task, WorkItem
+from stopdesk.protocol.errors import NotFound, StopRequested
 from stopdesk.services.audit_seal import audit_seal
 from stopdesk.services.items import item_register
 from stopdesk.services.transitions import item_start
@@ -105,8 +105,8 @@ def runtime_named(name: str) -> Runtime:
 
 
 def test_another_runtimes_task_is_not_found_and_nothing_is_written(runtime):
-    theirs = FrameworkRuntime(runtime=runtime_named("theirs"), dispatch=lambda ids: None)
-    task = FrameworkRuntime(runtime=runtime_named("mine"), dispatch=lambda ids: None).create_task("Mine")
+    theirs = LocalRuntime(runtime=runtime_named("theirs"), dispatch=lambda ids: None)
+    task = LocalRuntime(runtime=runtime_named("mine"), dispatch=lambda ids: None).create_task("Mine")
 
     with pytest.raises(NotFound):
         theirs.register_started(task.id, **TOOL)

@@ -11,8 +11,8 @@ from django.db import connection
 from django.test import Client as DjangoClient
 
 import stopdesk.admin_runtime  # noqa: F401 - registers the Runtime admin before the URLconf loads
-from stopdesk.api.tokens import runtime_create
 from stopdesk.models import ApiIdempotency, Event, ExternalRecord, StopRequest, Task, WorkItem
+from stopdesk.services.runtimes import runtime_create
 
 LEDGER = (Task, WorkItem, Event, ExternalRecord, StopRequest, ApiIdempotency)
 

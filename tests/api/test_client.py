@@ -11,11 +11,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from stopdesk.agent.frameworks.local import FrameworkRuntime
 from stopdesk.agent.runtime import LocalRuntime
-from stopdesk.api.tokens import runtime_create
 from stopdesk.client import AsyncClient, Client, Conflict, NotFound, StopRequested, Unauthorized
 from stopdesk.models import Event, Task, WorkItem
+from stopdesk.services.runtimes import runtime_create
 from stopdesk.states import ItemState as S
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -194,19 +193,19 @@ def test_a_server_that_is_not_there_is_retried_then_raises(token):
 
 def test_local_runtime_has_the_clients_method_names():
     def public(cls: type) -> set[str]:
-        # Plumbing, not calls: the clients' closing, and the in-process runtime's thread hook.
+        # Plumbing, not calls: the clients' closing, and the in-process runtime's thread hooks.
         return {n for n, v in inspect.getmembers(cls, inspect.isfunction) if not n.startswith("_")} - {
             "close",
             "aclose",
             "thread_prepare",
+            "thread_close",
         }
 
-    # FrameworkRuntime is LocalRuntime with the calls a framework run makes most; the clients have them too.
-    assert public(Client) == public(AsyncClient) == public(FrameworkRuntime)
-    assert public(LocalRuntime) < public(FrameworkRuntime)
+    # One runtime: LocalRuntime has the calls a framework run makes most too, and so do the clients.
+    assert public(Client) == public(AsyncClient) == public(LocalRuntime)
     for name in public(Client):
         client_params = list(inspect.signature(getattr(Client, name)).parameters)
-        local = inspect.signature(getattr(FrameworkRuntime, name)).parameters
+        local = inspect.signature(getattr(LocalRuntime, name)).parameters
         named = [p for p, v in local.items() if v.kind is not v.VAR_KEYWORD]
         if len(named) < len(local):  # `**register`: the client names what it passes through
             assert [p for p in client_params if p in named] == named, name

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from stopdesk.agent.runtime import LocalRuntime
-from stopdesk.client.errors import InvalidRequest
+from stopdesk.protocol.errors import InvalidRequest
 from stopdesk.services.items import task_create
 from stopdesk.states import ItemState as S
 from tests.api.conftest import ledger_counts

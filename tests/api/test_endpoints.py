@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from stopdesk.api.tokens import runtime_revoke
 from stopdesk.models import Task, WorkItem
 from stopdesk.services.items import task_create
+from stopdesk.services.runtimes import runtime_revoke
 from stopdesk.states import ItemState as S
 from tests.api.conftest import ledger_counts
 from tests.factories import make_item

@@ -1,5 +1,5 @@
 """The calls a framework run makes most, over real HTTP (the Python client against a live server):
-the same record as the in-process FrameworkRuntime, one request each, and bad input refused with
+the same record as the in-process LocalRuntime, one request each, and bad input refused with
 the field named and nothing written."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from stopdesk.api.tokens import runtime_create
 from stopdesk.client import Client, InvalidRequest, NotFound, StopRequested, Unauthorized
 from stopdesk.models import Task, WorkItem
+from stopdesk.services.runtimes import runtime_create
 from stopdesk.services.transitions import item_transition
 from stopdesk.states import ItemState as S
 from stopdesk.summary import task_summary

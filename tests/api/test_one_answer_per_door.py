@@ -10,11 +10,11 @@ from django.contrib.auth.models import Group
 from django.test import Client as DjangoClient
 
 from stopdesk.agent.runtime import LocalRuntime
-from stopdesk.api.tokens import runtime_create
 from stopdesk.client import AsyncClient, Client, StopRequested, TaskClosed
 from stopdesk.models import Runtime, StopRequest, Task
 from stopdesk.permissions import roles_ensure
 from stopdesk.services.closing import task_close
+from stopdesk.services.runtimes import runtime_create
 from stopdesk.states import Kind
 from tests.api.conftest import Api, ledger_counts
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from stopdesk.api.tokens import runtime_create
 from stopdesk.client import Client
+from stopdesk.services.runtimes import runtime_create
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

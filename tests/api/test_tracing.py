@@ -12,8 +12,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from stopdesk.api.tokens import runtime_create
 from stopdesk.client import Client, StopRequested
+from stopdesk.services.runtimes import runtime_create
 from stopdesk.tracing import enabled_by_env
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]

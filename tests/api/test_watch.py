@@ -11,11 +11,11 @@ import httpx
 import pytest
 from django.db import connection
 
-from stopdesk.api.tokens import runtime_create
 from stopdesk.client import AsyncClient, Client
+from stopdesk.push.hub import StopHub, stop_hub
 from stopdesk.services.items import task_create
+from stopdesk.services.runtimes import runtime_create
 from stopdesk.services.stop import task_request_stop
-from stopdesk.services.stop_watch import StopHub, stop_hub
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 NO_DISPATCH = {"dispatch": lambda ids: None}

@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from stopdesk.api.tokens import runtime_create
 from stopdesk.client import Client, StopRequested
 from stopdesk.models import Event, StopRequest, Task, WorkItem
+from stopdesk.services.runtimes import runtime_create
 from stopdesk.states import ItemState as S
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]

@@ -25,6 +25,7 @@ def loaded_after(statement: str) -> list[str]:
     "statement",
     [
         "import stopdesk.client",
+        "import stopdesk.protocol.errors, stopdesk.protocol.types, stopdesk.protocol.action",
         "from stopdesk.client import Client, AsyncClient, StopRequested",
         "import reconcile.engine",
         "import stopdesk.states",

@@ -8,9 +8,9 @@ import threading
 import pytest
 from django.db import connection, transaction
 
+from stopdesk.push.hub import StopHub
 from stopdesk.services.items import task_create
 from stopdesk.services.stop import task_request_stop
-from stopdesk.services.stop_watch import StopHub
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -105,7 +105,7 @@ def test_gunicorn_reads_a_chunked_body(gunicorn) -> None:  # type: ignore[no-unt
 
 @pytest.mark.django_db(transaction=True)
 def test_a_server_that_cannot_decode_chunks_answers_411_and_writes_nothing(live_server) -> None:  # type: ignore[no-untyped-def]
-    from stopdesk.api.tokens import runtime_create
+    from stopdesk.services.runtimes import runtime_create
     from tests.api.conftest import ledger_counts
 
     token = runtime_create(name="chunky", actor="test")[1]

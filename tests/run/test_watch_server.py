@@ -14,8 +14,8 @@ import httpx
 import pytest
 from django.db import connection
 
-from stopdesk.api.tokens import runtime_create
 from stopdesk.services.items import task_create
+from stopdesk.services.runtimes import runtime_create
 from stopdesk.services.stop import task_request_stop
 from stopdrill.launcher import free_port
 from tests.run.helpers import PYTHON, ROOT, clean_env

@@ -7,8 +7,8 @@ import pytest
 from reconcile.models import Compensation
 from reconcile.services.compensation import compensation_execute
 from stopdesk.agent.runtime import LocalRuntime
-from stopdesk.client.errors import InvalidRequest
 from stopdesk.models import ExternalRecord, Runtime
+from stopdesk.protocol.errors import InvalidRequest
 from stopdesk.services.errors import LedgerError
 from stopdesk.services.items import item_attach_record, item_finish, item_register
 from stopdesk.services.transitions import item_submit

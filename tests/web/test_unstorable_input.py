@@ -9,9 +9,9 @@ import json
 import pytest
 from django.test import Client
 
-from stopdesk.api.tokens import runtime_create
 from stopdesk.models import Event, Task
 from stopdesk.services.items import task_create
+from stopdesk.services.runtimes import runtime_create
 from tests.factories import make_task
 from tests.web.scenes import running_task, uncertain_item
 

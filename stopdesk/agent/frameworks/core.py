@@ -32,7 +32,7 @@ made before it, and the run's end waits, so a run that returned is on disk whole
 `runtime` is anything with the runtime methods: `stopdesk.client.AsyncClient` (awaited), or the
 in-process `LocalRuntime` / the sync `Client` (run on the process's stopdesk threads: "lanes",
 shared by the runs, whose database connections last from run to run as Django's do;
-`close_connections` closes them).
+`lanes.close_connections` closes them through the runtime's `thread_close`).
 """
 
 from __future__ import annotations
@@ -43,16 +43,13 @@ import contextvars
 import inspect
 import json
 import logging
-import os
-import sys
-import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from stopdesk.agent.frameworks import lanes
 from stopdesk.agent.frameworks.declare import UNDECLARED, ToolDeclaration
-from stopdesk.client.errors import StopRequested
+from stopdesk.protocol.errors import StopRequested
 
 log = logging.getLogger(__name__)
 
@@ -246,9 +243,23 @@ class StopdeskRun:
             log.exception("watch_stop failed; polling for Stop instead")
             return await self._poll_stop()
         try:
-            # The in-process handle is set from the listener's thread; looking at it costs nothing.
-            while not handle.is_set():
-                await asyncio.sleep(0.02)
+            on_set = getattr(handle, "on_set", None)
+            if on_set is None:
+                # A handle that can only be looked at (a runtime of your own): look every 20 ms.
+                while not handle.is_set():
+                    await asyncio.sleep(0.02)
+                return
+            # Ours are set from another thread (the process's listener, or the client's long
+            # poll), which wakes this loop at once.
+            loop = asyncio.get_running_loop()
+            woken = asyncio.Event()
+
+            def wake() -> None:
+                with contextlib.suppress(RuntimeError):  # the run's loop already closed
+                    loop.call_soon_threadsafe(woken.set)
+
+            on_set(wake)
+            await woken.wait()
         finally:
             handle.cancel()
 
@@ -509,12 +520,12 @@ class StopdeskRun:
         fn = getattr(self.runtime, method)
         if inspect.iscoroutinefunction(fn):
             return await fn(*args, **kwargs)
-        pool = _lane(lane)
+        pool = lanes.lane(lane, self.runtime)
         prepare = getattr(self.runtime, "thread_prepare", None)
         for attempt in range(DEADLOCK_RETRIES + 1):
             try:
                 return await asyncio.get_running_loop().run_in_executor(
-                    pool, lambda: _in_lane(fn, prepare, lane != "results", args, kwargs)
+                    pool, lambda: lanes.in_lane(fn, prepare, lane != "results", args, kwargs)
                 )
             except Exception as exc:
                 # PostgreSQL chose this write as a deadlock victim and rolled it back whole; the
@@ -550,73 +561,6 @@ class _Draft:
 RUN_STOPPED = "stopped before it finished"
 USED_AFTER_REFUSAL = "the answer came back before Stop was known here, and the agent used it"
 DEADLOCK_RETRIES = 3
-# The process's, shared by its runs: a thread (and its connection) starts only when the others are
-# busy. "writes" is the boundary's, with room for parallel tool calls and several runs at once.
-LANE_THREADS = {"writes": 8, "results": 4, "watch": 2}
-
-_lanes: dict[str, ThreadPoolExecutor] = {}
-_lanes_lock = threading.Lock()
-
-
-def _lane(name: str) -> ThreadPoolExecutor:
-    with _lanes_lock:
-        pool = _lanes.get(name)
-        if pool is None:
-            pool = _lanes[name] = ThreadPoolExecutor(LANE_THREADS[name], thread_name_prefix=f"stopdesk-{name}")
-        return pool
-
-
-def _in_lane(
-    fn: Callable[..., Any],
-    prepare: Callable[[bool], None] | None,
-    wait_for_flush: bool,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-) -> Any:
-    # These threads see no requests: their connection is checked here, as Django checks one per request.
-    if prepare is not None:
-        prepare(wait_for_flush)
-    elif "django.db" in sys.modules:
-        from django.db import close_old_connections
-
-        close_old_connections()
-    return fn(*args, **kwargs)
-
-
-def close_connections() -> None:
-    """Close the database connections of the stopdesk threads and end them (a program done with
-    stopdesk, or tests before dropping their database); the next run starts new ones."""
-    with _lanes_lock:
-        pools = list(_lanes.items())
-        _lanes.clear()
-    for name, pool in pools:
-        threads = LANE_THREADS[name]
-        barrier = threading.Barrier(threads)
-        jobs = [pool.submit(_close_db_connection, barrier) for _ in range(threads)]
-        for job in jobs:
-            with contextlib.suppress(Exception):
-                job.result(timeout=10)
-        pool.shutdown(wait=True)
-
-
-def _close_db_connection(barrier: threading.Barrier) -> None:
-    # Every thread of the pool waits here, so each one takes exactly one of these jobs.
-    with contextlib.suppress(threading.BrokenBarrierError):
-        barrier.wait(timeout=5)
-    if "django.db" in sys.modules:
-        from django.db import connections
-
-        connections.close_all()
-
-
-def _forget_lanes() -> None:
-    # A forked child has none of the parent's threads: it starts its own.
-    global _lanes_lock
-    _lanes.clear()
-    _lanes_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_lanes)
 
 
 def current_run() -> StopdeskRun:

@@ -19,7 +19,7 @@ import weakref
 from typing import Any
 
 from reconcile.mechanisms.openai import launched_tool_calls
-from stopdesk.client.errors import StopRequested
+from stopdesk.protocol.errors import StopRequested
 
 # Run by the provider, not by the application (function calls are the framework's own tool calls).
 HOSTED_TYPES = frozenset(

@@ -39,7 +39,7 @@ from agents.tool import resolve_function_tool_failure_error_function, set_functi
 from stopdesk.agent.frameworks.core import CURRENT, StopdeskRun
 from stopdesk.agent.frameworks.declare import UNDECLARED, ToolDeclaration, declaration_of, declare
 from stopdesk.agent.frameworks.hosted import record_hosted_calls
-from stopdesk.client.errors import StopRequested
+from stopdesk.protocol.errors import StopRequested
 
 FRAMEWORK = "openai-agents"
 

@@ -5,9 +5,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from stopdesk.api.tokens import runtime_create, runtime_rotate
 from stopdesk.config import require_migrated_database
 from stopdesk.models import Runtime
+from stopdesk.services.runtimes import runtime_create, runtime_rotate
 
 
 class Command(BaseCommand):

@@ -30,6 +30,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from stopdesk.models import Task, WorkItem
+from stopdesk.protocol.spec import ItemSpec
 from stopdesk.services.errors import IllegalTransition, TaskClosed, TaskStopped
 from stopdesk.services.events import event_record
 from stopdesk.services.sql import is_postgres, server_side_cursor
@@ -145,18 +146,10 @@ def item_register_pass(
     task_id: int,
     runtime_id: int | None,
     actor: str,
-    kind: str,
-    noun: str,
+    spec: ItemSpec,
     worker: str = "",
     lease_seconds: int | None = None,
     submit_key: str = "",
-    mechanism: str = "manual",
-    handle: str = "",
-    label: str = "",
-    noun_plural: str = "",
-    parent: int | None = None,
-    idempotency_key: str = "",
-    detail: dict[str, Any] | None = None,
 ) -> int | None:
     """Register a child and pass the boundary (start, or submit with `submit_key`) in one statement,
     so one round trip, which under autocommit is also the commit (PostgreSQL only; the caller
@@ -165,22 +158,16 @@ def item_register_pass(
     and TaskClosed if it is closed."""
     lease = lease_seconds or settings.STOPDESK["LEASE_SECONDS"]
     params: dict[str, Any] = {
+        **spec.to_json(),
         "task": task_id,
         "runtime": runtime_id,
         "actor": actor,
         "worker": worker,
         "lease": lease,
         "submit": bool(submit_key),
-        "key": submit_key or idempotency_key,
-        "kind": kind,
-        "noun": noun,
-        "noun_plural": noun_plural,
-        "mechanism": mechanism,
-        "handle": handle,
-        "label": label,
-        "parent": parent,
-        "detail": json.dumps(detail or {}),
-        "registered": json.dumps({"noun": noun, "kind": kind}),
+        "key": submit_key or spec.idempotency_key,
+        "detail": json.dumps(spec.detail or {}),
+        "registered": json.dumps({"noun": spec.noun, "kind": spec.kind}),
         "queued": S.QUEUED.value,
         "running": S.RUNNING.value,
     }

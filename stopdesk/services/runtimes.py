@@ -1,5 +1,6 @@
-"""Issuing and revoking runtime tokens, for the management commands and the admin. A token is shown
-once: only its hash is stored. Each act is an audit event."""
+"""Runtime tokens: issuing and revoking them (the management commands and the admin; each act is an
+audit event), and checking one (the API's doors). A token is shown once: only its SHA-256 is
+stored, so a lookup by hash is the check."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from stopdesk.models import Runtime
+from stopdesk.protocol.errors import Unauthorized
 from stopdesk.services.events import event_record
 
 
@@ -47,3 +49,21 @@ def runtime_revoke(*, runtime: Runtime, actor: str) -> bool:
             )
     runtime.refresh_from_db()
     return bool(revoked)
+
+
+def bearer_token(authorization: str) -> str:
+    """The token of an `Authorization: Bearer <token>` header, "" if it is not one. The scheme is
+    case-insensitive (RFC 9110, section 11.1): the runtime API and /metrics read it here alike."""
+    scheme, _, token = authorization.strip().partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+def runtime_for(authorization: str) -> Runtime:
+    """The runtime an Authorization header's bearer token belongs to."""
+    token = bearer_token(authorization)
+    if not token:
+        raise Unauthorized("Send the runtime's token as 'Authorization: Bearer <token>'.")
+    runtime = Runtime.objects.filter(token_hash=Runtime.hash_token(token), revoked_at__isnull=True).first()
+    if runtime is None:
+        raise Unauthorized("Unknown or revoked token.")
+    return runtime

@@ -2,7 +2,7 @@
 Stop commits (`stopped: true`), or after `timeout` seconds with `stopped: false` (watch again).
 
 A waiting watcher is a future on the event loop, woken by the process's one listening connection
-(`stopdesk.services.stop_watch`). The token check and the first read of the task run on a small,
+(`stopdesk.push.hub`). The token check and the first read of the task run on a small,
 fixed pool of threads (so of database connections) shared by every watch. Under the ASGI server
 (`python -m stopdesk watch`, uvicorn) `stopdesk.asgi` routes this path to `asgi_watch`, a plain
 ASGI handler outside Django's request cycle, which would otherwise hold a thread for every request
@@ -26,12 +26,12 @@ from django.db import close_old_connections, connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from stopdesk.api.auth import runtime_for
-from stopdesk.api.views import _path_id
-from stopdesk.client.errors import InvalidRequest, MethodNotAllowed, NotFound, StopdeskError
-from stopdesk.client.types import StopWatchInfo
 from stopdesk.models import Task
-from stopdesk.services.stop_watch import resolve, stop_hub
+from stopdesk.protocol.errors import InvalidRequest, MethodNotAllowed, NotFound, StopdeskError
+from stopdesk.protocol.ids import path_id
+from stopdesk.protocol.types import StopWatchInfo
+from stopdesk.push.hub import resolve, stop_hub
+from stopdesk.services.runtimes import runtime_for
 
 log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 25.0
@@ -50,7 +50,7 @@ async def answer(*, method: str, authorization: str, task_id: str, timeout: str 
         if method != "GET":
             raise MethodNotAllowed("Use GET here.", allow=["GET"])
         seconds = _timeout(timeout)
-        pk = _path_id(task_id, "task_id")
+        pk = path_id(task_id, "task_id")
         return 200, (await _watch(authorization, pk, seconds)).to_json()
     except StopdeskError as exc:
         return exc.status, exc.to_json()

@@ -1,6 +1,7 @@
 """Stop, pushed: the stop request's commit reaches every watcher in a process at once.
 
-The stop request's transaction sends `pg_notify('stopdesk_stop', '<task id>')`, which PostgreSQL
+The stop request's transaction sends `pg_notify('stopdesk_stop', '<task id>')` (`stop_notify`, beside
+the stop service in `stopdesk.services.stop_notify`), which PostgreSQL
 delivers only when (and as soon as) that transaction commits. Each process keeps one listening
 connection, in one thread (`StopHub`), and fans each notification out to the watchers of that
 task in the process: a thousand watchers cost one connection and one thread, and no queries while
@@ -19,35 +20,18 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
 from django.db import connection
 
-from stopdesk.models import Task
 from stopdesk.services.sql import is_postgres
+from stopdesk.services.stop_notify import CHANNEL, stopped_among
 
 log = logging.getLogger(__name__)
-CHANNEL = "stopdesk_stop"
 # Called with the task id and the stop request's time, once, when that task's Stop commits.
 Callback = Callable[[int, datetime | None], None]
-
-
-def stop_notify(*, task_id: int, requested_at: datetime) -> None:
-    """Inside the stop request's transaction: tell every listener once it commits. The payload
-    carries the time, so no watcher has to read it back."""
-    if is_postgres():
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, f"{task_id} {requested_at.isoformat()}"])
-
-
-def stopped_among(task_ids: Iterable[int]) -> dict[int, datetime | None]:
-    ids = list(task_ids)
-    if not ids:
-        return {}
-    rows = Task.objects.filter(pk__in=ids, stop_requested_at__isnull=False).values_list("pk", "stop_requested_at")
-    return dict(rows)
 
 
 class _Watch:

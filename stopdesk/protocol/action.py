@@ -22,7 +22,7 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any
 
-from stopdesk.client.types import ItemInfo, RecordInfo
+from stopdesk.protocol.types import ItemInfo, RecordInfo
 from stopdesk.states import ItemState
 
 
