@@ -28,8 +28,8 @@ from stopdesk.agent.http import http_submit
 from stopdesk.agent.mcp import mcp_call_tool, mcp_start_task
 from stopdesk.agent.openai import response_create
 from stopdesk.agent.runtime import LocalRuntime
-from stopdesk.protocol.errors import StopRequested
 from stopdesk.models import Task, WorkItem
+from stopdesk.protocol.errors import StopRequested
 from stopdesk.services.items import item_register
 from stopdesk.services.transitions import item_start
 from stopdesk.states import Kind
