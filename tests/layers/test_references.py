@@ -37,9 +37,9 @@ URL = re.compile(r"[a-z][a-z+.-]*://\S+")
 # known extension (`launcher.py`; `a.b.py` reads as a dotted name); or a folder path (ends with a
 # slash) that starts at a top-level folder
 FILE = re.compile(
-    rf"(?<![\w./-])((?:[\w.-]+/)+[\w-][\w.-]*\.(?:{EXTENSIONS})|[\w-]+\.(?:{EXTENSIONS}))(?![\w/(-]|\.\w)"
+    rf"(?<![\w./<>-])((?:[\w.-]+/)+[\w-][\w.-]*\.(?:{EXTENSIONS})|[\w-]+\.(?:{EXTENSIONS}))(?![\w/(-]|\.\w)"
 )
-FOLDER = re.compile(r"(?<![\w./-])((?:[\w-]+/)+)(?![\w.-])")
+FOLDER = re.compile(r"(?<![\w./<>-])((?:[\w-]+/)+)(?![\w.-])")
 DOTTED = re.compile(rf"`((?:{'|'.join(PACKAGES)})(?:\.\w+)+)(?:\(\))?`")
 # a name given as a string (a Celery task, a beat job, a span, a span attribute, a bench figure)
 NAME_LITERAL = re.compile(rf"""["']((?:{"|".join(PACKAGES)})(?:\.\w+)+)["']""")
