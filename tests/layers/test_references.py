@@ -1,13 +1,13 @@
 """No comment, docstring or page cites a file or a module the repository does not have.
 
-Scans the product packages, docs/, README.md and pyproject.toml for
-- paths: `a/b.py`, `docs/OPERATIONS.md`, `stopdrill/sandbox/`: a path that starts at a top-level
-  folder of the repository must exist there; any other path (`services/batch.py`, `items/fields.html`,
-  `launcher.py`) must be the tail of a file the repository has;
-- dotted names in backticks that start with one of our packages (`stopdesk.services.stop`,
-  `reconcile.engine.decide`, `stopdrill.drills.core.Drill.run`): the module must exist, and the
-  names after it must be defined there (read from its source, nothing imported); a name the code
-  gives as a string (a Celery task `reconcile.cancel_items`, a span `stopdesk.stop`) counts too.
+Scans the product packages (their comments and docstrings), docs/, README.md and pyproject.toml:
+- a path (`stopdesk/services/stop.py`, `stopdrill/sandbox/`, or a tail such as
+  `services/batch.py`, `items/fields.html`, `launcher.py`) must name a file or folder of the
+  repository, from its top or as the end of one;
+- an import shown (`from stopdesk.client import Client`) or a dotted name in backticks that starts
+  with one of our packages (`stopdesk.services.stop.task_request_stop`) must name a module that
+  exists and names defined in it (read from its source, nothing imported); a name the code gives
+  as a string (a Celery task `reconcile.cancel_items`, a span `stopdesk.stop`) counts too.
 
 After files move, rerun `pytest tests/layers/test_references.py` (or `python -m
 tests.layers.test_references`, which lists every miss as file:line).
@@ -41,6 +41,8 @@ FILE = re.compile(
 )
 FOLDER = re.compile(r"(?<![\w./<>-])((?:[\w-]+/)+)(?![\w.-])")
 DOTTED = re.compile(rf"`((?:{'|'.join(PACKAGES)})(?:\.\w+)+)(?:\(\))?`")
+# an import shown in a page or a docstring: `from stopdesk.client import Client, AsyncClient`
+FROM_IMPORT = re.compile(rf"from ((?:{'|'.join(PACKAGES)})(?:\.\w+)*) import ([\w ,()]+)")
 # a name given as a string (a Celery task, a beat job, a span, a span attribute, a bench figure)
 NAME_LITERAL = re.compile(rf"""["']((?:{"|".join(PACKAGES)})(?:\.\w+)+)["']""")
 
@@ -175,6 +177,8 @@ def misses() -> list[str]:
             refs = [("path", m) for m in FILE.findall(text)]
             refs += [("path", m) for m in FOLDER.findall(text) if m.split("/")[0] in top_level()]
             refs += [("module", m) for m in DOTTED.findall(text)]
+            for module, names in FROM_IMPORT.findall(text):
+                refs += [("module", f"{module}.{name}") for name in re.findall(r"\w+", names)]
             for kind, ref in refs:
                 if ref in NOT_FILES:
                     continue
