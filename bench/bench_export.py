@@ -1,4 +1,4 @@
-"""The admin's event export at a million rows (issue: exports for the auditor).
+"""The admin's event export at a million rows.
 
 export.csv_rows / export.jsonl_rows            rows in the export (every event, no filter)
 export.csv_rows_per_s / export.jsonl_rows_per_s  rows per second through Django's full stack

@@ -1,4 +1,4 @@
-"""/metrics on a big ledger (issue: operators see and hear).
+"""/metrics on a big ledger.
 
 metrics.scrape_ms       one GET /metrics (median of 20), at 10,000 and at 1,000,000 items
 metrics.scrape_queries  SQL statements per scrape, at both sizes: must not grow

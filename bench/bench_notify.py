@@ -1,4 +1,4 @@
-"""Notification latency (issue: operators see and hear).
+"""Notification latency.
 
 notify.latency_ms   from the commit of the event that causes a notification to the webhook
                     receiver's 2xx, p99 (and p50) over 1,000 events, with the default worker

@@ -1,4 +1,4 @@
-"""The dashboard's two heavy pages on PostgreSQL (issue: the review dashboard).
+"""The dashboard's two heavy pages on PostgreSQL.
 
 page.task_ms / page.task_queries    the task page for a task with 10,000 children (and 100)
 page.queue_ms / page.queue_queries  the review queue with 10,000 items in it (and 100)

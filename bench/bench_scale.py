@@ -1,4 +1,4 @@
-"""Every page and admin list at ten million items (issue: the ledger at ten million). Off by
+"""Every page and admin list at ten million items. Off by
 default: `BENCH=scale make bench`.
 
 Seeds STOPDESK_BENCH_SCALE_ITEMS work items (default 10,000,000; 100 per task, 10% uncertain,

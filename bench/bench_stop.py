@@ -1,4 +1,4 @@
-"""Stop and the boundary on PostgreSQL (issue: the operational ledger).
+"""Stop and the boundary on PostgreSQL.
 
 stop.boundary_ms       committing the stop request, 10,000 queued + 1,000 running items (and 100,000)
 stop.queued_cancel_ms  cancelling the queued items with their events (the fan-out transaction)

@@ -2,10 +2,10 @@
 
 A response runs tools while it is active (remote MCP servers called by the provider, code
 interpreter, searches) and can leave function calls for the application. Cancelling the response
-undoes none of them (mechanisms.md, "Tool calls"), so after the cancel and the read-back each one
-found in the output becomes a child item: a read-only call is settled, a call the provider
-reports finished is completed or failed, and one it was still running is uncertain with an
-investigate-by deadline, in the review queue.
+undoes none of them (the application runs function calls; OpenAI documents no effect on hosted
+tools), so after the cancel and the read-back each one found in the output becomes a child item:
+a read-only call is settled, a call the provider reports finished is completed or failed, and one
+it was still running is uncertain with an investigate-by deadline, in the review queue.
 """
 
 from __future__ import annotations

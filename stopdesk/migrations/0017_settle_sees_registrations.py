@@ -39,7 +39,7 @@ def backward(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("stopdesk", "0016_i15gate_task_gate"),
+        ("stopdesk", "0016_task_gate_function"),
     ]
 
     operations = [

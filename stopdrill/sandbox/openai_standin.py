@@ -1,6 +1,6 @@
 """An OpenAI Responses API stand-in: background create, retrieve, cancel, and their races.
 
-Follows the documented wire protocol (see mechanisms.md section 1) closely enough that the
+Follows the documented wire protocol (OpenAI's background mode guide) closely enough that the
 official `openai` SDK parses every answer, including the awkward parts:
 
 - a background response is `queued`, then `in_progress`, then final after `run_s`;

@@ -7,8 +7,9 @@ itself (with their status), and/or final text. It is deterministic and keyless:
 - the request's `model` names the script (`"script:two-tools"`), so concurrent runs with different
   scripts share one server;
 - the turn is chosen from the request alone: frameworks keep no server-side state and resend the
-  whole history (mechanisms.md, "Agent frameworks on the wire"), so the next turn is one past the
-  last turn whose call ids appear in that history. A retried request gets the same answer.
+  whole history (none of them sends `previous_response_id` or `store`), so the next turn is one
+  past the last turn whose call ids appear in that history. A retried request gets the same
+  answer.
 
 Both endpoints the frameworks call are served, streaming and not: Responses (`POST /v1/responses`,
 the Agents SDK's default) and Chat Completions (`POST /v1/chat/completions`, LangChain's and

@@ -1,15 +1,15 @@
 """Tool calls a model response ran on the provider's side (hosted `mcp_call` items, code
 interpreter, searches).
 
-No application hook saw them execute, and cancelling the response does not undo them
-(mechanisms.md, "Hosted tools"), so they are recorded from the response's output items as children
-of the model request's item, however the run ends: an answer the boundary discards after Stop
-still had its calls run. In-process and over HTTP the records go through the same service as the
-OpenAI adapter's read-back after a cancel (`record_launched`), keyed by call id under the
-response's item, so a call seen twice (a streamed item, then the completed response; a
-read-back) is recorded once: completed or failed as the provider reports, settled if read-only,
-otherwise uncertain with the review deadline, from when the request went out (not when it was
-found).
+No application hook saw them execute, and cancelling the response does not undo them (OpenAI's
+Responses API documents no effect of a cancel on hosted tools), so they are recorded from the
+response's output items as children of the model request's item, however the run ends: an
+answer the boundary discards after Stop still had its calls run. In-process and over HTTP the
+records go through the same service as the OpenAI adapter's read-back after a cancel
+(`record_launched`), keyed by call id under the response's item, so a call seen twice (a
+streamed item, then the completed response; a read-back) is recorded once: completed or failed
+as the provider reports, settled if read-only, otherwise uncertain with the review deadline,
+from when the request went out (not when it was found).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 (pydantic-ai's `MCPToolset` needs `fastmcp`, LangChain's needs `langchain-mcp-adapters`; neither
 is part of the extras). Built over the official `mcp` SDK's `Client`, so a call runs in the
 caller's task: when Stop cancels the run, the SDK cancels the call's scope and sends
-`notifications/cancelled` to the server (mechanisms.md, "MCP").
+`notifications/cancelled` to the server (the MCP specification, "Cancellation").
 
     async with mcp_client("http://127.0.0.1:8000/mcp") as client:
         tools = await remote_tools(client, server="crm")

@@ -31,6 +31,10 @@ def backward(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
+    # This migration was first released under another name; a database that applied it under that
+    # name counts it as applied (Django records this name beside the old one on the next migrate)
+    # and does not run it again.
+    replaces = [("stopdesk", "0016_i15gate_task_gate")]
 
     dependencies = [
         ("stopdesk", "0015_audit_sealed_after_commit"),
