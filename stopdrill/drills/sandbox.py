@@ -25,11 +25,15 @@ from stopdrill.sandbox.server import BackgroundServer, Sandbox, mechanism_partie
 
 # (party, method, path) patterns that are actions, i.e. work that must pass the boundary first.
 # Reads, lookups and cancels are what Stop itself sends afterwards and are not actions.
-# A mechanism folder's sandbox part says its own (`ACTIONS`).
-_ACTIONS: dict[str, list[tuple[str, re.Pattern[str]]]] = {
-    **{name: part.ACTIONS for name, part in mechanism_parties().items()},
+# A mechanism folder's sandbox part says its own (`ACTIONS`); these are the shared parties'.
+_SHARED_ACTIONS: dict[str, list[tuple[str, re.Pattern[str]]]] = {
     "outbox": [("POST", re.compile(r"^/messages$"))],
 }
+
+
+def _actions(party: str) -> list[tuple[str, re.Pattern[str]]]:
+    own = mechanism_parties().get(party)
+    return list(own.ACTIONS) if own is not None else _SHARED_ACTIONS.get(party, [])
 
 
 @dataclass(frozen=True)
@@ -68,7 +72,7 @@ class ArrivalLog:
 
     def wrap(self, party: str, app: Any) -> Callable[..., Any]:
         """ASGI middleware recording each HTTP request to `party` before `app` sees it."""
-        patterns = _ACTIONS.get(party, [])
+        patterns = _actions(party)
 
         async def middleware(scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
             if scope["type"] != "http" or scope["path"].startswith("/_control"):

@@ -18,8 +18,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_every_folder_with_an_adapter_is_listed() -> None:
     assert folders.unlisted() == []
-    assert sorted(config.MECHANISMS) == sorted(folders.FOLDERS) == sorted(
-        p.parent.name for p in (ROOT / "reconcile" / "mechanisms").glob("*/adapter.py")
+    assert (
+        sorted(config.MECHANISMS)
+        == sorted(folders.FOLDERS)
+        == sorted(p.parent.name for p in (ROOT / "reconcile" / "mechanisms").glob("*/adapter.py"))
     )
 
 

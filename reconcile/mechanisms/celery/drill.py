@@ -1,5 +1,5 @@
-"""The drill driver for Celery workers (the job body runs in this process, in a thread): the agent side as a drill drives it against the sandbox
-(the variants and `expected` are described in `stopdrill.drills.drivers`)."""
+"""The drill driver for Celery workers (the job body runs in this process, in a thread): the agent
+side as a drill drives it against the sandbox (variants and `expected`: `stopdrill.drills.drivers`)."""
 
 from __future__ import annotations
 
