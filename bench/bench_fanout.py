@@ -37,7 +37,7 @@ LATENCY_S = 0.05
 
 _SERVER = """
 import sys
-from stopdrill.sandbox.openai_standin import OpenAIStandin
+from reconcile.mechanisms.openai.sandbox import OpenAIStandin
 from stopdrill.sandbox.server import BackgroundServer
 party = OpenAIStandin(latency_s=float(sys.argv[1]), queue_s=0.0, run_s=3600.0)
 with BackgroundServer(party.app, name="openai") as server:
@@ -189,7 +189,7 @@ def _settle_in_processes(ids: list[int], concurrency: int, *, processes: int) ->
 def _start_items(url: str, concurrency: int) -> list[int]:
     from django.db import connection
 
-    from stopdesk.agent.openai import response_create
+    from reconcile.mechanisms.openai.agent import response_create
     from stopdesk.services.items import item_register, task_create
     from stopdesk.states import Kind
 

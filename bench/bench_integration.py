@@ -40,7 +40,7 @@ async def work(step: int) -> str:
 
 
 def _script() -> Any:
-    from stopdrill.sandbox.scripted_model import Script, ToolCall, Turn
+    from reconcile.mechanisms.openai.sandbox_model import Script, ToolCall, Turn
 
     turns = [Turn(tool_calls=(ToolCall("work", {"step": n}),)) for n in range(TOOL_CALLS)]
     return Script.build("bench-20", [*turns, Turn(text="all steps done")])
@@ -165,9 +165,9 @@ class _Counted:
 
 
 def run() -> list[Figure]:
+    from reconcile.mechanisms.openai.sandbox import OpenAIStandin
     from stopdesk.agent.runtime import LocalRuntime
     from stopdesk.models import WorkItem
-    from stopdrill.sandbox.openai_standin import OpenAIStandin
     from stopdrill.sandbox.server import BackgroundServer
 
     party = OpenAIStandin()

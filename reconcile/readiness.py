@@ -28,7 +28,7 @@ from typing import Any
 
 from django.conf import settings
 
-from reconcile.mechanisms import registry
+from reconcile.mechanisms import folders, registry
 from reconcile.mechanisms.base import Capability, ItemRef, Mechanism
 from reconcile.models import DrillResult
 from stopdesk.models import WorkItem
@@ -143,29 +143,20 @@ def verdict_for(
 
 
 def verdicts() -> list[Verdict]:
-    """Every registered mechanism, each HTTP system and MCP tool declared in settings, and each
-    tool framework runs have used (from the ledger)."""
+    """Every registered mechanism, the tools each mechanism folder lists from its settings (each
+    HTTP system, each MCP tool declared per server), and each tool framework runs have used (from
+    the ledger)."""
     found = [verdict_for(name) for name in registry.names()]
-    systems = registry.mechanism_settings("http").options.get("systems", {})
-    for system in sorted(systems):
-        found.append(verdict_for("http", detail={"http": {"system": system}}, tool=f"http:{system}"))
-    found.extend(_mcp_tools())
-    found.extend(framework_tools())
-    return found
-
-
-def _mcp_tools() -> list[Verdict]:
-    """Each MCP tool declared per server in settings: with a status check it can account for a
-    cancelled or unanswered call; without one, such a call stays unknown."""
-    servers = registry.mechanism_settings("mcp").options.get("servers") or {}
-    found = []
-    for server in sorted(servers):
-        for tool in sorted((servers[server] or {}).get("tools") or {}):
-            detail = {"mcp": {"server": server, "tool": tool}}
-            verdict = verdict_for("mcp", detail=detail, tool=f"mcp:{server}/{tool}")
-            if not verdict.inspect:
-                verdict.reasons.append("no status check declared: a cancelled or unanswered call stays unknown")
+    for name in folders.names():
+        part = folders.part(name, "readiness")
+        if part is None:
+            continue
+        for listed in part.tools(registry.mechanism_settings(name).options):
+            verdict = verdict_for(name, detail=listed.detail, tool=listed.tool)
+            if not verdict.inspect and listed.without_inspect:
+                verdict.reasons.append(listed.without_inspect)
             found.append(verdict)
+    found.extend(framework_tools())
     return found
 
 

@@ -17,6 +17,8 @@ import sys
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from reconcile.mechanisms.folders import FOLDERS
+
 PREFIX = "stopdesk: configuration error: "
 DATABASE_SCHEMES = ("postgres", "postgresql", "pgsql", "sqlite")
 BROKER_SCHEMES = ("redis", "rediss", "amqp", "amqps", "pyamqp", "filesystem", "memory", "sentinel")
@@ -160,8 +162,8 @@ def log_level() -> str:
 
 
 # Per-mechanism timing from the environment: STOPDESK_<MECHANISM>_<WHAT>. The names of the
-# mechanisms are the adapters' (reconcile/mechanisms/, a test keeps the two lists equal).
-MECHANISMS = ("asyncio", "celery", "http", "manual", "mcp", "openai")
+# mechanisms are the folders' (reconcile/mechanisms/folders.py, plain Python, so settings can read it).
+MECHANISMS = tuple(FOLDERS)
 MECHANISM_TIMINGS = {
     "DEADLINE_SECONDS": "deadline_s",  # from the cancel request to `uncertain`
     "CALL_TIMEOUT_SECONDS": "call_timeout_s",  # one remote call

@@ -161,3 +161,14 @@ class Mechanism:
     def cancel_is_final(self, item: ItemRef) -> bool:
         """Whether one answered cancel is enough, so later passes only read back (no second effect)."""
         return True
+
+
+@dataclass(frozen=True)
+class ListedTool:
+    """A tool of a mechanism the readiness page lists on its own (a mechanism folder's
+    `readiness.tools(options)` names them from its settings): judged as an item with `detail`."""
+
+    tool: str
+    detail: dict[str, Any]
+    # Added to the verdict's reasons when the tool cannot be inspected.
+    without_inspect: str = ""

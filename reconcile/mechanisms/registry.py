@@ -1,8 +1,8 @@
 """Which adapter handles which `WorkItem.mechanism`, built with its settings.
 
-The built-in adapters are named here by dotted path and imported when first used, so naming a
-mechanism (item registration checks the name) does not load the OpenAI and MCP SDKs. Adapter
-modules do not import this one: the table points one way.
+The mechanisms are the folders listed in `folders.FOLDERS`; a folder's adapter is imported when
+first used, so naming a mechanism (item registration checks the name) does not load the OpenAI and
+MCP SDKs. Adapter modules do not import this one: the table points one way.
 """
 
 from __future__ import annotations
@@ -11,19 +11,11 @@ from functools import cache
 
 from django.conf import settings
 from django.core.signals import setting_changed
-from django.utils.module_loading import import_string
 
+from reconcile.mechanisms import folders
 from reconcile.mechanisms.base import Mechanism, MechanismSettings
 from stopdesk.config import timing_variable
 
-BUILTIN: dict[str, str] = {
-    "asyncio": "reconcile.mechanisms.aio.AsyncioChild",
-    "celery": "reconcile.mechanisms.celery.CeleryWorker",
-    "http": "reconcile.mechanisms.http.HttpOperation",
-    "manual": "reconcile.mechanisms.manual.Manual",
-    "mcp": "reconcile.mechanisms.mcp.McpToolCall",
-    "openai": "reconcile.mechanisms.openai.OpenAIResponses",
-}
 _EXTRA: dict[str, type[Mechanism]] = {}
 
 
@@ -34,8 +26,8 @@ class UnknownMechanism(LookupError):
 
 
 def register(cls: type[Mechanism]) -> type[Mechanism]:
-    """Make an adapter outside the built-in table available under its `name` (a class decorator)."""
-    if cls.name in BUILTIN or _EXTRA.get(cls.name, cls) is not cls:
+    """Make an adapter without a folder available under its `name` (a class decorator)."""
+    if folders.package(cls.name) is not None or _EXTRA.get(cls.name, cls) is not cls:
         raise ValueError(f"A mechanism named {cls.name!r} is already registered.")
     _EXTRA[cls.name] = cls
     get.cache_clear()
@@ -48,19 +40,22 @@ def unregister(name: str) -> None:
 
 
 def names() -> list[str]:
-    return sorted({*BUILTIN, *_EXTRA})
+    return sorted({*folders.names(), *_EXTRA})
 
 
 def known(name: str) -> bool:
-    return name in BUILTIN or name in _EXTRA
+    return folders.package(name) is not None or name in _EXTRA
 
 
 def adapter_class(name: str) -> type[Mechanism]:
     if name in _EXTRA:
         return _EXTRA[name]
-    if name not in BUILTIN:
+    if folders.package(name) is None:
         raise UnknownMechanism(name)
-    cls: type[Mechanism] = import_string(BUILTIN[name])
+    adapter = folders.part(name, "adapter")
+    if adapter is None:
+        raise UnknownMechanism(name)
+    cls: type[Mechanism] = adapter.ADAPTER
     return cls
 
 

@@ -19,7 +19,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from reconcile.mechanisms import registry
-from reconcile.mechanisms.http import HttpOperation
+from reconcile.mechanisms.http.adapter import HttpOperation
 from reconcile.models import Compensation, Escalation
 from reconcile.services.records import normalize_version, record_learn_version, record_read
 from stopdesk.celery import app

@@ -17,7 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from reconcile.mechanisms import registry
-from reconcile.mechanisms.http import HttpOperation
+from reconcile.mechanisms.http.adapter import HttpOperation
 from reconcile.models import Compensation, RecordDecision, RecordDecisionKind, RecordReading
 from stopdesk.models import ExternalRecord
 from stopdesk.services.errors import LedgerError

@@ -6,7 +6,8 @@
 - `stopdesk.agent.aio`: the asyncio supervisor `supervise`;
 - `stopdesk.agent.openai`, `.mcp`, `.http`: an external action through the boundary, its handle
   recorded before anything else (`response_create`, `mcp_call_tool`, `mcp_start_task`,
-  `http_submit`).
+  `http_submit`). Each is its mechanism's agent part (`reconcile/mechanisms/<name>/agent.py`),
+  offered here under the names agent code uses.
 
 These modules import the ledger services; the adapters in `reconcile.mechanisms` do not, and only
 talk to their systems. Nothing is imported here, so each helper loads only what it needs.

@@ -14,7 +14,7 @@ them, gives their `finally` blocks `cleanup_s` to run, and records each one:
   stops our waiting; it proves nothing about what the remote side received or committed;
 - still running after cleanup_s: awaiting_reconciliation (it cannot be forced).
 
-The adapter that reads these outcomes back is `reconcile.mechanisms.aio`.
+The adapter that reads these outcomes back is `reconcile.mechanisms.asyncio.adapter`.
 """
 
 from __future__ import annotations

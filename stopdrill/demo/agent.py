@@ -26,9 +26,9 @@ import anyio
 from celery import shared_task
 from django.conf import settings
 
-from stopdesk.agent.http import http_submit
-from stopdesk.agent.mcp import mcp_call_tool
-from stopdesk.agent.openai import openai_client, response_create
+from reconcile.mechanisms.http.agent import http_submit
+from reconcile.mechanisms.mcp.agent import mcp_call_tool
+from reconcile.mechanisms.openai.agent import openai_client, response_create
 from stopdesk.agent.workers import LedgerTask, StopRequested
 from stopdesk.logs import log_context
 from stopdesk.services.closing import task_close

@@ -9,7 +9,7 @@ from typing import Any
 
 from celery import shared_task
 
-from stopdesk.agent.http import http_submit
+from reconcile.mechanisms.http.agent import http_submit
 from stopdesk.agent.workers import LedgerTask, StopRequested
 from stopdesk.models import WorkItem
 from stopdesk.services.errors import TaskStopped

@@ -28,11 +28,11 @@ from urllib.parse import quote, urlparse
 import anyio
 import httpx
 
-from reconcile.mechanisms import mcp_servers
+from reconcile.mechanisms.http.agent import http_submit
+from reconcile.mechanisms.mcp import servers as mcp_servers
+from reconcile.mechanisms.mcp.agent import describe, mcp_call_tool
+from reconcile.mechanisms.openai.agent import openai_client, response_create
 from reconcile.mechanisms.registry import mechanism_settings
-from stopdesk.agent.http import http_submit
-from stopdesk.agent.mcp import describe, mcp_call_tool
-from stopdesk.agent.openai import openai_client, response_create
 from stopdesk.models import WorkItem
 from stopdesk.services.items import item_register
 from stopdesk.states import Kind

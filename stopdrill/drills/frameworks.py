@@ -18,6 +18,8 @@ from typing import Any, ClassVar
 
 import httpx
 
+from reconcile.mechanisms.http import sandbox as crm_faults
+from reconcile.mechanisms.openai.sandbox_model import Script, ToolCall, Turn
 from stopdesk.agent.frameworks import RunStopped
 from stopdesk.agent.frameworks.declare import declaration_of, declare
 from stopdesk.agent.runtime import LocalRuntime
@@ -27,8 +29,6 @@ from stopdesk.states import Kind
 from stopdrill.drills.agent import crm_declaration
 from stopdrill.drills.core import Child, DrillContext, wait_until
 from stopdrill.drills.drivers import AGENT, REVIEW, Driver, _arrived, _sandbox, _task, register_driver, wait_done
-from stopdrill.sandbox import crm as crm_faults
-from stopdrill.sandbox.scripted_model import Script, ToolCall, Turn
 
 SCRIPT = Script.build("drill-lead", [Turn(tool_calls=(ToolCall("create_lead", {"name": "Acme"}),)), Turn(text="done")])
 

@@ -15,7 +15,7 @@ from stopdrill.drills import frameworks  # noqa: F401  (its drivers register on 
 from stopdrill.drills.catalogue import BY_NAME, DRILLS, Drill
 from stopdrill.drills.checks import inspect_drill
 from stopdrill.drills.core import DrillContext, drill_settings
-from stopdrill.drills.drivers import DRIVERS, Driver
+from stopdrill.drills.drivers import Driver, driver_class
 from stopdrill.drills.sandbox import DrillSandbox, start_drill_sandbox
 
 log = logging.getLogger(__name__)
@@ -165,7 +165,7 @@ def drivers_for(mechanisms: list[str] | None) -> tuple[list[Driver], list[str]]:
     names = mechanisms or registry.names()
     found, missing = [], []
     for name in names:
-        cls = DRIVERS.get(name)
+        cls = driver_class(name)
         if cls is None:
             missing.append(name)
         else:

@@ -19,20 +19,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reconcile.mechanisms import registry
-from stopdrill.sandbox.crm import CRM
-from stopdrill.sandbox.mcp_server import MCP_PATH, MCPToolServer
-from stopdrill.sandbox.openai_standin import OpenAIStandin
+from stopdrill.sandbox.common import SandboxParty
 from stopdrill.sandbox.outbox import Outbox
-from stopdrill.sandbox.server import BackgroundServer, Sandbox
+from stopdrill.sandbox.server import BackgroundServer, Sandbox, mechanism_parties
 
 # (party, method, path) patterns that are actions, i.e. work that must pass the boundary first.
 # Reads, lookups and cancels are what Stop itself sends afterwards and are not actions.
-_ACTIONS: dict[str, list[tuple[str, re.Pattern[str]]]] = {
-    "openai": [("POST", re.compile(r"^/v1/responses$"))],
-    "crm": [("POST", re.compile(r"^/records$")), ("POST", re.compile(r"^/records/[^/]+/(edit|archive)$"))],
+# A mechanism folder's sandbox part says its own (`ACTIONS`); these are the shared parties'.
+_SHARED_ACTIONS: dict[str, list[tuple[str, re.Pattern[str]]]] = {
     "outbox": [("POST", re.compile(r"^/messages$"))],
-    "mcp": [("POST", re.compile("^" + re.escape(MCP_PATH) + "/?$"))],
 }
+
+
+def _actions(party: str) -> list[tuple[str, re.Pattern[str]]]:
+    own = mechanism_parties().get(party)
+    return list(own.ACTIONS) if own is not None else _SHARED_ACTIONS.get(party, [])
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class ArrivalLog:
 
     def wrap(self, party: str, app: Any) -> Callable[..., Any]:
         """ASGI middleware recording each HTTP request to `party` before `app` sees it."""
-        patterns = _ACTIONS.get(party, [])
+        patterns = _actions(party)
 
         async def middleware(scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
             if scope["type"] != "http" or scope["path"].startswith("/_control"):
@@ -185,12 +186,9 @@ class DrillSandbox:
 def start_drill_sandbox() -> DrillSandbox:
     """Start the four parties, each behind the arrival log, on free loopback ports."""
     log = ArrivalLog()
-    parties: dict[str, Any] = {
-        "openai": OpenAIStandin(queue_s=0.02, run_s=30.0, flip_after_s=0.3),
-        "mcp": MCPToolServer(default_seconds=2.0, poll_interval_ms=50),
-        "crm": CRM(),
-        "outbox": Outbox(),
-    }
+    own = mechanism_parties()
+    parties: dict[str, SandboxParty] = {name: part.PARTY(**part.DRILL_OPTIONS) for name, part in own.items()}
+    parties["outbox"] = Outbox()
     servers: dict[str, BackgroundServer] = {}
     try:
         for name, party in parties.items():
@@ -200,9 +198,7 @@ def start_drill_sandbox() -> DrillSandbox:
         for server in servers.values():
             server.stop()
         raise
-    sandbox = Sandbox(
-        openai=parties["openai"], mcp=parties["mcp"], crm=parties["crm"], outbox=parties["outbox"], servers=servers
-    )
+    sandbox = Sandbox(parties=parties, servers=servers, suffixes={name: part.URL_SUFFIX for name, part in own.items()})
     return DrillSandbox(sandbox, log)
 
 

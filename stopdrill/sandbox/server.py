@@ -13,17 +13,15 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
-from types import TracebackType
-from typing import Self, cast
+from dataclasses import dataclass, field
+from types import ModuleType, TracebackType
+from typing import Any, Self
 
 import uvicorn
 from starlette.types import ASGIApp
 
+from reconcile.mechanisms import folders
 from stopdrill.sandbox.common import SandboxParty
-from stopdrill.sandbox.crm import CRM
-from stopdrill.sandbox.mcp_server import MCP_PATH, MCPToolServer
-from stopdrill.sandbox.openai_standin import OpenAIStandin
 from stopdrill.sandbox.outbox import Outbox
 from stopdrill.sandbox.webhooks import WebhookReceiver
 
@@ -159,22 +157,47 @@ def _accepts(port: int) -> bool:
         return False
 
 
+def mechanism_parties() -> dict[str, ModuleType]:
+    """The sandbox parts of the mechanism folders that have one, by party name, in port order."""
+    found = {}
+    for name in folders.listed():
+        part = folders.part(name, "sandbox")
+        if part is not None:
+            found[part.PARTY_NAME] = part
+    return found
+
+
+# Parties no mechanism owns, served after the mechanisms' own.
+SHARED: dict[str, Callable[[], SandboxParty]] = {"outbox": Outbox, "webhooks": WebhookReceiver}
+
+
+def party_names() -> list[str]:
+    """Every party start_all serves, in port order (the webhook receiver last)."""
+    return [*mechanism_parties(), *SHARED]
+
+
 @dataclass
 class Sandbox:
-    """The external parties and the webhook receiver, each served on its own loopback port."""
+    """The external parties and the webhook receiver, each served on its own loopback port.
 
-    openai: OpenAIStandin
-    mcp: MCPToolServer
-    crm: CRM
-    outbox: Outbox
+    A party is an attribute by its name (`sandbox.openai`, `sandbox.crm`, `sandbox.outbox`)."""
+
+    parties: dict[str, SandboxParty]
     servers: dict[str, BackgroundServer]
-    webhooks: WebhookReceiver | None = None
+    suffixes: dict[str, str] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names the dataclass does not have: the parties.
+        parties = self.__dict__.get("parties") or {}
+        if name not in parties:
+            raise AttributeError(name)
+        return parties[name]
 
     @property
     def urls(self) -> dict[str, str]:
         """Base URLs to configure clients with (OpenAI's includes `/v1`, MCP's `/mcp`), for the
         parties that are served."""
-        suffix = {"openai": "/v1", "mcp": MCP_PATH, "webhooks": "/hooks"}
+        suffix = {**self.suffixes, "webhooks": "/hooks"}
         return {name: server.url + suffix.get(name, "") for name, server in self.servers.items()}
 
     def stop(self) -> None:
@@ -182,9 +205,8 @@ class Sandbox:
             server.stop()
 
     def reset(self) -> None:
-        for party in (self.openai, self.mcp, self.crm, self.outbox, self.webhooks):
-            if party is not None:
-                party.reset()
+        for party in self.parties.values():
+            party.reset()
 
     def __enter__(self) -> Self:
         return self
@@ -200,29 +222,25 @@ class Sandbox:
 
 def start_all(
     *,
-    openai: OpenAIStandin | None = None,
-    mcp: MCPToolServer | None = None,
-    crm: CRM | None = None,
-    outbox: Outbox | None = None,
-    webhooks: WebhookReceiver | None = None,
     ports: dict[str, int] | None = None,
     only: Collection[str] | None = None,
+    **given: SandboxParty,
 ) -> Sandbox:
-    """Start the four parties and the webhook receiver (fresh ones unless given) and return them
-    with their servers.
+    """Start every party (the mechanism folders' and the shared ones: the outbox and the webhook
+    receiver), fresh ones unless given by name (`openai=OpenAIStandin(run_s=600)`), and return
+    them with their servers.
 
-    `ports` pins ports by party name (`openai`, `mcp`, `crm`, `outbox`), e.g. for a
+    `ports` pins ports by party name (`openai`, `mcp`, `crm`, `outbox`, `webhooks`), e.g. for a
     management command whose URLs go into settings; unpinned parties get a free port.
     `only` serves just those parties (the others exist, unserved, with no URL).
     """
     ports = ports or {}
-    parties: dict[str, SandboxParty] = {
-        "openai": openai or OpenAIStandin(),
-        "mcp": mcp or MCPToolServer(),
-        "crm": crm or CRM(),
-        "outbox": outbox or Outbox(),
-        "webhooks": webhooks or WebhookReceiver(),
-    }
+    own = mechanism_parties()
+    makers: dict[str, Callable[[], SandboxParty]] = {name: part.PARTY for name, part in own.items()} | SHARED
+    unknown = set(given) - set(makers)
+    if unknown:
+        raise TypeError(f"start_all() has no party called {', '.join(sorted(unknown))}")
+    parties = {name: given.get(name) or make() for name, make in makers.items()}
     servers: dict[str, BackgroundServer] = {}
     try:
         for name, party in parties.items():
@@ -232,11 +250,4 @@ def start_all(
         for server in servers.values():
             server.stop()
         raise
-    return Sandbox(
-        openai=cast(OpenAIStandin, parties["openai"]),
-        mcp=cast(MCPToolServer, parties["mcp"]),
-        crm=cast(CRM, parties["crm"]),
-        outbox=cast(Outbox, parties["outbox"]),
-        servers=servers,
-        webhooks=cast(WebhookReceiver, parties["webhooks"]),
-    )
+    return Sandbox(parties=parties, servers=servers, suffixes={name: part.URL_SUFFIX for name, part in own.items()})

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import pytest
 
 from reconcile.mechanisms import registry
+from reconcile.mechanisms.http.sandbox import CRM
+from reconcile.mechanisms.openai.sandbox import OpenAIStandin
 from stopdesk.agent.runtime import LocalRuntime
-from stopdrill.sandbox.crm import CRM
-from stopdrill.sandbox.openai_standin import OpenAIStandin
 from stopdrill.sandbox.server import BackgroundServer
 
 

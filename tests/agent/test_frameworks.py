@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
+from reconcile.mechanisms.http.sandbox import HANG_AFTER_COMMIT
+from reconcile.mechanisms.openai.sandbox_model import HostedMcpCall, Script, ToolCall, Turn
 from reconcile.services.cancel import item_cancel
 from stopdesk.agent.frameworks.core import RunStopped
 from stopdesk.models import ExternalRecord, Task, WorkItem
 from stopdesk.states import ItemState as S
 from stopdesk.summary import task_summary
-from stopdrill.sandbox.crm import HANG_AFTER_COMMIT
-from stopdrill.sandbox.scripted_model import HostedMcpCall, Script, ToolCall, Turn
 from tests.agent.kit import FRAMEWORKS, Tools
 
 pytestmark = [pytest.mark.postgres, pytest.mark.parametrize("framework", sorted(FRAMEWORKS))]

@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from reconcile.mechanisms.openai import launched_tool_calls
+from reconcile.mechanisms.openai.adapter import launched_tool_calls
+from reconcile.mechanisms.openai.sandbox_model import HostedMcpCall, Script, ToolCall, Turn
 from reconcile.services.launched import response_launched_record
 from stopdesk.agent.frameworks.core import RunStopped
 from stopdesk.models import Task, WorkItem
 from stopdesk.states import ItemState as S
 from stopdesk.summary import task_summary
-from stopdrill.sandbox.scripted_model import HostedMcpCall, Script, ToolCall, Turn
 from tests.agent.kit import Tools
 
 pytestmark = [pytest.mark.postgres, pytest.mark.parametrize("streamed", [False, True], ids=["run", "streamed"])]

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from reconcile.mechanisms.openai.sandbox_model import Script, ToolCall, Turn
 from reconcile.services.cancel import item_cancel
 from stopdesk.agent.frameworks.core import RunStopped
 from stopdesk.client import AsyncClient, Client
@@ -18,7 +19,6 @@ from stopdesk.models import Event, Task, WorkItem
 from stopdesk.services.runtimes import runtime_create
 from stopdesk.states import ItemState as S
 from stopdesk.summary import task_summary
-from stopdrill.sandbox.scripted_model import Script, ToolCall, Turn
 from tests.agent.kit import FRAMEWORKS, Tools
 from tests.agent.test_hosted import SCRIPT as HOSTED_SCRIPT
 from tests.agent.test_hosted import _run as run_hosted

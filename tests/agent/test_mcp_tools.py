@@ -10,11 +10,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from reconcile.mechanisms.mcp.sandbox import MCP_PATH, SLOW_LOOKUP, SLOW_WRITE, MCPToolServer
+from reconcile.mechanisms.openai.sandbox_model import Script, ToolCall, Turn
 from stopdesk.agent.frameworks.core import RunStopped
 from stopdesk.models import WorkItem
 from stopdesk.states import ItemState as S
-from stopdrill.sandbox.mcp_server import MCP_PATH, SLOW_LOOKUP, SLOW_WRITE, MCPToolServer
-from stopdrill.sandbox.scripted_model import Script, ToolCall, Turn
 from stopdrill.sandbox.server import BackgroundServer
 
 pytestmark = [pytest.mark.postgres]

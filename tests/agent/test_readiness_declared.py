@@ -10,13 +10,13 @@ import pytest
 from django.utils.text import slugify
 
 from reconcile import readiness
+from reconcile.mechanisms.openai.sandbox_model import Script, ToolCall, Turn
 from reconcile.models import DrillResult, DrillRun
 from stopdesk.agent.frameworks.declare import declare
 from stopdesk.agent.frameworks.mcp_tools import mcp_declaration
 from stopdesk.services.errors import ToolNotReady
 from stopdesk.services.items import item_register
 from stopdesk.states import Kind
-from stopdrill.sandbox.scripted_model import Script, ToolCall, Turn
 from tests.agent.kit import FRAMEWORKS, Tools
 from tests.factories import make_task
 

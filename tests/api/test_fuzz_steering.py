@@ -31,12 +31,12 @@ from hypothesis.stateful import rule, run_state_machine_as_test
 
 from reconcile.mechanisms import registry
 from reconcile.mechanisms.base import ItemRef
+from reconcile.mechanisms.http.sandbox import CRM
+from reconcile.mechanisms.mcp.sandbox import MCPToolServer
+from reconcile.mechanisms.openai.sandbox import OpenAIStandin
 from reconcile.services.compensation import compensation_request
 from reconcile.services.reconcile import sweep_once
 from stopdesk.models import ExternalRecord, WorkItem
-from stopdrill.sandbox.crm import CRM
-from stopdrill.sandbox.mcp_server import MCPToolServer
-from stopdrill.sandbox.openai_standin import OpenAIStandin
 from stopdrill.sandbox.server import BackgroundServer
 from tests.api.conftest import Api
 from tests.api.test_fuzz_stateful import RuntimeApi, state

@@ -9,13 +9,13 @@ from collections.abc import Iterator
 import pytest
 from django.core.management import call_command
 
+from reconcile.mechanisms.http.sandbox import CRM
+from reconcile.mechanisms.mcp.sandbox import MCP_PATH, MCPToolServer
+from reconcile.mechanisms.openai.sandbox import OpenAIStandin
 from reconcile.models import DrillRun
 from stopdrill.drills.external import NEEDS_CONTROLS, Integration
 from stopdrill.drills.runner import run_drills
 from stopdrill.drills.table import table
-from stopdrill.sandbox.crm import CRM
-from stopdrill.sandbox.mcp_server import MCP_PATH, MCPToolServer
-from stopdrill.sandbox.openai_standin import OpenAIStandin
 from stopdrill.sandbox.server import BackgroundServer
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]

@@ -12,9 +12,9 @@ from django.conf import settings as django_settings
 from django.utils import timezone
 
 from reconcile.mechanisms import registry
-from stopdrill.sandbox.crm import CRM
-from stopdrill.sandbox.mcp_server import MCPToolServer
-from stopdrill.sandbox.openai_standin import OpenAIStandin
+from reconcile.mechanisms.http.sandbox import CRM
+from reconcile.mechanisms.mcp.sandbox import MCPToolServer
+from reconcile.mechanisms.openai.sandbox import OpenAIStandin
 from stopdrill.sandbox.outbox import Outbox
 from stopdrill.sandbox.server import BackgroundServer
 from tests.reference_servers import EverythingServer, everything, make_repo, tee_command

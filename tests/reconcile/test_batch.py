@@ -16,15 +16,15 @@ from typing import Any
 import pytest
 from django.db import connection, connections, transaction
 
+from reconcile.mechanisms.openai import sandbox as faults
+from reconcile.mechanisms.openai.agent import response_create
 from reconcile.services.cancel import item_cancel, items_cancel
 from reconcile.tasks import BATCH_ABOVE
-from stopdesk.agent.openai import response_create
 from stopdesk.models import CancellationAttempt, Event, WorkItem
 from stopdesk.services.items import item_finish, item_register
 from stopdesk.services.stop import task_request_stop
 from stopdesk.services.transitions import item_start
 from stopdesk.states import ItemState, Kind
-from stopdrill.sandbox import openai_standin as faults
 from tests.factories import make_task
 from tests.reconcile.conftest import Clock
 from tests.reconcile.helpers import stop, sweep_until_settled

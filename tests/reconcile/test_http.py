@@ -7,9 +7,9 @@ import time
 import pytest
 
 from reconcile.mechanisms import registry
+from reconcile.mechanisms.http.agent import http_submit
 from reconcile.services.cancel import item_cancel
 from reconcile.services.reconcile import item_reconcile
-from stopdesk.agent.http import http_submit
 from stopdesk.models import CancellationAttempt, ExternalRecord
 from stopdesk.services.errors import TaskStopped
 from stopdesk.services.items import item_register
@@ -238,7 +238,7 @@ def test_a_stop_that_settles_the_action_while_the_agent_still_waits_does_not_bre
 
     from django.db import connections
 
-    from stopdrill.sandbox import crm as crm_faults
+    from reconcile.mechanisms.http import sandbox as crm_faults
 
     party, base = crm_party
     party.set_fault(crm_faults.HANG_AFTER_COMMIT)

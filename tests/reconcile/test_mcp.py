@@ -10,15 +10,15 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from reconcile.mechanisms.mcp import sandbox as tools
+from reconcile.mechanisms.mcp.agent import mcp_call_tool, mcp_start_task, task_owner
+from reconcile.mechanisms.mcp.sandbox_raw import RawMcpSession
 from reconcile.services.cancel import item_cancel
-from stopdesk.agent.mcp import mcp_call_tool, mcp_start_task, task_owner
 from stopdesk.models import WorkItem
 from stopdesk.services.errors import TaskStopped
 from stopdesk.services.items import item_register
 from stopdesk.services.stop import task_request_stop
 from stopdesk.states import ItemState, Kind
-from stopdrill.sandbox import mcp_server as tools
-from stopdrill.sandbox.mcp_raw import RawMcpSession
 from tests.factories import make_task, set_state_by_hand
 from tests.reconcile.helpers import sweep_until_settled
 

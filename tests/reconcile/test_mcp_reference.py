@@ -16,9 +16,9 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from reconcile.mechanisms.mcp.agent import mcp_call_tool, mcp_start_task, task_owner
 from reconcile.services.cancel import item_cancel
 from reconcile.services.reconcile import sweep_once
-from stopdesk.agent.mcp import mcp_call_tool, mcp_start_task, task_owner
 from stopdesk.models import Event, WorkItem
 from stopdesk.services.items import item_register
 from stopdesk.services.stop import task_request_stop

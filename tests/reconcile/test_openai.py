@@ -7,12 +7,12 @@ from datetime import timedelta
 
 import pytest
 
+from reconcile.mechanisms.openai import sandbox as faults
+from reconcile.mechanisms.openai.agent import response_create
 from reconcile.services.cancel import item_cancel
-from stopdesk.agent.openai import response_create
 from stopdesk.models import CancellationAttempt
 from stopdesk.services.items import item_register
 from stopdesk.states import ItemState, Kind
-from stopdrill.sandbox import openai_standin as faults
 from tests.factories import make_task
 from tests.reconcile.conftest import configure_openai
 from tests.reconcile.helpers import events, stop, sweep_until_settled

@@ -10,17 +10,17 @@ from datetime import timedelta
 import pytest
 from django.db import connections
 
-from reconcile.mechanisms.openai import launched_tool_calls
+from reconcile.mechanisms.openai.adapter import launched_tool_calls
+from reconcile.mechanisms.openai.agent import response_create
+from reconcile.mechanisms.openai.sandbox_model import HostedMcpCall, Script, ToolCall, Turn
 from reconcile.services.cancel import item_cancel, items_cancel
 from reconcile.services.launched import response_launched_record, responses_launched_record
 from reconcile.services.reconcile import sweep_once
 from reconcile.tasks import BATCH_ABOVE
-from stopdesk.agent.openai import response_create
 from stopdesk.models import CancellationAttempt, Event, WorkItem
 from stopdesk.services.items import item_register
 from stopdesk.states import ItemState, Kind
 from stopdesk.summary import task_summary
-from stopdrill.sandbox.scripted_model import HostedMcpCall, Script, ToolCall, Turn
 from tests.factories import make_task
 from tests.reconcile.helpers import stop
 

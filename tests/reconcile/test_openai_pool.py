@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from reconcile.mechanisms.openai import client_for, http_client_for, plain_endpoint_for
+from reconcile.mechanisms.openai.adapter import client_for, http_client_for, plain_endpoint_for
 
 # The stand-in's server (uvicorn) closes a connection idle for 5 s, counted from its answer. The
 # client counts from when it has read the answer and let go of the connection: on a loaded machine

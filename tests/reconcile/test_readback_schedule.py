@@ -9,10 +9,10 @@ from datetime import timedelta
 
 import pytest
 
+from reconcile.mechanisms.openai.agent import response_create
 from reconcile.mechanisms.registry import mechanism_settings
 from reconcile.services.cancel import item_cancel
 from reconcile.services.reconcile import sweep_once
-from stopdesk.agent.openai import response_create
 from stopdesk.services.items import item_register
 from stopdesk.states import ItemState, Kind
 from tests.factories import make_task

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from reconcile.mechanisms.http.sandbox import CRM
+from reconcile.mechanisms.mcp.sandbox import MCPToolServer
+from reconcile.mechanisms.openai.sandbox import OpenAIStandin
 from stopdrill.sandbox.common import SandboxParty
-from stopdrill.sandbox.crm import CRM
-from stopdrill.sandbox.mcp_server import MCPToolServer
-from stopdrill.sandbox.openai_standin import OpenAIStandin
 from stopdrill.sandbox.outbox import Outbox
 from stopdrill.sandbox.server import BackgroundServer
 

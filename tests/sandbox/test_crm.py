@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-from stopdrill.sandbox.crm import CRM
+from reconcile.mechanisms.http.sandbox import CRM
 from stopdrill.sandbox.server import BackgroundServer
 
 Crm = tuple[CRM, BackgroundServer]

@@ -13,8 +13,8 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
-from stopdrill.sandbox.mcp_raw import McpRpcError, RawMcpSession
-from stopdrill.sandbox.mcp_server import MCP_PATH, MCPToolServer
+from reconcile.mechanisms.mcp.sandbox import MCP_PATH, MCPToolServer
+from reconcile.mechanisms.mcp.sandbox_raw import McpRpcError, RawMcpSession
 from stopdrill.sandbox.server import BackgroundServer
 
 Tools = tuple[MCPToolServer, BackgroundServer]

@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from stopdrill.sandbox.openai_standin import OpenAIStandin
+from reconcile.mechanisms.openai.sandbox import OpenAIStandin
 from stopdrill.sandbox.server import BackgroundServer
 
 Standin = tuple[OpenAIStandin, BackgroundServer]

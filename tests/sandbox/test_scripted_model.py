@@ -10,8 +10,8 @@ import httpx
 import openai
 import pytest
 
-from stopdrill.sandbox.openai_standin import OpenAIStandin
-from stopdrill.sandbox.scripted_model import HostedMcpCall, Script, ToolCall, Turn
+from reconcile.mechanisms.openai.sandbox import OpenAIStandin
+from reconcile.mechanisms.openai.sandbox_model import HostedMcpCall, Script, ToolCall, Turn
 from stopdrill.sandbox.server import BackgroundServer
 
 Standin = tuple[OpenAIStandin, BackgroundServer]

@@ -11,8 +11,8 @@ from django.conf import settings as django_settings
 from django.core.cache import cache
 from django.test import Client
 
+from reconcile.mechanisms.http.sandbox import CRM
 from stopdesk.permissions import roles_ensure
-from stopdrill.sandbox.crm import CRM
 from stopdrill.sandbox.server import BackgroundServer
 
 GROUPS = {"operator": "operators", "reviewer": "reviewers", "approver": "approvers", "approver2": "approvers"}

@@ -141,7 +141,7 @@ def test_a_record_edited_in_between_is_escalated_with_both_versions_and_nothing_
 
 
 def test_an_edit_between_the_read_and_the_write_is_caught_by_if_match(roles, crm, eager, monkeypatch):
-    from reconcile.mechanisms.http import HttpOperation
+    from reconcile.mechanisms.http.adapter import HttpOperation
 
     record = crm_effect(_crm_url())
     c = proposal(record, roles["reviewer"])

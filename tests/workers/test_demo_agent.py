@@ -3,12 +3,12 @@ Stop after the email went out, the canceller settles every child, and the summar
 
 import pytest
 
+from reconcile.mechanisms.openai.sandbox import OpenAIStandin
 from stopdesk.models import Task, WorkItem
 from stopdesk.services.stop import task_request_stop
 from stopdesk.states import SETTLED
 from stopdesk.summary import task_summary
 from stopdrill.demo.start import demo_task_start, demo_task_wait
-from stopdrill.sandbox.openai_standin import OpenAIStandin
 from stopdrill.sandbox.server import start_all
 from tests.workers.conftest import wait_for
 

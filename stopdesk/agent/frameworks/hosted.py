@@ -18,7 +18,7 @@ import asyncio
 import weakref
 from typing import Any
 
-from reconcile.mechanisms.openai import launched_tool_calls
+from reconcile.mechanisms.openai.adapter import launched_tool_calls
 from stopdesk.protocol.errors import StopRequested
 
 # Run by the provider, not by the application (function calls are the framework's own tool calls).

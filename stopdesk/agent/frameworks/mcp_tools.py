@@ -24,7 +24,7 @@ from typing import Any
 import mcp_types as types
 from mcp import Client
 
-from reconcile.mechanisms.mcp import annotations_of
+from reconcile.mechanisms.mcp.adapter import annotations_of
 from stopdesk.agent.frameworks.declare import ToolDeclaration
 
 METADATA_KEY = "stopdesk_mcp"  # where a framework's tool object keeps the RemoteTool facts

@@ -18,3 +18,6 @@ class Manual(Mechanism):
         return Observation(
             Seen.AWAITING_REPORT, message="No cancel route for this mechanism; its result must be reported."
         )
+
+
+ADAPTER = Manual

@@ -45,3 +45,6 @@ class AsyncioChild(Mechanism):
                 message="The coroutine was cancelled after sending an external action that has no status lookup.",
             )
         return Observation(Seen.AWAITING_REPORT, remote_status="no heartbeat")
+
+
+ADAPTER = AsyncioChild

@@ -315,3 +315,6 @@ class HttpOperation(Mechanism):
         return Reversal(
             "done", response.status_code, new_version=_version_of(response, body, field_name), body=body, request=sent
         )
+
+
+ADAPTER = HttpOperation

@@ -10,11 +10,8 @@ from typing import Any, cast
 import anyio
 import mcp_types as types
 
-from reconcile.mechanisms import mcp_servers
-from reconcile.mechanisms.mcp_servers import Connection
-from reconcile.mechanisms.registry import mechanism_settings
-from stopdesk.agent.aio import in_thread
-from stopdesk.agent.mcp.common import (
+from reconcile.mechanisms.mcp import servers as mcp_servers
+from reconcile.mechanisms.mcp.agent.common import (
     ServerRef,
     describe,
     look_later,
@@ -22,6 +19,9 @@ from stopdesk.agent.mcp.common import (
     record_failure,
     unwrap,
 )
+from reconcile.mechanisms.mcp.servers import Connection
+from reconcile.mechanisms.registry import mechanism_settings
+from stopdesk.agent.aio import in_thread
 from stopdesk.services.errors import IllegalTransition, TaskStopped
 from stopdesk.services.items import item_finish, item_heartbeat, item_note_evidence
 from stopdesk.services.transitions import item_transition

@@ -23,6 +23,7 @@ and `hang_after_commit` (applied, never answers): the four ways a write can look
 from __future__ import annotations
 
 import html
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -337,3 +338,13 @@ that expected the old version is escalated instead of forced.</p>
 <table><thead><tr><th>Id</th><th>Name</th><th>Version</th><th>Status</th><th></th></tr></thead>
 <tbody>{rows}</tbody></table></body></html>
 """
+
+
+# What the sandbox's start-all and the drills' sandbox find through the mechanism folders.
+PARTY = CRM
+PARTY_NAME = "crm"  # its key in `Sandbox.urls` and the name of its server
+URL_SUFFIX = ""  # what a client's base URL adds to the server's
+# (method, path) patterns that are actions, work that must pass the boundary first (the drills
+# time them against Stop); reads, lookups and cancels are what Stop itself sends afterwards.
+ACTIONS = [("POST", re.compile(r"^/records$")), ("POST", re.compile(r"^/records/[^/]+/(edit|archive)$"))]
+DRILL_OPTIONS: dict[str, float] = {}  # how the drills' sandbox builds it

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -36,7 +37,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from stopdrill.sandbox import scripted_model as sm
+from reconcile.mechanisms.openai import sandbox_model as sm
 from stopdrill.sandbox.common import SandboxParty
 
 RUNNING = frozenset({"queued", "in_progress"})
@@ -491,3 +492,17 @@ def _error(status: int, message: str, *, kind: str = "invalid_request_error", pa
 
 def _not_found(response_id: str) -> JSONResponse:
     return _error(404, f"Response with id '{response_id}' not found.", param="response_id")
+
+
+# What the sandbox's start-all and the drills' sandbox find through the mechanism folders.
+PARTY = OpenAIStandin
+PARTY_NAME = "openai"  # its key in `Sandbox.urls` and the name of its server
+URL_SUFFIX = "/v1"  # what a client's base URL adds to the server's
+# (method, path) patterns that are actions, work that must pass the boundary first (the drills
+# time them against Stop); reads, lookups and cancels are what Stop itself sends afterwards.
+ACTIONS = [("POST", re.compile(r"^/v1/responses$"))]
+DRILL_OPTIONS: dict[str, float] = {
+    "queue_s": 0.02,
+    "run_s": 30.0,
+    "flip_after_s": 0.3,
+}  # how the drills' sandbox builds it

@@ -297,3 +297,6 @@ class OpenAIResponses(Mechanism):
 def _transport_error(exc: httpx.HTTPError) -> str:
     """A transport failure in the SDK's words, so the evidence reads the same as for a create."""
     return "APITimeoutError" if isinstance(exc, httpx.TimeoutException) else "APIConnectionError"
+
+
+ADAPTER = OpenAIResponses

@@ -15,14 +15,14 @@ import anyio
 import mcp_types as types
 from mcp.shared.exceptions import MCPError
 
-from reconcile.mechanisms import mcp_servers
 from reconcile.mechanisms.base import Observation, Seen
-from reconcile.mechanisms.mcp import INVALID_PARAMS, NOT_FOUND_AT_ONCE, task_observation
-from reconcile.mechanisms.mcp_servers import Connection
+from reconcile.mechanisms.mcp import servers as mcp_servers
+from reconcile.mechanisms.mcp.adapter import INVALID_PARAMS, NOT_FOUND_AT_ONCE, task_observation
+from reconcile.mechanisms.mcp.agent.common import ServerRef, describe, error_text, pass_boundary, record_failure, unwrap
+from reconcile.mechanisms.mcp.servers import Connection
 from reconcile.mechanisms.registry import mechanism_settings
 from reconcile.services.reconcile import item_observe
 from stopdesk.agent.aio import in_thread
-from stopdesk.agent.mcp.common import ServerRef, describe, error_text, pass_boundary, record_failure, unwrap
 from stopdesk.services.errors import TaskStopped
 from stopdesk.services.items import item_heartbeat, item_record_detail, item_set_handle
 

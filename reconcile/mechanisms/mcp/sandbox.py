@@ -20,6 +20,7 @@ and interruptions), `GET /_control/tasks`, plus the common `/_control/*` routes.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -39,8 +40,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Mount, Route
 
+from reconcile.mechanisms.mcp.sandbox_tasks import TaskRegistry
 from stopdrill.sandbox.common import SandboxParty
-from stopdrill.sandbox.mcp_tasks import TaskRegistry
 
 MCP_PATH = "/mcp"
 
@@ -391,3 +392,13 @@ def _text(text: str, *, is_error: bool = False) -> types.CallToolResult:
 
 def _dump(result: types.CallToolResult) -> dict[str, Any]:
     return result.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+
+# What the sandbox's start-all and the drills' sandbox find through the mechanism folders.
+PARTY = MCPToolServer
+PARTY_NAME = "mcp"  # its key in `Sandbox.urls` and the name of its server
+URL_SUFFIX = MCP_PATH  # what a client's base URL adds to the server's
+# (method, path) patterns that are actions, work that must pass the boundary first (the drills
+# time them against Stop); reads, lookups and cancels are what Stop itself sends afterwards.
+ACTIONS = [("POST", re.compile("^" + re.escape(MCP_PATH) + "/?$"))]
+DRILL_OPTIONS: dict[str, float] = {"default_seconds": 2.0, "poll_interval_ms": 50}  # how the drills' sandbox builds it

@@ -60,3 +60,6 @@ class CeleryWorker(Mechanism):
         return Observation(
             Seen.UNREACHABLE, remote_status="no heartbeat", message="The worker is presumed lost.", detail=detail
         )
+
+
+ADAPTER = CeleryWorker

@@ -16,8 +16,8 @@ session by its id where the server still has it, or records the task uncertain b
 session's owner stopped.
 """
 
-from stopdesk.agent.mcp.calls import mcp_call_tool
-from stopdesk.agent.mcp.common import ServerRef, describe
-from stopdesk.agent.mcp.tasks import TaskOwner, mcp_run_task, mcp_start_task, task_owner
+from reconcile.mechanisms.mcp.agent.calls import mcp_call_tool
+from reconcile.mechanisms.mcp.agent.common import ServerRef, describe
+from reconcile.mechanisms.mcp.agent.tasks import TaskOwner, mcp_run_task, mcp_start_task, task_owner
 
 __all__ = ["ServerRef", "TaskOwner", "describe", "mcp_call_tool", "mcp_run_task", "mcp_start_task", "task_owner"]

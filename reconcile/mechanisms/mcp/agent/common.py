@@ -9,8 +9,8 @@ from typing import Any
 from mcp import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
-from reconcile.mechanisms.mcp import annotations_of
-from reconcile.mechanisms.mcp_servers import Connection, ServerSpec
+from reconcile.mechanisms.mcp.adapter import annotations_of
+from reconcile.mechanisms.mcp.servers import Connection, ServerSpec
 from stopdesk.agent.aio import in_thread
 from stopdesk.services.errors import IllegalTransition
 from stopdesk.services.items import item_record_detail, item_state_of

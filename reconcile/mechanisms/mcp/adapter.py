@@ -31,8 +31,8 @@ import mcp_types as types
 from django.utils import timezone
 from mcp.shared.exceptions import MCPError
 
-from reconcile.mechanisms import mcp_servers
 from reconcile.mechanisms.base import LEDGER_FINAL, Capability, ItemRef, Mechanism, MechanismSettings, Observation, Seen
+from reconcile.mechanisms.mcp import servers as mcp_servers
 from stopdesk.states import ItemState
 
 log = logging.getLogger(__name__)
@@ -312,3 +312,6 @@ def _rpc(http: httpx.Client, url: str, method: str, params: dict[str, Any]) -> t
 
 
 __all__ = ["MCPError", "McpToolCall", "annotations_of", "run_status_check", "task_observation"]
+
+
+ADAPTER = McpToolCall

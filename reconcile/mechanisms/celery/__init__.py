@@ -1,0 +1,1 @@
+"""Celery workers: queued tasks that pass the boundary before they run (`LedgerTask`)."""

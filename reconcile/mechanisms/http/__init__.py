@@ -1,0 +1,1 @@
+"""HTTP operations on external systems, with an idempotency key and a status lookup."""

@@ -1,0 +1,1 @@
+"""Work nothing can cancel or look up: a person accounts for it."""

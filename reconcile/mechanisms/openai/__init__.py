@@ -1,0 +1,1 @@
+"""OpenAI background responses: create, retrieve, cancel."""

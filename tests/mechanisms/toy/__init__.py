@@ -1,0 +1,1 @@
+"""A toy mechanism, added the documented way: one folder and one `folders.add` (a line in FOLDERS)."""
