@@ -299,7 +299,7 @@ STOPDESK_METRICS_TOKEN = os.environ.get("STOPDESK_METRICS_TOKEN", "")
 STOPDESK_READY_MAX_AGE_SECONDS = float(os.environ.get("STOPDESK_READY_MAX_AGE_SECONDS", "120"))
 
 # External systems, by name (`ExternalRecord.system`, an http item's `"system"`): one generic
-# declaration each for the HTTP adapter (reconcile/mechanisms/http.py), which reads records back,
+# declaration each for the HTTP adapter (reconcile/mechanisms/http/adapter.py), which reads records back,
 # looks operations up and runs approved compensations with them. Relative URLs join `base_url`.
 # The sandbox CRM versions records as an integer and takes it back in If-Match as `"v<version>"`;
 # the mail outbox offers no reversal, so a sent message can only be reported.

@@ -7,7 +7,7 @@ Tools:
   journals the interruption. With the `ignore_cancel` fault it runs to the end and the
   effect lands anyway, like `@modelcontextprotocol/server-everything` does.
 - `export_report` (additive, `execution.taskSupport: "optional"`): a plain call or a
-  2025-11-25 task; see `mcp_tasks.py` for the task half the SDK does not dispatch.
+  2025-11-25 task; see `sandbox_tasks.py` for the task half the SDK does not dispatch.
 
 The task methods are registered as custom request handlers (the SDK's runner dispatches a
 method it does not know as a spec method straight to `Server.add_request_handler`), and a

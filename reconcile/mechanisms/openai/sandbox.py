@@ -10,7 +10,7 @@ official `openai` SDK parses every answer, including the awkward parts:
 - there is no list endpoint, so a create whose answer was lost leaves an orphan that only
   the `/_control/responses` side channel (for tests, not for the code under test) can see;
 - a request whose `model` is `script:<name>` is answered by a scripted model
-  (`scripted_model.py`): function calls, hosted `mcp_call` items, then a final answer, over
+  (`sandbox_model.py`): function calls, hosted `mcp_call` items, then a final answer, over
   Responses and Chat Completions, streamed or not. A scripted background response carries its
   turn's hosted tool calls as output items from the moment it runs, so a cancel leaves them there
   for the application to inspect, as upstream does.
