@@ -68,6 +68,8 @@ MCP_SERVER_KEYS = {
     "env_from": "env-table",
     "tools": "table",
 }
+STATUS_CHECK_KEYS = ("status_check",)
+CHECK_KEYS = {"tool": "text", "arguments": "table", "completed_if_contains": "text"}
 SECRET_HINTS = {
     "bearer_token": "bearer_token_env",
     "headers": "headers_env",
@@ -147,8 +149,12 @@ class _File:
         return value
 
     def url(self, value: str, key: str, relative: str = "") -> None:
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        try:
+            parts = urlsplit(value)
+            host = parts.hostname
+        except ValueError:
+            host = None
+        if not host or parts.scheme not in ("http", "https"):
             raise self.error(key, f"{value!r} is not an http(s) URL (http://HOST/...){relative}.")
 
     def secret(self, variable: str, key: str) -> str:
@@ -213,6 +219,15 @@ def read(path: str) -> dict[str, dict[str, Any]]:
                 server["headers" if field == "headers_env" else "env"] = f.env_table(value, f"{key}.{field}")
             else:
                 server[field] = f.value(value, kind, f"{key}.{field}")
+        for tool, declared in (server.get("tools") or {}).items():
+            where = f"{key}.tools.{tool}"
+            f.known(f.table(declared, where), STATUS_CHECK_KEYS, where)
+            check = f.table(declared.get("status_check", {}), f"{where}.status_check")
+            f.known(check, CHECK_KEYS, f"{where}.status_check")
+            for field, value in check.items():
+                f.value(value, CHECK_KEYS[field], f"{where}.status_check.{field}")
+            if check and not check.get("tool"):
+                raise f.error(f"{where}.status_check", "a status check needs the 'tool' that reads the call's effect.")
         found.setdefault("mcp", {}).setdefault("options", {}).setdefault("servers", {})[name] = server
 
     http = f.table(raw.get("http", {}), "http")
@@ -234,7 +249,9 @@ def read(path: str) -> dict[str, dict[str, Any]]:
     return found
 
 
-def merged(mechanisms: dict[str, dict[str, Any]], path: str, *, environment: dict[str, dict[str, float]]) -> dict:
+def merged(
+    mechanisms: dict[str, dict[str, Any]], path: str, *, environment: dict[str, dict[str, float]]
+) -> dict[str, dict[str, Any]]:
     """`mechanisms` (the settings' STOPDESK_MECHANISMS) with the file's overrides over it, and the
     STOPDESK_<MECHANISM>_* timing variables (`environment`) over those. A new dict."""
     result = copy.deepcopy(mechanisms)

@@ -62,6 +62,12 @@ def error_of(path: str) -> str:
         ('[mcp.servers.r]\nurl = "http://h/mcp"\ncommand = "x"\n', "mcp.servers.r", "exactly one of 'url'"),
         ('[mcp.servers.r]\ncommand = "x"\nargs = "a b"\n', "mcp.servers.r.args", "expected a list of strings"),
         ("[mcp]\nserver = 1\n", "mcp.server", "there is no such key"),
+        (
+            '[mcp.servers.r]\nurl = "http://h/mcp"\n[mcp.servers.r.tools.export.status_check]\narguments = {}\n',
+            "mcp.servers.r.tools.export.status_check",
+            "needs the 'tool'",
+        ),
+        ('[mcp.servers.r]\nurl = "http://[::1/mcp"\n', "mcp.servers.r.url", "is not an http(s) URL"),
         ('[http.systems.crm]\nbase_url = "crm.example"\n', "http.systems.crm.base_url", "is not an http(s) URL"),
         ('[http.systems.crm]\nlookup_url = "/x"\n', "http.systems.crm", "needs its 'base_url'"),
         ('[http.systems.crm]\nbase_url = "http://c"\nlookup = "/x"\n', "http.systems.crm.lookup", "no such key"),
