@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from reconcile.mechanisms.base import MechanismSettings
 from stopdesk import config_file
@@ -185,3 +186,12 @@ def test_at_start_up_a_bad_file_is_one_line_and_a_good_one_reaches_the_settings(
     assert after["servers"] == ["research"] and after["systems"] == ["billing", "crm", "outbox"]
     assert after["mcp_deadline"] == 45.0, "the timing variable wins over the file"
     assert after["openai"] == before["openai"]
+
+
+def test_the_compose_file_mounts_the_shipped_file_which_changes_nothing() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    for name in ("web", "watch", "worker", "beat", "migrate"):
+        service = compose["services"][name]
+        assert "./config:/etc/stopdesk:ro" in service["volumes"], name
+        assert service["environment"]["STOPDESK_CONFIG_FILE"] == "${STOPDESK_CONFIG_FILE:-}", name
+    assert config_file.read(str(ROOT / "config" / "stopdesk.toml")) == {}
