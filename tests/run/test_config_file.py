@@ -25,6 +25,11 @@ SHOW = (
 )
 
 
+def last_line(stdout: str) -> dict:
+    # `shell` may first say what it imported.
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
 def write(tmp_path: Path, text: str) -> str:
     path = tmp_path / "stopdesk.toml"
     path.write_text(text)
@@ -166,7 +171,7 @@ def test_the_example_in_the_operations_guide_reads(tmp_path: Path, monkeypatch: 
 
 def test_at_start_up_a_bad_file_is_one_line_and_a_good_one_reaches_the_settings(tmp_path: Path) -> None:
     env = clean_env(tmp_path)
-    before = json.loads(run(["manage.py", "shell", "-c", SHOW], env).stdout)
+    before = last_line(run(["manage.py", "shell", "-c", SHOW], env).stdout)
     assert before["servers"] == [] and before["systems"] == ["crm", "outbox"]
 
     env["STOPDESK_CONFIG_FILE"] = write(tmp_path, '[mcp.servers.research]\nurl = "tools.example/mcp"\n')
@@ -182,7 +187,7 @@ def test_at_start_up_a_bad_file_is_one_line_and_a_good_one_reaches_the_settings(
         '[http.systems.billing]\nbase_url = "https://billing.example"\n',
     )
     env["STOPDESK_MCP_DEADLINE_SECONDS"] = "45"
-    after = json.loads(run(["manage.py", "shell", "-c", SHOW], env).stdout)
+    after = last_line(run(["manage.py", "shell", "-c", SHOW], env).stdout)
     assert after["servers"] == ["research"] and after["systems"] == ["billing", "crm", "outbox"]
     assert after["mcp_deadline"] == 45.0, "the timing variable wins over the file"
     assert after["openai"] == before["openai"]
