@@ -249,15 +249,31 @@ def test_cancels_against_the_stand_in_reuse_one_connection_of_the_endpoints_pool
 
 
 def test_the_endpoint_transport_takes_the_environments_proxy_as_the_client_would(monkeypatch):
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
     monkeypatch.setenv("NO_PROXY", "internal.example")
-    monkeypatch.delenv("https_proxy", raising=False)
-    monkeypatch.delenv("no_proxy", raising=False)
     assert environment_proxy("https://api.openai.com/v1") == "http://proxy.example:3128"
     assert environment_proxy("https://internal.example/v1") is None
     assert environment_proxy("http://127.0.0.1:8080/v1") is None  # no HTTP_PROXY named
     monkeypatch.delenv("HTTPS_PROXY")
     assert environment_proxy("https://api.openai.com/v1") is None
+
+
+def test_the_cancel_path_goes_through_the_environments_proxy_as_httpx_would(idle_closing_server, monkeypatch):
+    # The loopback server plays an HTTP proxy: it sees the absolute URL a proxied request names.
+    server, _url = idle_closing_server
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{server.server_address[1]}")
+    endpoint = plain_endpoint_for(base_url="http://api.example.invalid/v1", api_key="sk-proxied", timeout_s=5.0)
+    assert endpoint.send("GET", "responses/resp_pool").json()["status"] == "cancelled"
+    with httpx.Client() as plain:  # httpx's own choice from the same environment
+        assert plain.get("http://api.example.invalid/v1/responses/resp_pool").status_code == 200
+    ours, httpx_own = (head.split(b"\r\n")[0] for head in server.heads)
+    assert ours == httpx_own == b"GET http://api.example.invalid/v1/responses/resp_pool HTTP/1.1"
 
 
 PRODUCT = ("stopdesk", "reconcile", "stopdrill")
