@@ -45,9 +45,9 @@ def in_flight_tools(task_id: int) -> tuple[list[dict[str, Any]], int]:
     for item in rows.values("id", "kind", "mechanism", "handle", "noun", "label", "state", "started_at", "detail")[
         :TOOLS_LISTED
     ]:
-        detail = item["detail"] if isinstance(item["detail"], dict) else {}
-        tool = detail.get("tool") if isinstance(detail.get("tool"), dict) else {}
-        http = detail.get("http") if isinstance(detail.get("http"), dict) else {}
+        detail: dict[str, Any] = item["detail"] if isinstance(item["detail"], dict) else {}
+        tool: dict[str, Any] = detail["tool"] if isinstance(detail.get("tool"), dict) else {}
+        http: dict[str, Any] = detail["http"] if isinstance(detail.get("http"), dict) else {}
         tools.append(
             {
                 "item_id": item["id"],

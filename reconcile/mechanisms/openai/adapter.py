@@ -109,7 +109,7 @@ def environment_proxy(url: str) -> str | None:
     read with the standard library's own proxy rules."""
     proxies = urllib.request.getproxies()
     parts = urlsplit(url)
-    if not proxies or urllib.request.proxy_bypass_environment(parts.hostname or "", proxies):
+    if not proxies or urllib.request.proxy_bypass(parts.hostname or ""):
         return None
     proxy = proxies.get(parts.scheme) or proxies.get("all")
     if proxy and "://" not in proxy:
