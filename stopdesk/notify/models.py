@@ -10,7 +10,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from stopdesk.notify.topics import Topic
+from stopdesk.notify.topics import NAMED_ONLY, Topic
 from stopdesk.states import DeliveryState
 
 D = DeliveryState
@@ -59,7 +59,11 @@ class WebhookEndpoint(models.Model):
     name = models.CharField(max_length=100, unique=True)
     url = models.URLField(max_length=500)
     secret = models.CharField(max_length=100, default=new_webhook_secret, help_text="whsec_... (Standard Webhooks)")
-    topics = models.JSONField(default=list, blank=True, help_text="Topics to send; empty means all.")
+    topics = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Topics to send; empty means all but stop_requested, which is sent only if named.",
+    )
     per_item = models.BooleanField(
         default=False,
         help_text="Also one message per item (uncertain, late result, deadline); otherwise a digest per task.",
@@ -71,8 +75,9 @@ class WebhookEndpoint(models.Model):
         return self.name
 
     def wants(self, topics: frozenset[str], *, per_item: bool = False) -> bool:
-        """Whether it takes a notification for any of `topics`; a per-item alert only if it asked."""
-        taken = not self.topics or bool(topics & set(self.topics))
+        """Whether it takes a notification for any of `topics`; a per-item alert only if it asked,
+        and a topic sent only to those who name it (`NAMED_ONLY`) only if it names it."""
+        taken = bool(topics & set(self.topics)) or (not self.topics and bool(topics - NAMED_ONLY))
         return self.active and taken and (self.per_item or not per_item)
 
 

@@ -16,6 +16,7 @@ class Topic(models.TextChoices):
     COMPENSATION_ESCALATED = "compensation_escalated", "A compensation was escalated"
     COMPENSATION_FAILED = "compensation_failed", "A compensation failed"
     STOP_UNSETTLED = "stop_unsettled", "A stop has not settled in time"
+    STOP_REQUESTED = "stop_requested", "Stop was pressed (the task, its runtime and the tools in flight)"
     TASK_DIGEST = "task_digest", "A digest of one task's item alerts"
 
 
@@ -25,6 +26,10 @@ T = Topic
 DIGESTED = frozenset({T.ITEM_UNCERTAIN, T.LATE_RESULT, T.INVESTIGATE_NEAR, T.INVESTIGATE_PASSED})
 # What a person chooses among (a digest goes to whoever takes any topic it gathers).
 CHOOSABLE = tuple(t for t in Topic if t != T.TASK_DIGEST)
+# Topics only for those who name them: an endpoint whose topics are empty (all) does not get them,
+# nor does anyone by their role. Stop's credential hook is a receiver built for it (it revokes keys),
+# and every other subscriber keeps the messages it had.
+NAMED_ONLY = frozenset({T.STOP_REQUESTED})
 # Email topics a person gets when they have not chosen (by role: the Django group names).
 ROLE_DEFAULTS: dict[str, frozenset[str]] = {
     "reviewers": frozenset(

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from stopdesk import ports
 from stopdesk.models import StopRequest, Task
+from stopdesk.notify.stop_hook import stop_requested_notify
 from stopdesk.services.events import event_record
 from stopdesk.services.sql import ClockNow
 from stopdesk.services.stop_notify import stop_notify
@@ -82,9 +83,20 @@ def _commit_stop_first(*, task_id: int, actor: str, by: Any, reason: str) -> Sto
             stop_request = StopRequest.objects.create(
                 task=task, requested_at=task.stop_requested_at, requested_by=by, actor=actor, reason=reason
             )
-            event_record(kind="stop_requested", actor=actor, task=task, message=reason or "Stop requested.")
+            event = event_record(kind="stop_requested", actor=actor, task=task, message=reason or "Stop requested.")
             # Delivered by PostgreSQL when this transaction commits, and only then.
             stop_notify(task_id=task_id, requested_at=task.stop_requested_at)
+            # The credential hook's outbox row, with the tools in flight as the gate holds them
+            # still; its delivery is queued after commit (and found by the sweep if the broker
+            # lost it).
+            stop_requested_notify(
+                task=task,
+                stop_request_id=stop_request.pk,
+                event_id=event.pk,
+                requested_at=task.stop_requested_at,
+                actor=actor,
+                reason=reason,
+            )
             return stop_request
         if not Task.objects.filter(pk=task_id).exists():
             raise Task.DoesNotExist(f"Task {task_id} does not exist.")

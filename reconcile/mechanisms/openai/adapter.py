@@ -12,9 +12,11 @@ with the wire protocol's two documented calls.
   unreachable, as with the SDK's exceptions). The SDK's request pipeline (an options model per call, header merging, URL
   building) and its Response model were more than half of a call's CPU, which is what bounds a
   canceller's throughput when one process cancels thousands of responses. For the same reason the
-  two requests go straight to the client's transport (its pool, TLS, proxy and timeouts) with the
+  two requests go straight to the endpoint's transport (its pool, TLS, proxy and timeouts) with the
   client's headers: httpx's own per-request pipeline (URL merging, cookies, auth and redirect
-  handling, event hooks) cost more CPU than the transport itself.
+  handling, event hooks) cost more CPU than the transport itself. The transport is one we build
+  and keep (`endpoint_transport`), handed to the plain client as its `transport`, so the client and
+  the direct path share one pool through httpx's public API only.
 - the read-back also lists the tool calls the response launched itself (`launched_tool_calls`):
   hosted `mcp_call`s, code interpreter, searches, function calls awaiting the application.
   Cancelling the response does not undo them, so the services record each one under the
@@ -25,10 +27,11 @@ from __future__ import annotations
 
 import os
 import threading
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import httpx
 import httpx2
@@ -100,20 +103,52 @@ def client_for(*, base_url: str | None = None, api_key: str | None = None, timeo
     return _shared(sdk.OpenAI, base_url, api_key, timeout_s, build)
 
 
+def environment_proxy(url: str) -> str | None:
+    """The proxy the environment names for `url` (HTTPS_PROXY, HTTP_PROXY, ALL_PROXY, with NO_PROXY
+    honoured), or None: what httpx's client would route the endpoint through with `trust_env`,
+    read with the standard library's own proxy rules."""
+    proxies = urllib.request.getproxies()
+    parts = urlsplit(url)
+    if not proxies or urllib.request.proxy_bypass(parts.hostname or ""):
+        return None
+    proxy = proxies.get(parts.scheme) or proxies.get("all")
+    if proxy and "://" not in proxy:
+        proxy = "http://" + proxy  # as httpx reads a proxy given without a scheme
+    return proxy or None
+
+
+def endpoint_transport(
+    *, base_url: str | None = None, api_key: str | None = None, timeout_s: float = 10.0
+) -> httpx.HTTPTransport:
+    """The one transport (connection pool, TLS, proxy) per endpoint, key and timeout that both the
+    plain client and the direct cancel and read-back path send through. Built here, with the pool
+    limits and the environment's certificates and proxy the client would have given its own."""
+
+    def build(url: str, key: str) -> httpx.HTTPTransport:
+        return httpx.HTTPTransport(
+            limits=httpx.Limits(
+                max_connections=None, max_keepalive_connections=KEEPALIVE_CONNECTIONS, keepalive_expiry=KEEPALIVE_S
+            ),
+            trust_env=True,
+            proxy=environment_proxy(url),
+        )
+
+    return _shared(httpx.HTTPTransport, base_url, api_key, timeout_s, build)
+
+
 def http_client_for(
     *, base_url: str | None = None, api_key: str | None = None, timeout_s: float = 10.0
 ) -> httpx.Client:
     """The plain client the cancel and the read-back use: the same endpoint, key and bearer auth
-    as `client_for`, no retries (the engine retries)."""
+    as `client_for`, no retries (the engine retries), on the endpoint's transport."""
+    transport = endpoint_transport(base_url=base_url, api_key=api_key, timeout_s=timeout_s)
 
     def build(url: str, key: str) -> httpx.Client:
         return httpx.Client(
             base_url=url.rstrip("/") + "/",
             headers={"Authorization": f"Bearer {key}", "Accept": "application/json"},
             timeout=timeout_s,
-            limits=httpx.Limits(
-                max_connections=None, max_keepalive_connections=KEEPALIVE_CONNECTIONS, keepalive_expiry=KEEPALIVE_S
-            ),
+            transport=transport,
         )
 
     return _shared(httpx.Client, base_url, api_key, timeout_s, build)
@@ -121,8 +156,8 @@ def http_client_for(
 
 @dataclass(frozen=True)
 class PlainEndpoint:
-    """What a plain request to one endpoint needs, worked out once: the transport the client would
-    pick for the endpoint (a proxy's, if the environment names one), the client's headers and its
+    """What a plain request to one endpoint needs, worked out once: the endpoint's transport (the
+    plain client's, a proxy's if the environment names one), the client's headers and its
     timeouts. Sending through it costs about half the CPU of `client.request`, which builds and
     merges all of this again on every call."""
 
@@ -146,14 +181,15 @@ class PlainEndpoint:
 def plain_endpoint_for(
     *, base_url: str | None = None, api_key: str | None = None, timeout_s: float = 10.0
 ) -> PlainEndpoint:
-    """The cancel's and the read-back's way to the endpoint of `http_client_for` (whose pool it
-    shares)."""
+    """The cancel's and the read-back's way to the endpoint of `http_client_for` (whose transport,
+    and so whose pool, it shares)."""
     client = http_client_for(base_url=base_url, api_key=api_key, timeout_s=timeout_s)
+    transport = endpoint_transport(base_url=base_url, api_key=api_key, timeout_s=timeout_s)
 
     def build(url: str, key: str) -> PlainEndpoint:
         return PlainEndpoint(
             base_url=str(client.base_url),
-            transport=client._transport_for_url(client.base_url),
+            transport=transport,
             headers=list(client.headers.raw),
             extensions={"timeout": client.timeout.as_dict()},
         )
