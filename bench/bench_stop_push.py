@@ -10,7 +10,8 @@
   polled every 0.5 s (what the supervisor's and LedgerTask's heartbeats did).
 - `stop.watch_idle_queries_per_s`: queries per second against stopdesk's tables while the 1,000
   HTTP watchers and 1,000 in-process watchers wait and nothing happens (PostgreSQL's own count of
-  table scans, pg_stat_user_tables), beside the polling design's figure.
+  table scans, pg_stat_user_tables), beside the polling design's figure. The window lies inside
+  one long poll (50 s): what each new poll costs is bench_watch_idle's figure.
 
     targets: p99 <= 50 ms in-process, <= 100 ms over HTTP; idle queries 0/s
 """

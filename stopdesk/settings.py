@@ -10,7 +10,7 @@ import socket
 import sys
 from pathlib import Path
 
-from stopdesk import config
+from stopdesk import config, config_file
 from stopdesk.logs import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -327,6 +327,13 @@ STOPDESK_MECHANISMS.setdefault("http", {}).setdefault("options", {})["systems"] 
         "record_url": "/messages/{record_id}",
     },
 }
+
+# STOPDESK_CONFIG_FILE (stopdesk/config_file.py): named MCP servers, external systems and mechanism
+# options from a TOML file, over the values above; the STOPDESK_<MECHANISM>_* timing variables win.
+if config_file.path():
+    STOPDESK_MECHANISMS = config_file.merged(
+        STOPDESK_MECHANISMS, str(config_file.path()), environment=config.mechanism_timings()
+    )
 
 # The MCP tool server the demo agent calls (the sandbox's, under `manage.py up`).
 STOPDESK_MCP_URL = os.environ.get("STOPDESK_MCP_URL", "http://127.0.0.1:8764/mcp")

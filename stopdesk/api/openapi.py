@@ -139,8 +139,9 @@ def _watch_operation() -> dict[str, Any]:
         "description": (
             "A long poll. It answers `stopped: true` as soon as the task's stop request commits (at once if it "
             "already has), or `stopped: false` after `timeout` seconds; then watch again. Pushed by PostgreSQL "
-            "LISTEN/NOTIFY, so a waiting watcher costs the server no query; serve it under ASGI (uvicorn) so it "
-            "costs no thread either."
+            "LISTEN/NOTIFY, so a waiting watcher costs the server no query while it waits; each request costs "
+            "three (the token, the task, a connection check), so a longer timeout costs fewer. Serve it under "
+            "ASGI (uvicorn) so it costs no thread either."
         ),
         "parameters": [
             {

@@ -4,9 +4,10 @@ The stop request's transaction sends `pg_notify('stopdesk_stop', '<task id>')` (
 the stop service in `stopdesk.services.stop_notify`), which PostgreSQL
 delivers only when (and as soon as) that transaction commits. Each process keeps one listening
 connection, in one thread (`StopHub`), and fans each notification out to the watchers of that
-task in the process: a thousand watchers cost one connection and one thread, and no queries while
-nothing happens. Notifications sent while the listener was not connected are lost, so after every
-(re)connection it reads the stop state of every watched task once.
+task in the process: a thousand watchers cost one connection and one thread, and the hub sends no
+query while nothing happens. (A remote watcher's long polls cost queries of their own, at each
+poll: `stopdesk.push.watch`.) Notifications sent while the listener was not connected are lost, so
+after every (re)connection it reads the stop state of every watched task once.
 
 SQLite has no LISTEN: there the hub polls instead, one query per interval for all watched tasks
 together (the zero-setup local run; its figure is the polling one).

@@ -6,7 +6,10 @@ A waiting watcher is a future on the event loop, woken by the process's one list
 fixed pool of threads (so of database connections) shared by every watch. Under the ASGI server
 (`python -m stopdesk watch`, uvicorn) `stopdesk.asgi` routes this path to `asgi_watch`, a plain
 ASGI handler outside Django's request cycle, which would otherwise hold a thread for every request
-in flight: a thousand watchers then cost no threads, no connections and no queries while they wait.
+in flight: a thousand watchers then cost no threads and no connections, and no query while a poll
+waits. Each poll does cost queries: the health check of its thread's connection, the token, the
+task (3). At the clients' poll of 25 s an idle watcher costs about 432 queries an hour (434 measured)
+(`BENCH=watch_idle python -m bench`).
 The Django view (`watch_stop`) serves the same answers under WSGI, one thread per watcher.
 """
 
