@@ -4,7 +4,11 @@ integration.overhead_ratio.<framework>   wall time of a 20-tool-call run (each t
     call per model turn, against the scripted model on loopback) with the integration, divided by
     the same run without it; both measured in this run, alternating, median of REPEATS each.
     The integration records through the in-process runtime into PostgreSQL; Stop is watched by
-    push (the process's LISTEN connection).
+    push (the process's LISTEN connection). Results durable: every commit waits for the disk
+    flush (the default).
+integration.overhead_ratio_not_durable.<framework>   the same with the operator's opt-out
+    (STOPDESK_DURABLE_RESULTS=0: results and drafts commit without waiting for the flush), measured
+    in the same run, alternating with the others, for comparison; no target of its own.
 integration.boundary_queries_per_tool_call.<framework>   database statements on a tool call's path
     before its body runs (registration and the boundary), per tool call; goal at most 1. Counted
     in one more run, after the timed ones, so counting costs the timing nothing.
@@ -164,6 +168,17 @@ class _Counted:
                 self.calls[label] += 1
 
 
+@contextmanager
+def _durable(durable: bool) -> Iterator[None]:
+    """Results durable or not (the operator's STOPDESK_DURABLE_RESULTS), for this process's
+    threads as for the settings they read on every call."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    with override_settings(STOPDESK={**settings.STOPDESK, "DURABLE_RESULTS": durable}):
+        yield
+
+
 def run() -> list[Figure]:
     from reconcile.mechanisms.openai.sandbox import OpenAIStandin
     from stopdesk.agent.runtime import LocalRuntime
@@ -179,24 +194,30 @@ def run() -> list[Figure]:
         base_url = server.url + "/v1"
         for name, agent in FRAMEWORKS.items():
             asyncio.run(agent(base_url, model, None, None))  # warm-up: imports, connections
-            plain, recorded = [], []
+            plain: list[float] = []
+            recorded: dict[bool, list[float]] = {True: [], False: []}  # by results durable
             for _ in range(REPEATS):
                 began = time.perf_counter()
                 asyncio.run(agent(base_url, model, None, None))
                 plain.append(time.perf_counter() - began)
-                task = runtime.create_task(f"bench {name}")
-                began = time.perf_counter()
-                asyncio.run(agent(base_url, model, runtime, task.id))
-                recorded.append(time.perf_counter() - began)
-                tools = (
-                    WorkItem.objects.filter(task_id=task.id, kind="local_worker", state="completed")
-                    .exclude(noun="agent run")
-                    .count()
-                )
-                assert tools == TOOL_CALLS, f"{name}: {tools} tool calls recorded, expected {TOOL_CALLS}"
-            ratio = statistics.median(recorded) / statistics.median(plain)
+                for durable in (True, False):
+                    with _durable(durable):
+                        task = runtime.create_task(f"bench {name}")
+                        began = time.perf_counter()
+                        asyncio.run(agent(base_url, model, runtime, task.id))
+                        recorded[durable].append(time.perf_counter() - began)
+                    tools = (
+                        WorkItem.objects.filter(task_id=task.id, kind="local_worker", state="completed")
+                        .exclude(noun="agent run")
+                        .count()
+                    )
+                    assert tools == TOOL_CALLS, f"{name}: {tools} tool calls recorded, expected {TOOL_CALLS}"
+            ratio = statistics.median(recorded[True]) / statistics.median(plain)
             figures.append(Figure(f"integration.overhead_ratio.{name}", ratio, "x", target=TARGET))
-            figures.append(Figure(f"integration.run_s.{name}", statistics.median(recorded), "s"))
+            ratio = statistics.median(recorded[False]) / statistics.median(plain)
+            figures.append(Figure(f"integration.overhead_ratio_not_durable.{name}", ratio, "x"))
+            figures.append(Figure(f"integration.run_s.{name}", statistics.median(recorded[True]), "s"))
+            figures.append(Figure(f"integration.run_s_not_durable.{name}", statistics.median(recorded[False]), "s"))
             counted = _Counted()
             task = runtime.create_task(f"bench {name} counted")
             asyncio.run(agent(base_url, model, counted.runtime(LocalRuntime)(**options), task.id))

@@ -246,6 +246,11 @@ STOPDESK = {
     # An open task with no new work this long (settled that long ago, or no item since it was
     # created) is closed by the idle-close sweep; until then it keeps its Stop (services/closing.py).
     "TASK_IDLE_CLOSE_MINUTES": config.integer("STOPDESK_TASK_IDLE_CLOSE_MINUTES", 60),
+    # Whether every commit that records an outcome (a framework run's tool results and drafts, a
+    # notification's delivery result) waits for PostgreSQL to flush it to disk. On by default;
+    # STOPDESK_DURABLE_RESULTS=0 trades that for speed: a crash of the database server may then
+    # lose the last such commits (docs/OPERATIONS.md, "Durable results").
+    "DURABLE_RESULTS": config.boolean("STOPDESK_DURABLE_RESULTS", True),
 }
 
 # Notifications (stopdesk/notify): who hears what is chosen per person (defaults by role); the

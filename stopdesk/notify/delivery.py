@@ -48,13 +48,16 @@ def backoff(attempts: int) -> timedelta:
 
 
 @contextlib.contextmanager
-def _bookkeeping() -> Iterator[None]:
-    """A transaction for delivery bookkeeping (expansion, claims, results) that does not wait for
-    its commit to reach disk. Safe because losing one in a crash only means sending again with the
-    same webhook-id, which receivers deduplicate; the outbox row itself was committed durably with
-    its event. It saves a disk flush per step, the largest cost of a delivery on a busy database."""
+def _bookkeeping(*, outcome: bool = False) -> Iterator[None]:
+    """A transaction for delivery bookkeeping (expansion, claims) that does not wait for its commit
+    to reach disk. Safe because losing one in a crash only means expanding or sending again with
+    the same webhook-id, which receivers deduplicate; the outbox row itself was committed durably
+    with its event. It saves a disk flush per step, the largest cost of a delivery on a busy
+    database. `outcome`: the transaction records what a send did (sent, failed, its attempt), so it
+    waits for the flush unless the operator opted out (STOPDESK_DURABLE_RESULTS=0)."""
     with transaction.atomic():
-        if connection.vendor == "postgresql":
+        durable = outcome and settings.STOPDESK.get("DURABLE_RESULTS", True)
+        if connection.vendor == "postgresql" and not durable:
             with connection.cursor() as cursor:
                 cursor.execute("SET LOCAL synchronous_commit = off")
         yield
@@ -277,7 +280,7 @@ def delivery_record(delivery: Delivery, outcome: Outcome, *, manual: bool = Fals
         to_state, fields = D.FAILED, {"next_attempt_at": None}
     else:
         to_state, fields = D.RETRYING, {"next_attempt_at": now + backoff(delivery.attempts)}
-    with _bookkeeping():
+    with _bookkeeping(outcome=True):
         # Only the holder of the claim records; a sender whose claim ran out lost it to a re-send.
         delivery_move(
             Q(pk=delivery.pk),

@@ -4,6 +4,7 @@ import select
 import time
 from typing import Any
 
+from django.conf import settings
 from django.db import connection
 from django.db.models import DateTimeField, Func
 
@@ -60,14 +61,23 @@ def _readable(raw: Any) -> bool:
     return bool(ready)
 
 
+def results_durable() -> bool:
+    """Whether a commit that records an outcome waits for the disk flush: yes unless the operator
+    opted out (`STOPDESK_DURABLE_RESULTS=0`, settings.STOPDESK["DURABLE_RESULTS"])."""
+    return bool(settings.STOPDESK.get("DURABLE_RESULTS", True))
+
+
 def commits_wait_for_flush(wait: bool) -> None:
     """Whether this connection's commits wait until PostgreSQL has flushed them to disk (its
     default) or return once they are in its write-ahead log (`synchronous_commit` off). A commit
     that does not wait is still all or nothing; a crash of the database server (not of the caller)
     may lose the last such commits, and any commit that waits flushes every one made before it.
+    `wait=False` (a caller whose commits record outcomes it may lose) is honoured only when the
+    operator opted out of durable results (`results_durable`); otherwise they wait too.
     Kept on the connection until changed, and set only when it changes."""
     if not is_postgres():
         return
+    wait = wait or results_durable()
     connection.ensure_connection()
     raw = connection.connection
     known = getattr(connection, "stopdesk_commit_waits", None)

@@ -1,5 +1,6 @@
 """Where a framework run's writes happen with the in-process runtime: the process's threads, whose
-connections last from run to run, and which commits wait for the disk flush."""
+connections last from run to run, and which commits wait for the disk flush (all of them, unless
+the operator opts out of durable results)."""
 
 from __future__ import annotations
 
@@ -58,7 +59,28 @@ async def one_turn(runtime: Any, task_id: int) -> None:
         await run.tool_call(call_id="call_1", name="lookup", arguments={"q": "Acme"}, body=body)
 
 
-def test_the_boundary_and_the_runs_end_wait_for_the_flush_results_and_drafts_do_not(runtime):
+def test_every_write_of_a_run_waits_for_the_flush_by_default(runtime):
+    recording = observed()
+    task = recording.create_task("Look Acme up")
+
+    asyncio.run(one_turn(recording, task.id))
+
+    waits = {what: wait for what, _, wait in recording.seen}
+    assert len(recording.seen) == len(waits) == 6, recording.seen
+    assert waits == {
+        "register agent run": True,  # the run passes the boundary
+        "register lookup call": True,  # the tool call's boundary, before its body
+        "register draft": True,  # a model request's draft: a record of what the agent did
+        "result draft": True,
+        "result lookup call": True,  # the tool's result: durable, so a crash cannot lose it
+        "result agent run": True,  # the run's end
+    }
+    states = WorkItem.objects.filter(task_id=task.id).values_list("noun", "state")
+    assert sorted(states) == [("agent run", S.COMPLETED), ("draft", S.COMPLETED), ("lookup call", S.COMPLETED)]
+
+
+def test_with_the_opt_out_results_and_drafts_do_not_wait_and_the_boundary_still_does(runtime, settings):
+    settings.STOPDESK = {**settings.STOPDESK, "DURABLE_RESULTS": False}  # STOPDESK_DURABLE_RESULTS=0
     recording = observed()
     task = recording.create_task("Look Acme up")
 
@@ -76,6 +98,13 @@ def test_the_boundary_and_the_runs_end_wait_for_the_flush_results_and_drafts_do_
     }
     states = WorkItem.objects.filter(task_id=task.id).values_list("noun", "state")
     assert sorted(states) == [("agent run", S.COMPLETED), ("draft", S.COMPLETED), ("lookup call", S.COMPLETED)]
+
+    # Back to the default: the same threads' connections wait again.
+    settings.STOPDESK = {**settings.STOPDESK, "DURABLE_RESULTS": True}
+    recording.seen.clear()
+    again = recording.create_task("Look Acme up again")
+    asyncio.run(one_turn(recording, again.id))
+    assert all(wait for _, _, wait in recording.seen), recording.seen
 
 
 def test_runs_keep_the_threads_connections_and_replace_one_the_server_closed(runtime):

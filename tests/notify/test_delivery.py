@@ -3,15 +3,18 @@ retries with backoff, the delivery log, and the admin's re-send."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.urls import reverse
 from django.utils import timezone
 
 from stopdesk.notify.delivery import deliveries_due, notifications_deliver
-from stopdesk.notify.models import Delivery, EmailPreference, Notification, WebhookEndpoint
+from stopdesk.notify.models import Delivery, DeliveryAttempt, EmailPreference, Notification, WebhookEndpoint
 from stopdesk.notify.timed import notifications_scan
 from stopdesk.notify.topics import Topic
 from stopdesk.permissions import roles_ensure
@@ -144,3 +147,32 @@ def test_deadlines_near_and_passed_and_an_unsettled_stop_notify_once_each(settin
     # The near one's deadline passes later: one more notification, for it alone.
     later_scan = notifications_scan(now=now + timedelta(hours=1, minutes=1))
     assert later_scan[Topic.INVESTIGATE_PASSED] == 1 and later_scan[Topic.INVESTIGATE_NEAR] == 0
+
+
+@contextlib.contextmanager
+def _synchronous_commit_when_attempts_are_recorded() -> Iterator[list[str]]:
+    """What PostgreSQL says of `synchronous_commit` inside the transaction that records each
+    delivery attempt (asked on the same connection just before the attempt's row is written)."""
+    seen: list[str] = []
+
+    def observe(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        if sql.lstrip().upper().startswith("INSERT") and DeliveryAttempt._meta.db_table in sql:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT current_setting('synchronous_commit')")
+                seen.append(cursor.fetchone()[0])
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(observe):
+        yield seen
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("durable", [True, False], ids=["default", "opted-out"])
+def test_a_delivery_result_waits_for_the_flush_unless_the_operator_opts_out(endpoint, receiver, settings, durable):
+    if not durable:
+        settings.STOPDESK = {**settings.STOPDESK, "DURABLE_RESULTS": False}  # STOPDESK_DURABLE_RESULTS=0
+    note = _uncertain_item()
+    with _synchronous_commit_when_attempts_are_recorded() as seen:
+        assert notifications_deliver([note.pk]) == {D.DELIVERED: 1}
+    assert seen == ["on" if durable else "off"]

@@ -20,14 +20,16 @@ Model requests are drafts with no effect outside, so their items are written ent
 (see `model_request` for what the ledger says when Stop and an answer cross); a request made after
 Stop is refused in memory.
 
-What waits for the disk: the boundary (a tool call's registration, the run's item, a request
-that can act on the provider's side), what the Stop path records (cancelled, uncertain) and the
-run's end commit only once PostgreSQL has flushed them. A result (a tool call's, a draft's) and a
-draft's record do not wait for the flush (`thread_prepare`, where the runtime offers it),
-so the next tool call's boundary does not queue behind their flushes. A crash of the database
-server may lose such a commit: a tool call then stays running, which the reaper makes uncertain,
-never settled wrongly; a draft had no effect outside. Any commit that waits flushes every commit
-made before it, and the run's end waits, so a run that returned is on disk whole.
+What waits for the disk: every commit, by default. The boundary (a tool call's registration, the
+run's item, a request that can act on the provider's side), what the Stop path records (cancelled,
+uncertain) and the run's end always commit only once PostgreSQL has flushed them. A result (a tool
+call's, a draft's) and a draft's record go on the "results" lane, whose commits wait too unless
+the operator opted out of durable results (STOPDESK_DURABLE_RESULTS=0; the runtime decides, in
+`thread_prepare`): then they do not wait, so the next tool call's boundary does not queue behind
+their flushes, and a crash of the database server may lose such a commit: a tool call then stays
+running, which the reaper makes uncertain, never settled wrongly, but the record of what it
+returned is gone; a draft had no effect outside. Any commit that waits flushes every commit made
+before it, and the run's end waits, so a run that returned is on disk whole either way.
 
 `runtime` is anything with the runtime methods: `stopdesk.client.AsyncClient` (awaited), or the
 in-process `LocalRuntime` / the sync `Client` (run on the process's stopdesk threads: "lanes",
@@ -393,8 +395,9 @@ class StopdeskRun:
     async def _finish(self, item_id: int, *, status: str, detail: str, flushed: bool = True) -> None:
         """A result, off the caller's path; nobody reads the answer, so a runtime that can skip
         reading the item back (`finish_fast`) does, in one round trip while the run's own item
-        keeps the task unsettled. `flushed=False`: the commit need not wait for the disk (see the
-        module's docstring); the run's own end always does."""
+        keeps the task unsettled. `flushed=False`: on the results lane, whose commits wait for the
+        disk unless the operator opted out (see the module's docstring); the run's own end always
+        waits."""
         lane = "writes" if flushed else "results"
         if not hasattr(self.runtime, "finish_fast"):
             await self._call("finish", item_id, status=status, detail=detail, lane=lane)
@@ -515,8 +518,8 @@ class StopdeskRun:
 
     async def _call(self, method: str, *args: Any, lane: str = "writes", **kwargs: Any) -> Any:
         """One runtime call: awaited for an async runtime, else on a thread of `lane`: "writes"
-        (commits wait for the disk), "results" (they need not), "watch" (Stop's, apart so a poll
-        never queues behind writes)."""
+        (commits wait for the disk), "results" (they wait unless the operator opted out), "watch"
+        (Stop's, apart so a poll never queues behind writes)."""
         fn = getattr(self.runtime, method)
         if inspect.iscoroutinefunction(fn):
             return await fn(*args, **kwargs)

@@ -1,7 +1,7 @@
 """The process's threads for a framework run's calls to a synchronous runtime (the in-process
 `LocalRuntime`, or the sync `Client`): "lanes", shared by the runs, whose database connections last
 from run to run as Django's do. "writes" carries the boundary's calls (commits wait for the disk),
-"results" the results (they need not), "watch" Stop's watch, apart so it never queues behind
+"results" the results (they need not, if the runtime's operator allows it), "watch" Stop's watch, apart so it never queues behind
 writes. The runtime looks after a lane thread's resources (`thread_prepare` before each call,
 `thread_close` at the end, where it offers them); this module knows nothing of Django."""
 

@@ -27,7 +27,8 @@ The calls a framework run makes most, each one round trip:
   response's item (the service the OpenAI adapter's read-back uses, so each call once);
 - `thread_prepare(wait_for_flush)`: called by the run's threads before each call: the thread's
   connection checked as Django checks one per request, and whether its commits wait for the disk
-  flush (see `StopdeskRun` for which writes do not wait).
+  flush (see `StopdeskRun` for which writes may skip it): they all wait unless the operator opted
+  out of durable results (STOPDESK_DURABLE_RESULTS=0).
 """
 
 from __future__ import annotations
@@ -449,7 +450,8 @@ class LocalRuntime:
         connections.close_all()
 
     def thread_prepare(self, wait_for_flush: bool) -> None:
-        """This thread's connection, checked, and whether its commits wait for the disk flush."""
+        """This thread's connection, checked, and whether its commits wait for the disk flush
+        (`wait_for_flush=False` is honoured only where the operator opted out of durable results)."""
         thread_connection_ready(wait_for_flush=wait_for_flush)
 
     def record_launched(self, item_id: int, calls: list[dict[str, Any]]) -> list[int]:
