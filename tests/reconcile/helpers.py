@@ -1,12 +1,20 @@
-"""Small steps the reconcile tests share: stopping a task and sweeping until nothing is due."""
+"""Small steps the reconcile tests share: stopping a task, sweeping until nothing is due, and the
+MCP task a dead agent leaves behind."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
+from django.utils import timezone
+
+from reconcile.mechanisms.mcp import sandbox as tools
+from reconcile.mechanisms.mcp.sandbox_raw import RawMcpSession
 from reconcile.services.reconcile import sweep_once
 from stopdesk.models import Event, WorkItem
 from stopdesk.services.stop import task_request_stop
+from stopdesk.states import ItemState
+from tests.factories import set_state_by_hand
 
 
 def stop(task: Any, django_capture_on_commit_callbacks: Any) -> list[int]:
@@ -31,3 +39,31 @@ def sweep_until_settled(clock: Any, item: WorkItem, *, max_passes: int = 200) ->
 
 def events(item: WorkItem, kind: str) -> list[Event]:
     return list(Event.objects.filter(item=item, kind=kind))
+
+
+def abandoned_task(url: str, item: WorkItem, *, server: str | None = None, delete_session: bool = False) -> str:
+    """What a dead agent leaves behind: an export task started in a session nobody holds, recorded
+    on the item with an owner whose lease has run out. `server` is the name the item records (the
+    URL when the server is not named)."""
+    raw = RawMcpSession(url).__enter__()
+    called = raw.request("tools/call", {"name": tools.EXPORT_REPORT, "arguments": {"seconds": 5}, "task": {}})
+    task_id: str = called["task"]["taskId"]
+    facts = {
+        "server": server or url,
+        "url": url,
+        "transport": "streamable_http",
+        "tool": tools.EXPORT_REPORT,
+        "server_tasks": True,
+        "annotations": {"readOnlyHint": False, "destructiveHint": False},
+        "session": {"id": raw.session_id, "owner": "gone-host:1", "transport": "streamable_http"},
+    }
+    set_state_by_hand(
+        WorkItem.objects.filter(pk=item.pk),
+        ItemState.RUNNING,
+        handle=task_id,
+        detail={"mcp": facts},
+        lease_until=timezone.now() - timedelta(seconds=1),
+    )
+    if delete_session:
+        raw.close()
+    return task_id

@@ -5,13 +5,11 @@ ones), against the sandbox parties on 127.0.0.1."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 
 import anyio
 import pytest
 from django.db import connection
-from django.utils import timezone
 
 from reconcile.mechanisms import registry
 from reconcile.mechanisms.http.agent import http_submit
@@ -19,16 +17,15 @@ from reconcile.mechanisms.http.sandbox import CRM
 from reconcile.mechanisms.mcp import sandbox as tools
 from reconcile.mechanisms.mcp.agent import mcp_call_tool
 from reconcile.mechanisms.mcp.sandbox import MCPToolServer
-from reconcile.mechanisms.mcp.sandbox_raw import RawMcpSession
 from reconcile.services.cancel import item_cancel
 from stopdesk import config_file
-from stopdesk.models import ExternalRecord, WorkItem
+from stopdesk.models import ExternalRecord
 from stopdesk.services.items import item_register
 from stopdesk.services.stop import task_request_stop
 from stopdesk.states import ItemState, Kind
 from stopdrill.sandbox.server import BackgroundServer
-from tests.factories import make_task, set_state_by_hand
-from tests.reconcile.helpers import stop
+from tests.factories import make_task
+from tests.reconcile.helpers import abandoned_task, stop
 
 S = ItemState
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
@@ -121,25 +118,7 @@ def test_the_reconciler_reaches_the_file_named_mcp_server_to_cancel_a_task(from_
     party, url, _crm, _crm_url = parties
     task = make_task()
     item = item_register(task=task, kind=Kind.REMOTE_TOOL, noun="export", actor="test", mechanism="mcp")
-    raw = RawMcpSession(url).__enter__()
-    called = raw.request("tools/call", {"name": tools.EXPORT_REPORT, "arguments": {"seconds": 5}, "task": {}})
-    task_id = called["task"]["taskId"]
-    facts = {
-        "server": "research",
-        "url": url,
-        "transport": "streamable_http",
-        "tool": tools.EXPORT_REPORT,
-        "server_tasks": True,
-        "annotations": {"readOnlyHint": False, "destructiveHint": False},
-        "session": {"id": raw.session_id, "owner": "gone-host:1", "transport": "streamable_http"},
-    }
-    set_state_by_hand(
-        WorkItem.objects.filter(pk=item.pk),
-        S.RUNNING,
-        handle=task_id,
-        detail={"mcp": facts},
-        lease_until=timezone.now() - timedelta(seconds=1),
-    )
+    task_id = abandoned_task(url, item, server="research")
     try:
         task_request_stop_and_cancel(task, item)
     finally:

@@ -3,24 +3,20 @@
 from __future__ import annotations
 
 import time
-from datetime import timedelta
 
 import anyio
 import pytest
 from django.db import connection
-from django.utils import timezone
 
 from reconcile.mechanisms.mcp import sandbox as tools
 from reconcile.mechanisms.mcp.agent import mcp_call_tool, mcp_start_task, task_owner
-from reconcile.mechanisms.mcp.sandbox_raw import RawMcpSession
 from reconcile.services.cancel import item_cancel
-from stopdesk.models import WorkItem
 from stopdesk.services.errors import TaskStopped
 from stopdesk.services.items import item_register
 from stopdesk.services.stop import task_request_stop
 from stopdesk.states import ItemState, Kind
-from tests.factories import make_task, set_state_by_hand
-from tests.reconcile.helpers import sweep_until_settled
+from tests.factories import make_task
+from tests.reconcile.helpers import abandoned_task, sweep_until_settled
 
 S = ItemState
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
@@ -191,39 +187,11 @@ def test_task_that_finished_before_stop_ends_completed(fast, mcp_party):
     assert [e["call"] for e in party.effects(tools.EXPORT_REPORT)] == [task_id]
 
 
-def abandoned_task(party, url, item, *, delete_session):  # type: ignore[no-untyped-def]
-    """What a dead agent leaves behind: a task started in a session nobody holds, recorded on the
-    item with an owner whose lease has run out."""
-    raw = RawMcpSession(url).__enter__()
-    task_id = raw.request("tools/call", {"name": tools.EXPORT_REPORT, "arguments": {"seconds": 5}, "task": {}})["task"][
-        "taskId"
-    ]
-    facts = {
-        "server": url,
-        "url": url,
-        "transport": "streamable_http",
-        "tool": tools.EXPORT_REPORT,
-        "server_tasks": True,
-        "annotations": {"readOnlyHint": False, "destructiveHint": False},
-        "session": {"id": raw.session_id, "owner": "gone-host:1", "transport": "streamable_http"},
-    }
-    set_state_by_hand(
-        WorkItem.objects.filter(pk=item.pk),
-        S.RUNNING,
-        handle=task_id,
-        detail={"mcp": facts},
-        lease_until=timezone.now() - timedelta(seconds=1),
-    )
-    if delete_session:
-        raw.close()
-    return task_id
-
-
 def test_task_whose_owner_died_is_cancelled_in_its_resumed_session(fast, mcp_party, clock):
     party, url = mcp_party
     task = make_task()
     item = tool_item(task, noun="export")
-    task_id = abandoned_task(party, url, item, delete_session=False)
+    task_id = abandoned_task(url, item, delete_session=False)
     stop(task)
     item_cancel(item_id=item.pk)
     item.refresh_from_db()
@@ -233,10 +201,10 @@ def test_task_whose_owner_died_is_cancelled_in_its_resumed_session(fast, mcp_par
 
 
 def test_task_whose_owner_died_with_its_session_is_uncertain_because_the_owner_stopped(fast, mcp_party, clock):
-    party, url = mcp_party
+    _party, url = mcp_party
     task = make_task()
     item = tool_item(task, noun="export")
-    abandoned_task(party, url, item, delete_session=True)
+    abandoned_task(url, item, delete_session=True)
     stop(task)
     item_cancel(item_id=item.pk)
     item.refresh_from_db()
