@@ -27,7 +27,7 @@ from stopdesk.states import ItemState as S
 from tests.factories import make_item, make_task
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.django_db, pytest.mark.postgres]
+pytestmark = pytest.mark.django_db
 
 
 def _verify(*args: str) -> tuple[bool, str]:
@@ -97,6 +97,7 @@ def test_each_seal_signs_the_heads_it_moved_into_the_anchors_directory(audit_anc
     assert not anchor_valid(lines[0])  # a forged head does not verify
 
 
+@pytest.mark.postgres  # the owner's rewrite switches PostgreSQL's triggers off
 def test_a_chain_rewritten_with_every_hash_recomputed_is_caught_against_the_anchors(audit_anchors):
     task = _sealed_task()
     _rewrite(task.pk, seq=3, message="nothing happened")
@@ -107,6 +108,7 @@ def test_a_chain_rewritten_with_every_hash_recomputed_is_caught_against_the_anch
     assert f"task {task.pk}" in report and "the chain was rewritten" in report
 
 
+@pytest.mark.postgres  # the owner's rewrite switches PostgreSQL's triggers off
 def test_a_deleted_tail_is_caught_against_the_anchors(audit_anchors):
     task = _sealed_task()
     head = EventChain.objects.get(task_id=task.pk)
@@ -140,6 +142,7 @@ def test_a_clean_export_verifies_offline_with_no_database(audit_anchors, tmp_pat
     assert EventChain.objects.filter(task_id=task.pk).exists()
 
 
+@pytest.mark.postgres  # the owner's rewrite switches PostgreSQL's triggers off
 def test_an_export_of_a_rewritten_or_cut_chain_fails_against_the_anchors(audit_anchors, tmp_path):
     rewritten, cut = _sealed_task(), _sealed_task()
     _rewrite(rewritten.pk, seq=2, message="nothing happened")
