@@ -90,7 +90,12 @@ def anchor_break(head: Head | None, signed: tuple[int, str, str], hash_at: str |
             task_id, seq, None, f"events after seq {head.seq} are missing: a head at seq {seq} was signed {when}"
         )
     if hash_at != value:
-        return Break(task_id, seq, None, f"the chain was rewritten: its hash at seq {seq} is not the one signed {when}")
+        return Break(
+            task_id,
+            seq,
+            None,
+            f"the chain was rewritten at or before seq {seq}: its hash there is not the one signed {when}",
+        )
     return None
 
 
