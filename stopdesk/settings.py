@@ -253,6 +253,17 @@ STOPDESK = {
     "DURABLE_RESULTS": config.boolean("STOPDESK_DURABLE_RESULTS", True),
 }
 
+# The audit chain's anchors outside the database (docs/AUDIT.md, "Anchored outside the database").
+# Each seal signs the chain heads it moved with an Ed25519 key (STOPDESK_AUDIT_SIGNING_KEY, PEM or
+# base64 of the 32-byte seed, or STOPDESK_AUDIT_SIGNING_KEY_FILE) and appends them to a file a day
+# in ANCHORS_DIR. With neither set, a key is generated once at DEV_KEY_FILE, with a warning.
+STOPDESK_AUDIT = {
+    "SIGNING_KEY": os.environ.get("STOPDESK_AUDIT_SIGNING_KEY", ""),
+    "SIGNING_KEY_FILE": os.environ.get("STOPDESK_AUDIT_SIGNING_KEY_FILE", ""),
+    "DEV_KEY_FILE": str(DATA_DIR / "audit-signing-key.pem"),
+    "ANCHORS_DIR": os.environ.get("STOPDESK_AUDIT_ANCHORS_DIR") or str(DATA_DIR / "audit-anchors"),
+}
+
 # Notifications (stopdesk/notify): who hears what is chosen per person (defaults by role); the
 # webhook endpoints are rows edited in the admin.
 STOPDESK_NOTIFY = {

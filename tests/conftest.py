@@ -102,6 +102,19 @@ def _no_state_written_outside_its_writer():
     assert not found, "state written outside its writer:\n" + "\n".join(found)
 
 
+@pytest.fixture(autouse=True)
+def audit_anchors(settings, tmp_path_factory):  # type: ignore[no-untyped-def]
+    """Each test's seals sign with a key of its own and anchor into a directory of its own."""
+    where = tmp_path_factory.mktemp("audit")
+    settings.STOPDESK_AUDIT = {
+        "SIGNING_KEY": "",
+        "SIGNING_KEY_FILE": "",
+        "DEV_KEY_FILE": str(where / "signing-key.pem"),
+        "ANCHORS_DIR": str(where / "anchors"),
+    }
+    return where
+
+
 @pytest.fixture
 def cast(db):  # type: ignore[no-untyped-def]
     """operator (may stop), reviewer, approver, second approver, admin."""

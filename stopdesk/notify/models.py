@@ -62,7 +62,7 @@ class WebhookEndpoint(models.Model):
     topics = models.JSONField(
         default=list,
         blank=True,
-        help_text="Topics to send; empty means all but stop_requested, which is sent only if named.",
+        help_text="Topics to send; empty means all but stop_requested and audit_anchor, which are sent only if named.",
     )
     per_item = models.BooleanField(
         default=False,

@@ -18,18 +18,21 @@ class Topic(models.TextChoices):
     STOP_UNSETTLED = "stop_unsettled", "A stop has not settled in time"
     STOP_REQUESTED = "stop_requested", "Stop was pressed (the task, its runtime and the tools in flight)"
     TASK_DIGEST = "task_digest", "A digest of one task's item alerts"
+    AUDIT_ANCHOR = "audit_anchor", "The audit chain's heads, signed (for a receiver that keeps them)"
 
 
 T = Topic
 # Facts about single items: a burst of them (a Stop with 150 unknowns) reaches a subscriber as a
 # digest per task (notify/digest.py); one message per item only for those who ask (`per_item`).
 DIGESTED = frozenset({T.ITEM_UNCERTAIN, T.LATE_RESULT, T.INVESTIGATE_NEAR, T.INVESTIGATE_PASSED})
-# What a person chooses among (a digest goes to whoever takes any topic it gathers).
-CHOOSABLE = tuple(t for t in Topic if t != T.TASK_DIGEST)
+# What a person chooses among by email (a digest goes to whoever takes any topic it gathers; the
+# audit chain's signed heads are for a webhook receiver that keeps them).
+CHOOSABLE = tuple(t for t in Topic if t not in (T.TASK_DIGEST, T.AUDIT_ANCHOR))
 # Topics only for those who name them: an endpoint whose topics are empty (all) does not get them,
 # nor does anyone by their role. Stop's credential hook is a receiver built for it (it revokes keys),
-# and every other subscriber keeps the messages it had.
-NAMED_ONLY = frozenset({T.STOP_REQUESTED})
+# and every other subscriber keeps the messages it had. The audit chain's signed heads come with
+# every seal, for a receiver that keeps them outside the database.
+NAMED_ONLY = frozenset({T.STOP_REQUESTED, T.AUDIT_ANCHOR})
 # Email topics a person gets when they have not chosen (by role: the Django group names).
 ROLE_DEFAULTS: dict[str, frozenset[str]] = {
     "reviewers": frozenset(

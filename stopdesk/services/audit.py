@@ -10,20 +10,10 @@ from datetime import datetime
 
 from django.db import connection, transaction
 
-from stopdesk.audit_db import SQLITE_COLUMNS, digest, postgres_columns
+from stopdesk.audit_db import SQLITE_COLUMNS, postgres_columns
+from stopdesk.audit_offline import Break, Head, anchor_break, check_chain
+from stopdesk.audit_sign import Anchored
 from stopdesk.services.audit_seal import audit_seal, audit_unsealed
-
-
-@dataclass(frozen=True)
-class Break:
-    task_id: int
-    seq: int
-    event_id: int | None
-    reason: str
-
-    def __str__(self) -> str:
-        where = f"event {self.event_id}" if self.event_id is not None else "chain head"
-        return f"task {self.task_id}: {where} (seq {self.seq}): {self.reason}"
 
 
 @dataclass
@@ -34,9 +24,10 @@ class Report:
     sealed_now: int = 0
     unsealed: int = 0
     oldest_unsealed: datetime | None = None
+    anchored_chains: int = 0
 
 
-def _events(task_ids: list[int]) -> Iterator[tuple]:  # type: ignore[type-arg]
+def chain_events(task_ids: list[int]) -> Iterator[tuple]:  # type: ignore[type-arg]
     columns = postgres_columns() if connection.vendor == "postgresql" else list(SQLITE_COLUMNS)
     # Chain 0 holds the events without a task; the others are found through the (task, at) index.
     tasks = [key for key in task_ids if key != 0]
@@ -54,10 +45,13 @@ def _events(task_ids: list[int]) -> Iterator[tuple]:  # type: ignore[type-arg]
         yield from cursor.fetchall()
 
 
-def audit_verify(*, task_id: int | None = None, batch: int = 500, seal: bool = True) -> Report:
+def audit_verify(
+    *, task_id: int | None = None, batch: int = 500, seal: bool = True, anchored: Anchored | None = None
+) -> Report:
     """Seal what has committed (unless `seal` is False), then walk the chains (one task's, or all
     in task order, `batch` chains per query) and report the first broken link of each, and the
-    events still unsealed."""
+    events still unsealed. With `anchored` (the heads signed outside the database), each chain
+    must also still hold the newest head signed for it."""
     report = Report(breaks=[])
     assert report.breaks is not None
     if seal:
@@ -68,15 +62,15 @@ def audit_verify(*, task_id: int | None = None, batch: int = 500, seal: bool = T
         with transaction.atomic():
             with connection.cursor() as cursor:
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            _walk(report, task_id, batch)
+            _walk(report, task_id, batch, anchored)
     else:
-        _walk(report, task_id, batch)
+        _walk(report, task_id, batch, anchored)
     unsealed = audit_unsealed()
     report.unsealed, report.oldest_unsealed = unsealed.events, unsealed.oldest
     return report
 
 
-def _walk(report: Report, task_id: int | None, batch: int) -> None:
+def _walk(report: Report, task_id: int | None, batch: int, anchored: Anchored | None) -> None:
     assert report.breaks is not None
     after = -1
     while True:
@@ -96,36 +90,41 @@ def _walk(report: Report, task_id: int | None, batch: int) -> None:
         if not heads:
             break
         by_task: dict[int, list[tuple]] = {key: [] for key in heads}  # type: ignore[type-arg]
-        for row in _events(list(heads)):
+        for row in chain_events(list(heads)):
             by_task[row[0]].append(row)
-        for key, (head_seq, head_hash, anchor_seq, anchor_hash) in heads.items():
+        for key, values in heads.items():
             report.chains += 1
             report.events += len(by_task[key])
-            found = _check_chain(key, by_task[key], head_seq, head_hash, anchor_seq, anchor_hash)
-            if found is not None:
-                report.breaks.append(found)
+            report.breaks.extend(_check(Head(key, *values), by_task[key], anchored, report))
         if task_id is not None:
             break
         after = max(heads)
     if task_id is None:
         report.breaks.extend(_unchained())
+        if anchored is not None:
+            report.breaks.extend(_chains_gone(anchored, report))
 
 
-def _check_chain(key, rows, head_seq, head_hash, anchor_seq, anchor_hash) -> Break | None:  # type: ignore[no-untyped-def]
-    prev, expected = anchor_hash, anchor_seq + 1
-    for _, event_id, stored, seq, *columns in rows:
-        seq = int(seq)
-        if seq <= anchor_seq:
-            continue  # before the anchor: archived with its month (events_archive)
-        if seq != expected:
-            what = "an event is missing before it" if seq > expected else "its place is taken twice"
-            return Break(key, seq, event_id, f"seq {expected} expected: {what}")
-        if digest(prev, seq, *columns) != stored:
-            return Break(key, seq, event_id, "its hash does not match its content and the previous link")
-        prev, expected = stored, seq + 1
-    if expected - 1 != head_seq or prev != head_hash:
-        return Break(key, head_seq, None, f"the head says seq {head_seq}, the last event is seq {expected - 1}")
-    return None
+def _check(head: Head, rows: list[tuple], anchored: Anchored | None, report: Report) -> list[Break]:  # type: ignore[type-arg]
+    signed = anchored.heads.get(head.task_id) if anchored is not None else None
+    events = ((event_id, stored, int(seq), columns) for _, event_id, stored, seq, *columns in rows)
+    found, hash_at = check_chain(head, events, hash_at=signed[0] if signed else -1)
+    breaks = [found] if found is not None else []
+    if signed is not None:
+        report.anchored_chains += 1
+        if (late := anchor_break(head, signed, hash_at, head.task_id)) is not None:
+            breaks.append(late)
+    return breaks
+
+
+def _chains_gone(anchored: Anchored, report: Report) -> list[Break]:
+    """Chains signed outside the database that the database no longer has."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT task_id FROM stopdesk_eventchain")
+        present = {row[0] for row in cursor.fetchall()}
+    gone = sorted(set(anchored.heads) - present)
+    report.anchored_chains += len(gone)
+    return [b for key in gone if (b := anchor_break(None, anchored.heads[key], None, key)) is not None]
 
 
 def _unchained() -> list[Break]:

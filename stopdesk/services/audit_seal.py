@@ -10,6 +10,10 @@ Events can commit out of id order (a transaction that took a lower id commits af
 higher id). The chain does not depend on ids: it is in the order events were sealed, and the
 sealer takes every unsealed event it can see, not "everything after the last sealed id", so an
 event that commits late is sealed by the next batch at the end of its chain. Nothing is skipped.
+
+Each batch signs the heads it moved and delivers them outside the database before it commits
+(services/audit_anchor.py): a rewrite of the chain, even with every hash recomputed, no longer
+matches what was signed.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from stopdesk.audit_db import SQLITE_COLUMNS, digest, postgres_columns
+from stopdesk.services.audit_anchor import chain_heads_anchor
 from stopdesk.services.sql import is_postgres
 
 BATCH = 5000
@@ -139,6 +144,7 @@ def _seal_batch(batch: int) -> int:
                 "UPDATE stopdesk_eventchain SET seq = %s, hash = %s WHERE task_id = %s",
                 [(heads[k][0], heads[k][1], k) for k in keys],
             )
+    chain_heads_anchor([(k, *heads[k]) for k in keys])
     return len(seals)
 
 
