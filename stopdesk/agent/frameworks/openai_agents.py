@@ -100,25 +100,35 @@ def stopdesk_tool(fn: Callable[..., Any] | None = None, /, **options: Any) -> An
     return build(fn) if fn is not None else build
 
 
-def guard_mcp_tool(tool: FunctionTool) -> FunctionTool:
+def guard_mcp_tool(tool: FunctionTool, declaration: ToolDeclaration | None = None) -> FunctionTool:
     """A tool the SDK made from an MCP server's tool list: recorded as a remote tool with the
-    server's annotations; read-only only when the server says `readOnlyHint`, otherwise possibly
-    destructive (the spec's default)."""
+    server's annotations. What it does is `declaration` when the application declared it (by
+    name), else what the annotations say: read-only only when the server says `readOnlyHint`,
+    otherwise possibly destructive (the spec's default)."""
     server, name, _ = tool._mcp_tool_binding or ("", tool.name, None)
     hints = getattr(tool, "_mcp_annotations", None)
     read_only = bool(getattr(hints, "read_only_hint", None) or getattr(hints, "readOnlyHint", None))
     annotations = hints.model_dump(by_alias=True, exclude_none=True) if hints is not None else {}
-    declaration = ToolDeclaration(effect="read_only" if read_only else "unknown", noun=f"{name} call")
+    declaration = declaration or ToolDeclaration(effect="read_only" if read_only else "unknown", noun=f"{name} call")
     extra = {"mcp": {"server": server, "tool": name, "annotations": annotations}}
     return guard_tool(tool, declaration, kind="remote_tool", extra=extra)
 
 
+@dataclasses.dataclass
 class StopdeskAgent(Agent[Any]):
-    """An Agent whose MCP servers' tools are guarded too: the SDK lists them on every turn."""
+    """An Agent whose MCP servers' tools are guarded too: the SDK lists them on every turn.
+    `stopdesk_declarations` says what tools do by name, for those no `@declare` can reach."""
+
+    stopdesk_declarations: dict[str, ToolDeclaration] = dataclasses.field(default_factory=dict)
 
     async def get_mcp_tools(self, run_context: Any) -> list[Any]:
         tools = await super().get_mcp_tools(run_context)
-        return [guard_mcp_tool(t) if isinstance(t, FunctionTool) and not _guarded(t) else t for t in tools]
+        return [
+            guard_mcp_tool(t, self.stopdesk_declarations.get(t.name))
+            if isinstance(t, FunctionTool) and not _guarded(t)
+            else t
+            for t in tools
+        ]
 
 
 def _guarded(tool: FunctionTool) -> bool:
@@ -172,8 +182,10 @@ class StopdeskModel(Model):
 
 
 def instrument(agent: Agent[Any], declarations: dict[str, ToolDeclaration] | None = None) -> Agent[Any]:
-    """A clone of `agent` whose function tools are guarded and whose model requests are recorded.
-    `declarations` names what undecorated tools do (by tool name)."""
+    """A clone of `agent` whose function tools (and its MCP servers' tools) are guarded and whose
+    model requests are recorded. A tool's declaration is read from the tool (`@declare` above or
+    below `@function_tool`), or from `declarations` (by tool name), which also reaches the tools of
+    the agent's MCP servers."""
     declarations = declarations or {}
     tools = []
     for tool in agent.tools:
@@ -184,7 +196,8 @@ def instrument(agent: Agent[Any], declarations: dict[str, ToolDeclaration] | Non
         raise TypeError("give the agent a Model instance (e.g. OpenAIResponsesModel(...)) so its requests are recorded")
     model = agent.model if isinstance(agent.model, StopdeskModel) else StopdeskModel(agent.model)
     fields = {f.name: getattr(agent, f.name) for f in dataclasses.fields(agent) if f.init}
-    return StopdeskAgent(**{**fields, "tools": tools, "model": model})
+    named = {**fields.get("stopdesk_declarations", {}), **declarations}
+    return StopdeskAgent(**{**fields, "tools": tools, "model": model, "stopdesk_declarations": named})
 
 
 async def run_agent(
@@ -195,13 +208,15 @@ async def run_agent(
     *,
     streamed: bool = False,
     on_event: Callable[[Any], Any] | None = None,
+    declarations: dict[str, ToolDeclaration] | None = None,
     cleanup_s: float = 5.0,
     watch: Any = None,
     poll_s: float = 0.2,
     **runner_kwargs: Any,
 ) -> RunResult | RunResultStreaming:
-    """Run `agent` under `task_id`: the ledger sees every call, and Stop ends the run (RunStopped)."""
-    agent = instrument(agent)
+    """Run `agent` under `task_id`: the ledger sees every call, and Stop ends the run (RunStopped).
+    `declarations`: what tools do by name, for tools no `@declare` reaches (an MCP server's)."""
+    agent = instrument(agent, declarations)
     async with StopdeskRun(
         runtime, task_id, framework=FRAMEWORK, agent=agent.name, cleanup_s=cleanup_s, watch=watch, poll_s=poll_s
     ) as run:
