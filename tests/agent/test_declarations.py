@@ -222,6 +222,32 @@ async def lg_structured_tool(runtime: Any, task_id: int, base_url: str, model: s
     return await _langgraph(runtime, task_id, base_url, model, [tool])
 
 
+async def lg_hand_built_tool_node(runtime: Any, task_id: int, base_url: str, model: str, slow: Slow) -> Any:
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+    from langgraph.graph import START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode, tools_condition
+
+    from stopdesk.agent.frameworks.langgraph import awrap_tool_call, run_agent
+
+    tools = [tool(read_only(slow.function()))]
+    client = _openai_client(base_url)
+    chat = ChatOpenAI(model=model, root_async_client=client, async_client=client.chat.completions, api_key="unused")
+    bound = chat.bind_tools(tools)
+
+    async def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [await bound.ainvoke(state["messages"])]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", ToolNode(tools, awrap_tool_call=awrap_tool_call))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    graph = builder.compile()
+    return await run_agent(runtime, task_id, graph, {"messages": [{"role": "user", "content": PROMPT}]})
+
+
 async def lg_mcp_tools_declared_by_name(runtime: Any, task_id: int, base_url: str, model: str, slow: Slow) -> Any:
     from stopdesk.agent.frameworks.langgraph import mcp_tools
     from stopdesk.agent.frameworks.mcp_tools import mcp_client
@@ -253,6 +279,7 @@ PATHS: dict[tuple[str, str], tuple[Path, ToolCall]] = {
     ("langgraph", "@tool above @declare"): (lg_tool_above_declare, SLOW_CALL),
     ("langgraph", "@declare above @tool"): (lg_declare_above_tool, SLOW_CALL),
     ("langgraph", "StructuredTool.from_function"): (lg_structured_tool, SLOW_CALL),
+    ("langgraph", "ToolNode(awrap_tool_call=) in a hand-built graph"): (lg_hand_built_tool_node, SLOW_CALL),
     ("langgraph", "MCP tools, declared by name"): (lg_mcp_tools_declared_by_name, MCP_CALL),
 }
 

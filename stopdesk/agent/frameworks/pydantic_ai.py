@@ -159,7 +159,9 @@ async def run_agent(
     poll_s: float = 0.2,
     **run_kwargs: Any,
 ) -> Any:
-    """`agent.run(prompt)` under `task_id`; Stop fires the run's CancellationToken (RunStopped)."""
+    """`agent.run(prompt)` under `task_id`; Stop fires the run's CancellationToken (RunStopped).
+    Each tool's `@declare` is read from the tool the run calls; `declarations` (by name) and the
+    declarations of `tools` win over it, for tools no decorator reaches (an MCP server's)."""
     capability = StopdeskCapability.for_tools(tools)
     capability.declarations.update(declarations or {})
     token = CancellationToken()
