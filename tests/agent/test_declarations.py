@@ -1,5 +1,5 @@
 """A declaration counts however the tool reaches the agent: each framework, each way of registering
-a tool (decorator order, toolsets, MCP tools declared by name), with nothing passed again to
+a tool (decorator order, toolsets, handoffs, MCP tools declared by name), with nothing passed again to
 `run_agent`. The proof is what Stop leaves behind: a tool declared read-only that Stop interrupts
 is recorded cancelled, where an undeclared one would be uncertain and in review."""
 
@@ -107,6 +107,28 @@ async def oa_mcp_server_declared_by_name(runtime: Any, task_id: int, base_url: s
         model_ = OpenAIResponsesModel(model, _openai_client(base_url))
         agent = Agent(name="research", mcp_servers=[server], model=model_)
         return await run_agent(runtime, task_id, agent, PROMPT, declarations=EXPORT_IS_READ_ONLY)
+
+
+async def oa_handoff_agent(runtime: Any, task_id: int, base_url: str, model: str, slow: Slow) -> Any:
+    from agents import Agent, OpenAIResponsesModel, function_tool
+
+    billing = Agent(
+        name="billing",
+        tools=[function_tool(read_only(slow.function()))],
+        model=OpenAIResponsesModel(model, _openai_client(base_url)),
+    )
+    return await _openai_agents(runtime, task_id, base_url, model, [], handoffs=[billing])
+
+
+async def oa_handoff_object(runtime: Any, task_id: int, base_url: str, model: str, slow: Slow) -> Any:
+    from agents import Agent, OpenAIResponsesModel, function_tool, handoff
+
+    billing = Agent(
+        name="billing",
+        tools=[function_tool(read_only(slow.function()))],
+        model=OpenAIResponsesModel(model, _openai_client(base_url)),
+    )
+    return await _openai_agents(runtime, task_id, base_url, model, [], handoffs=[handoff(billing)])
 
 
 # --- pydantic-ai -----------------------------------------------------------------------------
@@ -257,23 +279,25 @@ async def lg_mcp_tools_declared_by_name(runtime: Any, task_id: int, base_url: st
         return await _langgraph(runtime, task_id, base_url, model, tools, declarations=EXPORT_IS_READ_ONLY)
 
 
-# (framework, how the tool reaches the agent) -> the run, and the name the model calls.
-SLOW_CALL = ToolCall("slow_report", {"name": "Acme"})
-MCP_CALL = ToolCall(EXPORT_REPORT, {"name": "acme", "seconds": 30})
-PATHS: dict[tuple[str, str], tuple[Path, ToolCall]] = {
+# (framework, how the tool reaches the agent) -> the run, and what the model calls, a turn each
+# (the last one is the slow tool).
+SLOW_CALL = (ToolCall("slow_report", {"name": "Acme"}),)
+MCP_CALL = (ToolCall(EXPORT_REPORT, {"name": "acme", "seconds": 30}),)
+HANDED_OFF = (ToolCall("transfer_to_billing", {}), *SLOW_CALL)
+PREFIXED_CALL = (ToolCall("research_slow_report", {"name": "Acme"}),)
+PATHS: dict[tuple[str, str], tuple[Path, tuple[ToolCall, ...]]] = {
     ("openai-agents", "@declare above @function_tool"): (oa_declare_above_function_tool, SLOW_CALL),
     ("openai-agents", "@function_tool above @declare"): (oa_declare_below_function_tool, SLOW_CALL),
     ("openai-agents", "@function_tool(...) above @declare"): (oa_function_tool_with_options, SLOW_CALL),
     ("openai-agents", "mcp_servers, declared by name"): (oa_mcp_server_declared_by_name, MCP_CALL),
+    ("openai-agents", "an agent it hands off to"): (oa_handoff_agent, HANDED_OFF),
+    ("openai-agents", "a handoff(...) to an agent"): (oa_handoff_object, HANDED_OFF),
     ("pydantic-ai", "Agent(tools=...)"): (pa_agent_tools, SLOW_CALL),
     ("pydantic-ai", "@agent.tool_plain above @declare"): (pa_agent_tool_above_declare, SLOW_CALL),
     ("pydantic-ai", "@declare above @agent.tool_plain"): (pa_declare_above_agent_tool, SLOW_CALL),
     ("pydantic-ai", "a declared Tool(...)"): (pa_declared_tool_object, SLOW_CALL),
     ("pydantic-ai", "FunctionToolset"): (pa_function_toolset, SLOW_CALL),
-    ("pydantic-ai", "prefixed FunctionToolset"): (
-        pa_prefixed_toolset,
-        ToolCall("research_slow_report", {"name": "Acme"}),
-    ),
+    ("pydantic-ai", "prefixed FunctionToolset"): (pa_prefixed_toolset, PREFIXED_CALL),
     ("pydantic-ai", "MCP toolset, declared by name"): (pa_mcp_toolset_declared_by_name, MCP_CALL),
     ("langgraph", "a plain function"): (lg_plain_function, SLOW_CALL),
     ("langgraph", "@tool above @declare"): (lg_tool_above_declare, SLOW_CALL),
@@ -314,8 +338,10 @@ def _operator(runtime: Any, task_id: int, started: Callable[[], bool]) -> thread
 def test_a_read_only_declaration_counts_however_the_tool_reaches_the_agent(framework, path, model, runtime, mcp_party):  # type: ignore[no-untyped-def]
     party, url = model
     mcp, mcp_url = mcp_party
-    run_path, call = PATHS[(framework, path)]
-    name = party.load_script(Script.build(f"declared-{framework}-{path}", [Turn(tool_calls=(call,)), Turn(text="x")]))
+    run_path, calls = PATHS[(framework, path)]
+    call = calls[-1]
+    turns = [*(Turn(tool_calls=(c,)) for c in calls), Turn(text="x")]
+    name = party.load_script(Script.build(f"declared-{framework}-{path}", turns))
     task = runtime.create_task(PROMPT)
     slow = Slow(mcp_url=mcp_url)
     remote = call.name == EXPORT_REPORT

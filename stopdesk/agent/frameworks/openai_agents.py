@@ -25,13 +25,14 @@ calls `RunResultStreaming.cancel(mode="immediate")` for a streamed run.
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import inspect
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from agents import Agent, FunctionTool, HostedMCPTool, Runner, function_tool
+from agents import Agent, FunctionTool, Handoff, HostedMCPTool, Runner, function_tool
 from agents.models.interface import Model
 from agents.result import RunResult, RunResultStreaming
 from agents.tool import resolve_function_tool_failure_error_function, set_function_tool_failure_error_function
@@ -181,23 +182,56 @@ class StopdeskModel(Model):
         return self.inner.get_retry_advice(request)
 
 
-def instrument(agent: Agent[Any], declarations: dict[str, ToolDeclaration] | None = None) -> Agent[Any]:
+def instrument(
+    agent: Agent[Any],
+    declarations: dict[str, ToolDeclaration] | None = None,
+    _clones: dict[int, StopdeskAgent] | None = None,
+) -> Agent[Any]:
     """A clone of `agent` whose function tools (and its MCP servers' tools) are guarded and whose
-    model requests are recorded. A tool's declaration is read from the tool (`@declare` above or
-    below `@function_tool`), or from `declarations` (by tool name), which also reaches the tools of
-    the agent's MCP servers."""
+    model requests are recorded, and so are those of every agent it can hand off to (the run goes
+    on with the handoff's agent, whose tools would otherwise pass unrecorded). A tool's declaration
+    is read from the tool (`@declare` above or below `@function_tool`), or from `declarations` (by
+    tool name), which also reaches the tools of the agent's MCP servers."""
     declarations = declarations or {}
+    clones = {} if _clones is None else _clones
+    if id(agent) in clones:  # agents that hand off to each other: one clone each
+        return clones[id(agent)]
     tools = []
     for tool in agent.tools:
         if isinstance(tool, FunctionTool) and not _guarded(tool):
             tool = guard_tool(tool, declarations.get(tool.name))
         tools.append(tool)
     if not isinstance(agent.model, Model):
-        raise TypeError("give the agent a Model instance (e.g. OpenAIResponsesModel(...)) so its requests are recorded")
+        raise TypeError(
+            f"give the agent {agent.name!r} a Model instance (e.g. OpenAIResponsesModel(...)) so its requests are recorded"
+        )
     model = agent.model if isinstance(agent.model, StopdeskModel) else StopdeskModel(agent.model)
     fields = {f.name: getattr(agent, f.name) for f in dataclasses.fields(agent) if f.init}
     named = {**fields.get("stopdesk_declarations", {}), **declarations}
-    return StopdeskAgent(**{**fields, "tools": tools, "model": model, "stopdesk_declarations": named})
+    clone = StopdeskAgent(**{**fields, "tools": tools, "model": model, "stopdesk_declarations": named})
+    clones[id(agent)] = clones[id(clone)] = clone
+    clone.handoffs = [_instrument_handoff(h, declarations, clones) for h in agent.handoffs]
+    return clone
+
+
+def _instrument_handoff(target: Any, declarations: dict[str, ToolDeclaration], clones: dict[int, StopdeskAgent]) -> Any:
+    """A handoff whose agent is instrumented: an Agent directly; a `handoff(...)` object by the
+    agent its invoker returns (checked now, when the handoff still knows its agent)."""
+    if isinstance(target, Agent):
+        return instrument(target, declarations, clones)
+    if not isinstance(target, Handoff):
+        return target
+    known = target._agent_ref() if target._agent_ref is not None else None
+    if isinstance(known, Agent):
+        instrument(known, declarations, clones)
+    original = target.on_invoke_handoff
+
+    async def invoke(ctx: Any, payload: str) -> Any:
+        return instrument(await original(ctx, payload), declarations, clones)
+
+    guarded = copy.copy(target)
+    guarded.on_invoke_handoff = invoke
+    return guarded
 
 
 async def run_agent(
