@@ -9,6 +9,10 @@
     agent = Agent(name="sales", tools=[lookup], model=OpenAIResponsesModel("gpt-5", client))
     result = await run_agent(runtime, task.id, agent, "Add Acme as a lead")   # RunStopped on Stop
 
+`@declare` above or below a plain `@function_tool` counts too (the FunctionTool keeps the function
+as `__wrapped__`); an MCP server's tools are declared by name, `run_agent(declarations=...)`. The
+agents the run can hand off to are instrumented with it, so their tools are recorded as well.
+
 Hook points (read in the installed SDK): a `FunctionTool`'s `on_invoke_tool(ToolContext, json)`
 runs the body after the SDK's own guardrails and approvals, and `ToolContext.tool_call_id` is the
 model's call id, so the wrapper puts the boundary right before the body. A tool's exception reaches
