@@ -185,6 +185,13 @@ async def pa_function_toolset(runtime: Any, task_id: int, base_url: str, model: 
     return await _pydantic_run(runtime, task_id, agent)
 
 
+async def pa_toolset_given_to_the_run(runtime: Any, task_id: int, base_url: str, model: str, slow: Slow) -> Any:
+    from pydantic_ai import Agent, FunctionToolset
+
+    agent = Agent(_pydantic_model(base_url, model))
+    return await _pydantic_run(runtime, task_id, agent, toolsets=[FunctionToolset([read_only(slow.function())])])
+
+
 async def pa_prefixed_toolset(runtime: Any, task_id: int, base_url: str, model: str, slow: Slow) -> Any:
     from pydantic_ai import Agent, FunctionToolset
 
@@ -297,6 +304,7 @@ PATHS: dict[tuple[str, str], tuple[Path, tuple[ToolCall, ...]]] = {
     ("pydantic-ai", "@declare above @agent.tool_plain"): (pa_declare_above_agent_tool, SLOW_CALL),
     ("pydantic-ai", "a declared Tool(...)"): (pa_declared_tool_object, SLOW_CALL),
     ("pydantic-ai", "FunctionToolset"): (pa_function_toolset, SLOW_CALL),
+    ("pydantic-ai", "run_agent(toolsets=...)"): (pa_toolset_given_to_the_run, SLOW_CALL),
     ("pydantic-ai", "prefixed FunctionToolset"): (pa_prefixed_toolset, PREFIXED_CALL),
     ("pydantic-ai", "MCP toolset, declared by name"): (pa_mcp_toolset_declared_by_name, MCP_CALL),
     ("langgraph", "a plain function"): (lg_plain_function, SLOW_CALL),
