@@ -17,7 +17,7 @@ from langchain.agents import create_agent
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 
-from stopdesk.agent.frameworks import RunStopped, ToolDeclaration
+from stopdesk.agent.frameworks import RunStopped, declare
 from stopdesk.agent.frameworks.langgraph import StopdeskMiddleware, run_agent
 from stopdesk.client import AsyncClient
 
@@ -40,12 +40,14 @@ SCRIPT = {
 
 
 @tool
+@declare(read_only=True, noun="lookup")
 async def look_up(company: str) -> str:
     """Look a company up in the directory."""
     await asyncio.sleep(STEP)
     return f"{company}: 12 employees, based in Lyon"
 
 
+@declare(read_only=True, noun="report")  # above or below @tool: either counts
 @tool
 async def write_report(company: str) -> str:
     """Write a long report about a company."""
@@ -53,17 +55,10 @@ async def write_report(company: str) -> str:
     return f"A report on {company}"
 
 
-# What each tool does, by name (a LangChain @tool hides the function it wraps).
-DECLARATIONS = {
-    "look_up": ToolDeclaration(effect="read_only", noun="lookup"),
-    "write_report": ToolDeclaration(effect="read_only", noun="report"),
-}
-
-
 async def main() -> None:
     model = os.environ.get("MODEL") or await load_script(BASE_URL, SCRIPT)
     chat = ChatOpenAI(model=model, base_url=BASE_URL, api_key=os.environ.get("OPENAI_API_KEY", "no-key-needed"))
-    graph = create_agent(chat, tools=[look_up, write_report], middleware=[StopdeskMiddleware(DECLARATIONS)])
+    graph = create_agent(chat, tools=[look_up, write_report], middleware=[StopdeskMiddleware()])
     async with AsyncClient(os.environ["STOPDESK_URL"], os.environ["STOPDESK_TOKEN"]) as sd:
         task = await sd.create_task("Research Acme (LangGraph)")
         print(f"task {task.id}: press Stop on its page to stop it", flush=True)

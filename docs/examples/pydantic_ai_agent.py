@@ -57,13 +57,12 @@ async def write_report(company: str) -> str:
 async def main() -> None:
     model = os.environ.get("MODEL") or await load_script(BASE_URL, SCRIPT)
     client = AsyncOpenAI(base_url=BASE_URL, api_key=os.environ.get("OPENAI_API_KEY", "no-key-needed"))
-    tools = [look_up, write_report]
-    agent = Agent(OpenAIChatModel(model, provider=OpenAIProvider(openai_client=client)), tools=tools)
+    agent = Agent(OpenAIChatModel(model, provider=OpenAIProvider(openai_client=client)), tools=[look_up, write_report])
     async with AsyncClient(os.environ["STOPDESK_URL"], os.environ["STOPDESK_TOKEN"]) as sd:
         task = await sd.create_task("Research Acme (pydantic-ai)")
         print(f"task {task.id}: press Stop on its page to stop it", flush=True)
         try:
-            result = await run_agent(sd, task.id, agent, "Research Acme", tools=tools)
+            result = await run_agent(sd, task.id, agent, "Research Acme")
             print(result.output)
         except RunStopped:
             print("stopped: the run ended and no tool ran after Stop")

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from stopdesk.agent.frameworks.declare import declaration_of, declare
+from stopdesk.agent.frameworks.declare import declare
 
 
 @dataclass
@@ -87,14 +87,14 @@ async def run_openai_agents(runtime: Any, task_id: int, base_url: str, model: st
     from agents import Agent, OpenAIResponsesModel, function_tool, set_tracing_disabled
     from openai import AsyncOpenAI
 
-    from stopdesk.agent.frameworks.openai_agents import guard_tool, run_agent
+    from stopdesk.agent.frameworks.openai_agents import run_agent
 
     set_tracing_disabled(True)
     client = AsyncOpenAI(base_url=base_url, api_key="no-key-needed", max_retries=0)
     agent = Agent(
         name="sales",
         instructions="Help with leads.",
-        tools=[guard_tool(function_tool(f), declaration_of(f)) for f in tools.functions()],
+        tools=[function_tool(f) for f in tools.functions()],  # run_agent guards them, reading each @declare
         model=OpenAIResponsesModel(model, client),
     )
     result = await run_agent(runtime, task_id, agent, "Add Acme as a lead", **kw)
@@ -110,9 +110,8 @@ async def run_pydantic_ai(runtime: Any, task_id: int, base_url: str, model: str,
     from stopdesk.agent.frameworks.pydantic_ai import run_agent
 
     client = AsyncOpenAI(base_url=base_url, api_key="no-key-needed", max_retries=0)
-    functions = tools.functions()
-    agent = Agent(OpenAIChatModel(model, provider=OpenAIProvider(openai_client=client)), tools=functions)
-    result = await run_agent(runtime, task_id, agent, "Add Acme as a lead", tools=functions, **kw)
+    agent = Agent(OpenAIChatModel(model, provider=OpenAIProvider(openai_client=client)), tools=tools.functions())
+    result = await run_agent(runtime, task_id, agent, "Add Acme as a lead", **kw)
     return result.output
 
 

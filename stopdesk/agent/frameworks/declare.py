@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 Effect = Literal["read_only", "reversible", "irreversible", "unknown"]
 ATTRIBUTE = "__stopdesk_tool__"
+UNWRAP_LIMIT = 20  # a chain of `__wrapped__` longer than any stack of decorators, but never a loop
 
 
 @dataclass(frozen=True)
@@ -39,10 +40,15 @@ class ToolDeclaration:
     def read_only(self) -> bool:
         return self.effect == "read_only"
 
+    @property
+    def declared(self) -> bool:
+        """Whether anybody said what the tool does (an undeclared tool is possibly destructive)."""
+        return self.effect != "unknown" or self.external
+
     def as_detail(self) -> dict[str, Any]:
         """What the ledger keeps, so the summary, the review queue and readiness can read it
         (`reconcile.readiness.declared_verdict` reads these keys from each call's `detail.tool`)."""
-        out: dict[str, Any] = {"effect": self.effect, "declared": self.effect != "unknown" or self.external}
+        out: dict[str, Any] = {"effect": self.effect, "declared": self.declared}
         if self.reversal:
             out["reversal"] = self.reversal
         if self.system:
@@ -86,5 +92,24 @@ def declare[F: Callable[..., Any]](
 
 
 def declaration_of(obj: Any) -> ToolDeclaration:
-    found = getattr(obj, ATTRIBUTE, None)
-    return found if isinstance(found, ToolDeclaration) else UNDECLARED
+    """The declaration on `obj`, or on what it wraps: a decorator that keeps `__wrapped__` (as
+    `functools.wraps` and the Agents SDK's `FunctionTool` do) may sit above or below `@declare`."""
+    for _ in range(UNWRAP_LIMIT):
+        found = getattr(obj, ATTRIBUTE, None)
+        if isinstance(found, ToolDeclaration):
+            return found
+        obj = getattr(obj, "__wrapped__", None)
+        if obj is None:
+            break
+    return UNDECLARED
+
+
+def first_declaration(*candidates: Any) -> ToolDeclaration:
+    """The first declaration that says something among the objects a framework keeps for one tool
+    (its tool object, the function it was made from), so a declaration counts whichever of them
+    `@declare` decorated."""
+    for candidate in candidates:
+        found = declaration_of(candidate)
+        if found.declared:
+            return found
+    return UNDECLARED

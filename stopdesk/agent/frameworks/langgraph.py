@@ -32,7 +32,7 @@ from langchain_core.messages import ToolMessage
 from langchain_core.tools import StructuredTool
 
 from stopdesk.agent.frameworks.core import CURRENT, STOPPED_RESULT, StopdeskRun
-from stopdesk.agent.frameworks.declare import ToolDeclaration, declaration_of
+from stopdesk.agent.frameworks.declare import ToolDeclaration, first_declaration
 from stopdesk.agent.frameworks.mcp_tools import METADATA_KEY, RemoteTool, mcp_declaration, remote_tools
 
 FRAMEWORK = "langgraph"
@@ -43,12 +43,9 @@ def _declaration(request: Any, declarations: dict[str, ToolDeclaration]) -> Tool
     if name in declarations:
         return declarations[name]
     tool = request.tool
-    # A StructuredTool keeps the function it was made from; the declaration sits on it.
-    for attribute in ("coroutine", "func"):
-        found = declaration_of(getattr(tool, attribute, None))
-        if found.effect != "unknown" or found.external:
-            return found
-    return declaration_of(tool)
+    # A StructuredTool keeps the function it was made from (`@declare` below `@tool`); above
+    # `@tool`, the declaration sits on the tool itself.
+    return first_declaration(getattr(tool, "coroutine", None), getattr(tool, "func", None), tool)
 
 
 async def awrap_tool_call(
@@ -71,9 +68,12 @@ async def awrap_tool_call(
 
     declarations = declarations or {}
     remote = (getattr(request.tool, "metadata", None) or {}).get(METADATA_KEY)
-    if remote is not None and call["name"] not in declarations:
-        # Served by an MCP server (`mcp_tools`): a remote tool with the server's annotations.
-        declared, kind, extra = mcp_declaration(call["name"], remote["annotations"]), "remote_tool", {"mcp": remote}
+    if remote is not None:
+        # Served by an MCP server (`mcp_tools`): a remote tool with the server's annotations, which
+        # say what it does unless the application declared it by name.
+        named = declarations.get(call["name"])
+        declared = named or mcp_declaration(call["name"], remote["annotations"])
+        kind, extra = "remote_tool", {"mcp": remote}
     else:
         declared, kind, extra = _declaration(request, declarations), "", None
     return await run.tool_call(

@@ -9,6 +9,10 @@
     agent = Agent(name="sales", tools=[lookup], model=OpenAIResponsesModel("gpt-5", client))
     result = await run_agent(runtime, task.id, agent, "Add Acme as a lead")   # RunStopped on Stop
 
+`@declare` above or below a plain `@function_tool` counts too (the FunctionTool keeps the function
+as `__wrapped__`); an MCP server's tools are declared by name, `run_agent(declarations=...)`. The
+agents the run can hand off to are instrumented with it, so their tools are recorded as well.
+
 Hook points (read in the installed SDK): a `FunctionTool`'s `on_invoke_tool(ToolContext, json)`
 runs the body after the SDK's own guardrails and approvals, and `ToolContext.tool_call_id` is the
 model's call id, so the wrapper puts the boundary right before the body. A tool's exception reaches
@@ -25,13 +29,14 @@ calls `RunResultStreaming.cancel(mode="immediate")` for a streamed run.
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import inspect
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from agents import Agent, FunctionTool, HostedMCPTool, Runner, function_tool
+from agents import Agent, FunctionTool, Handoff, HostedMCPTool, Runner, function_tool
 from agents.models.interface import Model
 from agents.result import RunResult, RunResultStreaming
 from agents.tool import resolve_function_tool_failure_error_function, set_function_tool_failure_error_function
@@ -100,25 +105,35 @@ def stopdesk_tool(fn: Callable[..., Any] | None = None, /, **options: Any) -> An
     return build(fn) if fn is not None else build
 
 
-def guard_mcp_tool(tool: FunctionTool) -> FunctionTool:
+def guard_mcp_tool(tool: FunctionTool, declaration: ToolDeclaration | None = None) -> FunctionTool:
     """A tool the SDK made from an MCP server's tool list: recorded as a remote tool with the
-    server's annotations; read-only only when the server says `readOnlyHint`, otherwise possibly
-    destructive (the spec's default)."""
+    server's annotations. What it does is `declaration` when the application declared it (by
+    name), else what the annotations say: read-only only when the server says `readOnlyHint`,
+    otherwise possibly destructive (the spec's default)."""
     server, name, _ = tool._mcp_tool_binding or ("", tool.name, None)
     hints = getattr(tool, "_mcp_annotations", None)
     read_only = bool(getattr(hints, "read_only_hint", None) or getattr(hints, "readOnlyHint", None))
     annotations = hints.model_dump(by_alias=True, exclude_none=True) if hints is not None else {}
-    declaration = ToolDeclaration(effect="read_only" if read_only else "unknown", noun=f"{name} call")
+    declaration = declaration or ToolDeclaration(effect="read_only" if read_only else "unknown", noun=f"{name} call")
     extra = {"mcp": {"server": server, "tool": name, "annotations": annotations}}
     return guard_tool(tool, declaration, kind="remote_tool", extra=extra)
 
 
+@dataclasses.dataclass
 class StopdeskAgent(Agent[Any]):
-    """An Agent whose MCP servers' tools are guarded too: the SDK lists them on every turn."""
+    """An Agent whose MCP servers' tools are guarded too: the SDK lists them on every turn.
+    `stopdesk_declarations` says what tools do by name, for those no `@declare` can reach."""
+
+    stopdesk_declarations: dict[str, ToolDeclaration] = dataclasses.field(default_factory=dict)
 
     async def get_mcp_tools(self, run_context: Any) -> list[Any]:
         tools = await super().get_mcp_tools(run_context)
-        return [guard_mcp_tool(t) if isinstance(t, FunctionTool) and not _guarded(t) else t for t in tools]
+        return [
+            guard_mcp_tool(t, self.stopdesk_declarations.get(t.name))
+            if isinstance(t, FunctionTool) and not _guarded(t)
+            else t
+            for t in tools
+        ]
 
 
 def _guarded(tool: FunctionTool) -> bool:
@@ -171,20 +186,56 @@ class StopdeskModel(Model):
         return self.inner.get_retry_advice(request)
 
 
-def instrument(agent: Agent[Any], declarations: dict[str, ToolDeclaration] | None = None) -> Agent[Any]:
-    """A clone of `agent` whose function tools are guarded and whose model requests are recorded.
-    `declarations` names what undecorated tools do (by tool name)."""
+def instrument(
+    agent: Agent[Any],
+    declarations: dict[str, ToolDeclaration] | None = None,
+    _clones: dict[int, StopdeskAgent] | None = None,
+) -> Agent[Any]:
+    """A clone of `agent` whose function tools (and its MCP servers' tools) are guarded and whose
+    model requests are recorded, and so are those of every agent it can hand off to (the run goes
+    on with the handoff's agent, whose tools would otherwise pass unrecorded). A tool's declaration
+    is read from the tool (`@declare` above or below `@function_tool`), or from `declarations` (by
+    tool name), which also reaches the tools of the agent's MCP servers."""
     declarations = declarations or {}
+    clones = {} if _clones is None else _clones
+    if id(agent) in clones:  # agents that hand off to each other: one clone each
+        return clones[id(agent)]
     tools = []
     for tool in agent.tools:
         if isinstance(tool, FunctionTool) and not _guarded(tool):
             tool = guard_tool(tool, declarations.get(tool.name))
         tools.append(tool)
     if not isinstance(agent.model, Model):
-        raise TypeError("give the agent a Model instance (e.g. OpenAIResponsesModel(...)) so its requests are recorded")
+        raise TypeError(
+            f"give the agent {agent.name!r} a Model instance (e.g. OpenAIResponsesModel(...)) so its requests are recorded"
+        )
     model = agent.model if isinstance(agent.model, StopdeskModel) else StopdeskModel(agent.model)
     fields = {f.name: getattr(agent, f.name) for f in dataclasses.fields(agent) if f.init}
-    return StopdeskAgent(**{**fields, "tools": tools, "model": model})
+    named = {**fields.get("stopdesk_declarations", {}), **declarations}
+    clone = StopdeskAgent(**{**fields, "tools": tools, "model": model, "stopdesk_declarations": named})
+    clones[id(agent)] = clones[id(clone)] = clone
+    clone.handoffs = [_instrument_handoff(h, declarations, clones) for h in agent.handoffs]
+    return clone
+
+
+def _instrument_handoff(target: Any, declarations: dict[str, ToolDeclaration], clones: dict[int, StopdeskAgent]) -> Any:
+    """A handoff whose agent is instrumented: an Agent directly; a `handoff(...)` object by the
+    agent its invoker returns (checked now, when the handoff still knows its agent)."""
+    if isinstance(target, Agent):
+        return instrument(target, declarations, clones)
+    if not isinstance(target, Handoff):
+        return target
+    known = target._agent_ref() if target._agent_ref is not None else None
+    if isinstance(known, Agent):
+        instrument(known, declarations, clones)
+    original = target.on_invoke_handoff
+
+    async def invoke(ctx: Any, payload: str) -> Any:
+        return instrument(await original(ctx, payload), declarations, clones)
+
+    guarded = copy.copy(target)
+    guarded.on_invoke_handoff = invoke
+    return guarded
 
 
 async def run_agent(
@@ -195,13 +246,15 @@ async def run_agent(
     *,
     streamed: bool = False,
     on_event: Callable[[Any], Any] | None = None,
+    declarations: dict[str, ToolDeclaration] | None = None,
     cleanup_s: float = 5.0,
     watch: Any = None,
     poll_s: float = 0.2,
     **runner_kwargs: Any,
 ) -> RunResult | RunResultStreaming:
-    """Run `agent` under `task_id`: the ledger sees every call, and Stop ends the run (RunStopped)."""
-    agent = instrument(agent)
+    """Run `agent` under `task_id`: the ledger sees every call, and Stop ends the run (RunStopped).
+    `declarations`: what tools do by name, for tools no `@declare` reaches (an MCP server's)."""
+    agent = instrument(agent, declarations)
     async with StopdeskRun(
         runtime, task_id, framework=FRAMEWORK, agent=agent.name, cleanup_s=cleanup_s, watch=watch, poll_s=poll_s
     ) as run:

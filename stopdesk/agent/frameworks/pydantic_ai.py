@@ -7,7 +7,11 @@
     async def lookup(q: str) -> str: ...
 
     agent = Agent(OpenAIChatModel("gpt-5", provider=OpenAIProvider(openai_client=client)), tools=[lookup])
-    result = await run_agent(runtime, task.id, agent, "Add Acme as a lead", tools=[lookup])
+    result = await run_agent(runtime, task.id, agent, "Add Acme as a lead")
+
+A tool's declaration is read from the tool the run calls, however it reached the agent
+(`Agent(tools=)`, `@agent.tool` above or below `@declare`, a `FunctionToolset`, wrapped or
+prefixed); `run_agent(declarations={name: ...})` names what other tools do, and wins.
 
 Hook points (read in the installed package): a capability's `wrap_tool_execute(ctx, call=ToolCallPart,
 tool_def, args, handler)` encloses the tool's whole execution and may answer without calling
@@ -32,7 +36,7 @@ from pydantic_ai import CancellationToken, FunctionToolset, RunCancelled, Tool
 from pydantic_ai.capabilities import AbstractCapability
 
 from stopdesk.agent.frameworks.core import CURRENT, StopdeskRun
-from stopdesk.agent.frameworks.declare import ToolDeclaration, declaration_of
+from stopdesk.agent.frameworks.declare import UNDECLARED, ToolDeclaration, declaration_of, first_declaration
 from stopdesk.agent.frameworks.mcp_tools import (
     METADATA_KEY,
     RemoteTool,
@@ -60,15 +64,14 @@ class StopdeskCapability(AbstractCapability[Any]):
         if run is None:
             return await handler(args)
         remote = _remote(tool_def)
-        if remote is not None and call.tool_name not in self.declarations:
-            # Served by an MCP server: a remote tool with the server's annotations.
-            declared, kind, extra = (
-                mcp_declaration(call.tool_name, remote["annotations"]),
-                "remote_tool",
-                {"mcp": remote},
-            )
+        named = self.declarations.get(call.tool_name)
+        if remote is not None:
+            # Served by an MCP server: a remote tool with the server's annotations, which say what
+            # it does unless the application declared it by name.
+            declared = named or mcp_declaration(call.tool_name, remote["annotations"])
+            kind, extra = "remote_tool", {"mcp": remote}
         else:
-            declared, kind, extra = self.declarations.get(call.tool_name, declaration_of(None)), "", None
+            declared, kind, extra = named or _declared_on_tool(ctx, call.tool_name), "", None
         return await run.tool_call(
             call_id=call.tool_call_id,
             name=call.tool_name,
@@ -85,6 +88,32 @@ class StopdeskCapability(AbstractCapability[Any]):
             return await handler(request_context)
         async with run.model_request():
             return await handler(request_context)
+
+
+def _declared_on_tool(ctx: Any, name: str) -> ToolDeclaration:
+    """The declaration on the tool the run is calling, however it reached the agent
+    (`Agent(tools=)`, `@agent.tool` above or below `@declare`, a `FunctionToolset`, wrapped or
+    prefixed): the run's tool manager holds the toolset's tool (inside the agent's combined
+    toolset's), which keeps the function it calls and the toolset that registered the `Tool`."""
+    tool: Any = (getattr(getattr(ctx, "tool_manager", None), "tools", None) or {}).get(name)
+    if tool is None:
+        return UNDECLARED
+    while getattr(tool, "source_tool", None) is not None:
+        tool = tool.source_tool
+    schema = getattr(getattr(tool, "call_func", None), "__self__", None)  # the function's FunctionSchema
+    registered = _registered_tool(tool)
+    return first_declaration(registered, getattr(registered, "function", None), getattr(schema, "function", None))
+
+
+def _registered_tool(tool: Any) -> Tool[Any] | None:
+    """The `Tool` a FunctionToolset keeps for a toolset tool, through any wrapping toolsets."""
+    toolset = getattr(tool, "toolset", None)
+    while toolset is not None and not isinstance(toolset, FunctionToolset):
+        toolset = getattr(toolset, "wrapped", None)
+    if toolset is None:
+        return None
+    found: Tool[Any] | None = toolset.tools.get(getattr(tool, "original_name", None) or tool.tool_def.name)
+    return found
 
 
 def _remote(tool_def: Any) -> dict[str, Any] | None:
@@ -130,7 +159,9 @@ async def run_agent(
     poll_s: float = 0.2,
     **run_kwargs: Any,
 ) -> Any:
-    """`agent.run(prompt)` under `task_id`; Stop fires the run's CancellationToken (RunStopped)."""
+    """`agent.run(prompt)` under `task_id`; Stop fires the run's CancellationToken (RunStopped).
+    Each tool's `@declare` is read from the tool the run calls; `declarations` (by name) and the
+    declarations of `tools` win over it, for tools no decorator reaches (an MCP server's)."""
     capability = StopdeskCapability.for_tools(tools)
     capability.declarations.update(declarations or {})
     token = CancellationToken()
