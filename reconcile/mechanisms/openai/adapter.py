@@ -25,6 +25,7 @@ with the wire protocol's two documented calls.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import urllib.request
@@ -221,7 +222,8 @@ TOOL_CALL_TYPES = READ_ONLY_TYPES | frozenset(
 
 def launched_tool_calls(response: dict[str, Any]) -> list[dict[str, Any]]:
     """Every tool call among a Response's output items, as plain facts: type, server label, tool,
-    call id, status, error, and whether it is read-only (searches; an MCP tool whose server listed
+    call id, status, error (as text), its arguments (what it was asked to do: who a mail went to),
+    its output (shortened), and whether it is read-only (searches; an MCP tool whose server listed
     it with `readOnlyHint` in the same response's `mcp_list_tools`)."""
     output = response.get("output") or []
     read_only_tools = {
@@ -238,7 +240,6 @@ def launched_tool_calls(response: dict[str, Any]) -> list[dict[str, Any]]:
             continue
         label = str(item.get("server_label") or "")
         name = str(item.get("name") or kind)
-        error = item.get("error")
         calls.append(
             {
                 "type": kind,
@@ -246,13 +247,52 @@ def launched_tool_calls(response: dict[str, Any]) -> list[dict[str, Any]]:
                 "tool": name,
                 "call_id": str(item.get("call_id") or item.get("id") or ""),
                 "status": str(item.get("status") or ""),
-                "error": (error.get("message") or str(error.get("content") or ""))
-                if isinstance(error, dict)
-                else error,
+                "error": error_text(item.get("error")),
+                "arguments": _arguments(item),
+                "output": _text(item.get("output"))[:OUTPUT_KEPT],
                 "read_only": kind in READ_ONLY_TYPES or (label, name) in read_only_tools,
             }
         )
     return calls
+
+
+# How much of a call's output is kept: enough for a record id and a reviewer's first look.
+OUTPUT_KEPT = 2000
+
+
+def error_text(error: Any) -> str | None:
+    """A tool call's error as text: a protocol or HTTP error's message, or the text blocks of an
+    MCP tool's error content (a list of content blocks, never its Python repr)."""
+    if not error:
+        return None
+    if isinstance(error, dict):
+        return str(error.get("message") or _text(error.get("content")) or error.get("type") or "error")
+    return _text(error) or None
+
+
+def _text(value: Any) -> str:
+    """MCP content (a string, a content block, or a list of them) as its text."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        return str(value["text"]) if "text" in value else json.dumps(value)
+    if isinstance(value, list):
+        return "\n".join(filter(None, (_text(block) for block in value)))
+    return str(value)
+
+
+def _arguments(item: dict[str, Any]) -> Any:
+    """What the call was asked to do: an MCP or function call's arguments (a JSON string, read as
+    JSON where it is), a search's action, a code interpreter's code."""
+    raw = item.get("arguments", item.get("action", item.get("code")))
+    if isinstance(raw, str):
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return raw
+    return raw
 
 
 class OpenAIResponses(Mechanism):
