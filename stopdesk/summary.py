@@ -12,6 +12,7 @@ Every phrase follows an item's *latest known* outcome, not only its recorded sta
 | failed         | completed                  | completed; review required                            |
 | cancelled, never started, model request | — | discarded                                          |
 | cancelled, never started, other kinds   | — | cancelled before it started                         |
+| cancelled, never started, a function call a response left | — | never ran                           |
 | cancelled after it started, model request | — | discarded                                        |
 | cancelled after it started, other kinds | — | stopped before it finished                          |
 | uncertain      | —                          | unknown outcome; review required                      |
@@ -26,6 +27,9 @@ contradicting reports, then effects waiting for a reversal decision. "Review req
 exactly the items `stopdesk.review_state.needs_review` selects, the definition the task list's tag
 and filter use too; a record already reversed is told with its compensation ("One record
 created, then archived by compensation #2.") and no longer asks for review.
+
+An effect is told by its item's `detail["effect"]` where it has one (a hosted tool's call that
+sent an email: "One email sent by a hosted tool", "... after Stop"), otherwise by the item's noun.
 
 Numbers: words from zero to ten, digits from 11 on, everywhere in the summary. Completed work
 without an effect is called "completed with no effect recorded" when effects of the same noun

@@ -11,10 +11,11 @@ every later one moves that record with what the provider reports next:
 - a completed call not known to be read-only is an effect: its arguments are kept, it is flagged
   for review, and it has an external record told by what it did ("send_email": an email sent),
   reversible where its system is configured with a reversal and the output names the record;
-- each call says when it was first seen: before the cancel landed (`before_cancel`), only after
-  the read-back that recorded the response cancelled (`after_cancel`: it ran after Stop, and is
-  flagged), or without any cancel (`while_active`); a call that finished only after that
-  read-back is flagged as work done after Stop too;
+- each call says when it was first seen: in the output the response had before its cancel took
+  hold (`before_cancel`), only after a read-back recorded the response cancelled
+  (`after_cancel`: it ran after Stop, is dated from that read-back and flagged), or with no
+  cancel asked for (`while_active`); a call that finished only after that read-back is flagged as
+  work done after Stop too;
 - a function call left for the application after Stop never ran: it is recorded never started.
 
 A later report that contradicts a settled record is a late result (an event and a flag), never an
@@ -23,7 +24,6 @@ overwrite.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any, cast
@@ -47,6 +47,7 @@ WHILE_ACTIVE = "while_active"  # no cancel was asked for
 NEVER_RAN = "never ran: left for the application, and the task was stopped before it ran it"
 AFTER_STOP = "ran after Stop (absent from the read-back that recorded the response cancelled)"
 FINISHED_AFTER_STOP = "finished after Stop"
+FINAL_STATUSES = frozenset({"completed", "failed", "incomplete"})
 
 # A tool's name says what it did: the first word that is a known verb, the words after it what
 # it acted on. A verb that is its own object (`email_customer`) names the object itself.
@@ -119,8 +120,7 @@ def tool_effect(tool: str) -> tuple[str, str] | None:
 
 def launched_effect(call: dict[str, Any]) -> LaunchedEffect | None:
     """The effect of an effect call whose tool's name says what it did, with its record: the
-    record the output names (by the configured system's id field) when its system is configured,
-    else the call itself. Reversible only where the system declares a reversal, the output named
+    record the output names when its system is configured, else the call itself. Reversible only where the system declares a reversal, the output named
     the record, and the effect is not a message sent."""
     said = tool_effect(str(call.get("tool") or "")) if is_effect(call) else None
     if said is None:
@@ -128,7 +128,7 @@ def launched_effect(call: dict[str, Any]) -> LaunchedEffect | None:
     effect, noun = said
     system = str(call.get("server_label") or call.get("type") or "hosted")[:64]
     declared = cast(HttpOperation, registry.get("http")).declaration({}, system=system)
-    named = _named_record(call.get("output"), declared) if declared.get("base_url") else None
+    named = _named_record(call) if declared.get("base_url") else None
     record_id, version = named or (str(call["call_id"]), "")
     reverse = declared.get("reverse") or {}
     reversible = named is not None and effect != Effect.SENT and bool(reverse.get("url"))
@@ -137,19 +137,12 @@ def launched_effect(call: dict[str, Any]) -> LaunchedEffect | None:
     )
 
 
-def _named_record(output: Any, declared: dict[str, Any]) -> tuple[str, str] | None:
-    """(record id, version) from a call's output, a JSON object with the system's id field."""
-    try:
-        body = json.loads(output) if isinstance(output, str) else None
-    except ValueError:
+def _named_record(call: dict[str, Any]) -> tuple[str, str] | None:
+    """(record id, version) the call's output named (`launched_tool_calls`), if it is a valid id."""
+    named = call.get("record")
+    if not isinstance(named, dict) or record_id_problem(str(named.get("id") or "")) is not None:
         return None
-    if not isinstance(body, dict) or body.get(declared.get("id_field", "id")) is None:
-        return None
-    record_id = str(body[declared.get("id_field", "id")])
-    if record_id_problem(record_id) is not None:
-        return None
-    version = body.get(declared.get("version_field", "version"))
-    return record_id, "" if version is None else str(version)
+    return str(named["id"]), str(named.get("version") or "")
 
 
 def response_launched_record(*, item_id: int, calls: list[dict[str, Any]], actor: str) -> list[int]:
@@ -194,10 +187,12 @@ def responses_launched_record(*, calls: dict[int, list[dict[str, Any]]], actor: 
 
 def _when(parent: WorkItem) -> str:
     """When a call found in this read-back of `parent` was launched, relative to its cancel: one
-    first seen after the read-back that settled the response ran after Stop."""
+    first seen after a read-back recorded the response cancelled ran after Stop."""
     if parent.cancel_requested_at is None:
         return WHILE_ACTIVE
-    return AFTER_CANCEL if parent.state in TERMINAL else BEFORE_CANCEL
+    read_back = parent.evidence.get("detail") or {}
+    cancelled = parent.state == S.CANCELLED and read_back.get("status") == "cancelled"
+    return AFTER_CANCEL if cancelled else BEFORE_CANCEL
 
 
 def _child_record(parent: WorkItem, call: dict[str, Any], actor: str) -> WorkItem:
@@ -249,8 +244,8 @@ def _child_follow(parent: WorkItem, child: WorkItem, call: dict[str, Any], actor
     and a flag), never an overwrite. One that finished only after the response was recorded
     cancelled is flagged as work done after Stop."""
     recorded = dict(child.detail.get("launched") or {})
-    if all(recorded.get(key) == call.get(key) for key in ("status", "error")):
-        return
+    if not _final(call) or all(recorded.get(key) == call.get(key) for key in ("status", "error")):
+        return  # nothing new, or not an end: a record never goes back to "still running"
     state, why = launched_outcome(call)
     effect = launched_effect(call)
     after_stop = _when(parent) == AFTER_CANCEL
@@ -278,6 +273,11 @@ def _child_follow(parent: WorkItem, child: WorkItem, call: dict[str, Any], actor
         )
     if effect is not None:
         _effect_attach(child.pk, effect, actor)
+
+
+def _final(call: dict[str, Any]) -> bool:
+    """The provider reports the call ended (completed, failed, incomplete)."""
+    return bool(call.get("error")) or call.get("status") in FINAL_STATUSES
 
 
 def _flagged(call: dict[str, Any], effect: LaunchedEffect | None) -> bool:

@@ -223,8 +223,9 @@ TOOL_CALL_TYPES = READ_ONLY_TYPES | frozenset(
 def launched_tool_calls(response: dict[str, Any]) -> list[dict[str, Any]]:
     """Every tool call among a Response's output items, as plain facts: type, server label, tool,
     call id, status, error (as text), its arguments (what it was asked to do: who a mail went to),
-    its output (shortened), and whether it is read-only (searches; an MCP tool whose server listed
-    it with `readOnlyHint` in the same response's `mcp_list_tools`)."""
+    the record its output names, and whether it is read-only (searches; an MCP tool whose server
+    listed it with `readOnlyHint` in the same response's `mcp_list_tools`). The output itself is
+    not kept: it can hold anything the tool read."""
     output = response.get("output") or []
     read_only_tools = {
         (listing.get("server_label"), tool.get("name"))
@@ -249,15 +250,15 @@ def launched_tool_calls(response: dict[str, Any]) -> list[dict[str, Any]]:
                 "status": str(item.get("status") or ""),
                 "error": error_text(item.get("error")),
                 "arguments": _arguments(item),
-                "output": _text(item.get("output"))[:OUTPUT_KEPT],
+                "record": named_record(item.get("output")),
                 "read_only": kind in READ_ONLY_TYPES or (label, name) in read_only_tools,
             }
         )
     return calls
 
 
-# How much of a call's output is kept: enough for a record id and a reviewer's first look.
-OUTPUT_KEPT = 2000
+# Arguments longer than this (as JSON) are kept shortened, as text.
+ARGUMENTS_KEPT = 4000
 
 
 def error_text(error: Any) -> str | None:
@@ -283,16 +284,32 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def _arguments(item: dict[str, Any]) -> Any:
-    """What the call was asked to do: an MCP or function call's arguments (a JSON string, read as
-    JSON where it is), a search's action, a code interpreter's code."""
+def _arguments(item: dict[str, Any]) -> dict[str, Any] | str | None:
+    """What the call was asked to do: an MCP or function call's arguments (a JSON object, read as
+    one where it is), a search's action, a code interpreter's code; text where it is not an object,
+    shortened where it is long."""
     raw = item.get("arguments", item.get("action", item.get("code")))
     if isinstance(raw, str):
         try:
-            return json.loads(raw)
+            raw = json.loads(raw)
         except ValueError:
-            return raw
-    return raw
+            return raw[:ARGUMENTS_KEPT]
+    if raw is None or (isinstance(raw, dict) and len(json.dumps(raw)) <= ARGUMENTS_KEPT):
+        return raw
+    return json.dumps(raw)[:ARGUMENTS_KEPT]
+
+
+def named_record(output: Any) -> dict[str, str] | None:
+    """The record a call's output names: a JSON object with an `id` (and maybe a `version`), as
+    a create or an update answers; None otherwise."""
+    try:
+        body = json.loads(output) if isinstance(output, str) else output
+    except ValueError:
+        return None
+    if not isinstance(body, dict) or not isinstance(body.get("id"), str | int) or isinstance(body.get("id"), bool):
+        return None
+    version = body.get("version")
+    return {"id": str(body["id"])[:200], "version": "" if version is None else str(version)[:200]}
 
 
 class OpenAIResponses(Mechanism):
