@@ -221,8 +221,8 @@ class LaunchedCall(Body):
     status: Text(64) = ""  # type: ignore[valid-type]
     error: Text(2000) | None = None  # type: ignore[valid-type]
     read_only: bool = False
-    # What it was asked to do (who a mail went to): a JSON object, or text.
-    arguments: JsonObject | Text(4000) | None = None  # type: ignore[valid-type]
+    # What it was asked to do (who a mail went to).
+    arguments: JsonObject | None = None
     record: LaunchedRecord | None = None
 
 

@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 
+from reconcile.mechanisms.openai.adapter import launched_tool_calls
 from reconcile.mechanisms.openai.agent import response_create
 from reconcile.mechanisms.openai.sandbox import FLIP_TO_COMPLETED
 from reconcile.mechanisms.openai.sandbox_model import HostedMcpCall, Script, ToolCall, Turn
 from reconcile.services.cancel import item_cancel, items_cancel
-from reconcile.services.launched import NEVER_RAN
+from reconcile.services.launched import NEVER_RAN, tool_effect
 from reconcile.tasks import BATCH_ABOVE
 from stopdesk.models import Event, ExternalRecord, Task, WorkItem
 from stopdesk.review_state import needs_review
@@ -272,3 +273,40 @@ def test_a_function_call_the_application_never_ran_reads_never_ran_and_an_mcp_er
     n = number_word(len(items))
     assert f"{n.capitalize()} tool call{'' if n == 'one' else 's'} never ran." in summary
     assert "stopped before" not in summary
+
+
+@pytest.mark.parametrize(
+    ("tool", "said"),
+    [
+        ("send_email", (Effect.SENT, "email")),
+        ("createRecord", (Effect.CREATED, "record")),
+        ("email_customer", (Effect.SENT, "email")),
+        ("gmail_send_message", (Effect.SENT, "message")),
+        ("archive", (Effect.ARCHIVED, "record")),
+        ("lookup_account", None),
+    ],
+)
+def test_a_tools_name_says_what_it_did_or_nothing(tool, said):
+    assert tool_effect(tool) == said
+
+
+def test_a_calls_facts_keep_its_arguments_its_named_record_and_its_errors_text():
+    [call] = launched_tool_calls(
+        {
+            "output": [
+                {
+                    "type": "mcp_call",
+                    "id": "mcp_1",
+                    "server_label": "crm",
+                    "name": "create_record",
+                    "arguments": '{"name": "Acme"}',
+                    "output": '{"id": "acc-7", "version": 2, "notes": "private"}',
+                    "status": "failed",
+                    "error": {"type": "mcp_tool_execution_error", "content": [{"type": "text", "text": "quota"}]},
+                }
+            ]
+        }
+    )
+    assert call["arguments"] == {"name": "Acme"}
+    assert call["record"] == {"id": "acc-7", "version": "2"}  # never the output itself
+    assert call["error"] == "quota"

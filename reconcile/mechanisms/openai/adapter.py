@@ -284,19 +284,19 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def _arguments(item: dict[str, Any]) -> dict[str, Any] | str | None:
-    """What the call was asked to do: an MCP or function call's arguments (a JSON object, read as
-    one where it is), a search's action, a code interpreter's code; text where it is not an object,
-    shortened where it is long."""
+def _arguments(item: dict[str, Any]) -> dict[str, Any] | None:
+    """What the call was asked to do, as a JSON object: an MCP or function call's arguments, a
+    search's action; anything else (a code interpreter's code, arguments that are not an object,
+    or too long) as `{"text": ...}`, shortened."""
     raw = item.get("arguments", item.get("action", item.get("code")))
     if isinstance(raw, str):
         try:
             raw = json.loads(raw)
         except ValueError:
-            return raw[:ARGUMENTS_KEPT]
+            return {"text": raw[:ARGUMENTS_KEPT]}
     if raw is None or (isinstance(raw, dict) and len(json.dumps(raw)) <= ARGUMENTS_KEPT):
         return raw
-    return json.dumps(raw)[:ARGUMENTS_KEPT]
+    return {"text": json.dumps(raw)[:ARGUMENTS_KEPT]}
 
 
 def named_record(output: Any) -> dict[str, str] | None:
