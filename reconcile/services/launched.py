@@ -8,9 +8,9 @@ every later one moves that record with what the provider reports next:
 
 - a read-only call is settled; one the provider still runs is uncertain with an investigate-by
   deadline, in the review queue; a failed one failed, with the error's text;
-- a completed call not known to be read-only is an effect: its arguments are kept, it is flagged
-  for review, and it has an external record told by what it did ("send_email": an email sent),
-  reversible where its system is configured with a reversal and the output names the record;
+- a completed call not known to be read-only is an effect: its arguments are kept, it is in the
+  review queue (flagged, or by its pending reversal), and it has an external record told by what it did ("send_email": an email sent),
+  reversible where it created a record the output names, of a system configured with a reversal;
 - each call says when it was first seen: in the output the response had before its cancel took
   hold (`before_cancel`), only after a read-back recorded the response cancelled
   (`after_cancel`: it ran after Stop, is dated from that read-back and flagged), or with no
@@ -120,8 +120,9 @@ def tool_effect(tool: str) -> tuple[str, str] | None:
 
 def launched_effect(call: dict[str, Any]) -> LaunchedEffect | None:
     """The effect of an effect call whose tool's name says what it did, with its record: the
-    record the output names when its system is configured, else the call itself. Reversible only where the system declares a reversal, the output named
-    the record, and the effect is not a message sent."""
+    record the output names when its system is configured, else the call itself. Reversible only
+    for a record it created, named by the output, of a system that declares a reversal (the
+    declared reversals undo a creation: a CRM's archive); never guessed for anything else."""
     said = tool_effect(str(call.get("tool") or "")) if is_effect(call) else None
     if said is None:
         return None
@@ -131,7 +132,7 @@ def launched_effect(call: dict[str, Any]) -> LaunchedEffect | None:
     named = _named_record(call) if declared.get("base_url") else None
     record_id, version = named or (str(call["call_id"]), "")
     reverse = declared.get("reverse") or {}
-    reversible = named is not None and effect != Effect.SENT and bool(reverse.get("url"))
+    reversible = named is not None and effect == Effect.CREATED and bool(reverse.get("url"))
     return LaunchedEffect(
         effect, noun, system, record_id, version, str(reverse.get("action", "")) if reversible else ""
     )
