@@ -310,3 +310,6 @@ def test_a_calls_facts_keep_its_arguments_its_named_record_and_its_errors_text()
     assert call["arguments"] == {"name": "Acme"}
     assert call["record"] == {"id": "acc-7", "version": "2"}  # never the output itself
     assert call["error"] == "quota"
+    # An id that cannot be one path segment names no record (the ledger would refuse the call).
+    [odd] = launched_tool_calls({"output": [{"type": "mcp_call", "id": "mcp_2", "output": '{"id": "../admin"}'}]})
+    assert odd["record"] is None

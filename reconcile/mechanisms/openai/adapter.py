@@ -39,6 +39,7 @@ import httpx2
 import openai as sdk
 
 from reconcile.mechanisms.base import Capability, ItemRef, Mechanism, MechanismSettings, Observation, Seen
+from stopdesk.record_ids import record_id_problem
 
 STATUS = {
     "queued": Seen.RUNNING,
@@ -257,8 +258,9 @@ def launched_tool_calls(response: dict[str, Any]) -> list[dict[str, Any]]:
     return calls
 
 
-# Arguments longer than this (as JSON) are kept shortened, as text.
+# Arguments longer than this (as JSON) are kept shortened, as text; an error's text likewise.
 ARGUMENTS_KEPT = 4000
+ERROR_KEPT = 2000
 
 
 def error_text(error: Any) -> str | None:
@@ -267,8 +269,10 @@ def error_text(error: Any) -> str | None:
     if not error:
         return None
     if isinstance(error, dict):
-        return str(error.get("message") or _text(error.get("content")) or error.get("type") or "error")
-    return _text(error) or None
+        text = str(error.get("message") or _text(error.get("content")) or error.get("type") or "error")
+    else:
+        text = _text(error)
+    return text[:ERROR_KEPT] or None
 
 
 def _text(value: Any) -> str:
@@ -301,15 +305,18 @@ def _arguments(item: dict[str, Any]) -> dict[str, Any] | None:
 
 def named_record(output: Any) -> dict[str, str] | None:
     """The record a call's output names: a JSON object with an `id` (and maybe a `version`), as
-    a create or an update answers; None otherwise."""
+    a create or an update answers; None otherwise, and for an id that cannot be sent back to its
+    system as one path segment (the ledger would refuse it, and with it the call's record)."""
     try:
         body = json.loads(output) if isinstance(output, str) else output
     except ValueError:
         return None
     if not isinstance(body, dict) or not isinstance(body.get("id"), str | int) or isinstance(body.get("id"), bool):
         return None
-    version = body.get("version")
-    return {"id": str(body["id"])[:200], "version": "" if version is None else str(version)[:200]}
+    record_id, version = str(body["id"]), body.get("version")
+    if record_id_problem(record_id) is not None:
+        return None
+    return {"id": record_id, "version": "" if version is None else str(version)[:200]}
 
 
 class OpenAIResponses(Mechanism):
