@@ -255,11 +255,15 @@ def compose(rows: list[dict[str, Any]], effects: list[dict[str, Any]], *, stoppe
             discarded += n
         elif outcome == S.CANCELLED:
             # Which of them had started is not split by review: a flag on a cancelled item is rare.
-            never = n - started
-            never_ran = min(row.get("never_ran", 0), never)
-            tell(NEVER_RAN, never_ran, 0)
-            tell(NEVER_STARTED, never - never_ran, min(review, never - never_ran))
-            tell(STOPPED_EARLY, started, review - min(review, never))
+            never_ran = min(row.get("never_ran", 0), n - started)
+            left = review
+            for phrase, count in (
+                (NEVER_STARTED, n - started - never_ran),
+                (STOPPED_EARLY, started),
+                (NEVER_RAN, never_ran),
+            ):
+                tell(phrase, count, min(left, count))
+                left -= min(left, count)
             cancelled += n
         elif outcome == S.UNCERTAIN:
             tell(UNKNOWN, n, n)

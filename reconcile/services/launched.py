@@ -223,7 +223,8 @@ def _child_record(parent: WorkItem, call: dict[str, Any], actor: str) -> WorkIte
         started_at=parent.finished_at if after_stop else None,
         refused_outcome=NEVER_RAN,
     )
-    if child.state != S.CANCELLED or not function_call:  # the boundary already refused it after Stop
+    refused = function_call and child.state == S.CANCELLED  # registered after Stop: never started
+    if not refused:
         item_transition(
             item_id=child.pk,
             to_state=state,
@@ -249,7 +250,8 @@ def _child_follow(parent: WorkItem, child: WorkItem, call: dict[str, Any], actor
         return  # nothing new, or not an end: a record never goes back to "still running"
     state, why = launched_outcome(call)
     effect = launched_effect(call)
-    after_stop = _when(parent) == AFTER_CANCEL
+    read_back = _when(parent)
+    after_stop = read_back == AFTER_CANCEL
     detail: dict[str, Any] = {"launched": {**call, "when": recorded.get("when", WHILE_ACTIVE)}}
     if effect is not None:
         detail["effect"] = effect.told(after_stop=after_stop)
@@ -257,7 +259,7 @@ def _child_follow(parent: WorkItem, child: WorkItem, call: dict[str, Any], actor
     if state == child.state:
         return
     outcome = f"{FINISHED_AFTER_STOP}: {why}"[:200] if after_stop else why
-    evidence = {"launched_by": parent.handle, "status": call.get("status"), "read_back": _when(parent)}
+    evidence = {"launched_by": parent.handle, "status": call.get("status"), "read_back": read_back}
     if child.state in TERMINAL and state in (S.COMPLETED, S.FAILED):
         item_finish(item_id=child.pk, succeeded=state == S.COMPLETED, actor=actor, outcome=outcome, evidence=evidence)
     elif child.state in TERMINAL:
