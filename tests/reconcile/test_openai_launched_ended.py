@@ -68,7 +68,7 @@ def _stopped(
     dispatched = stop(task, capture)
     assert sorted(dispatched) == sorted(i.pk for i in items)
     _cancel(path, dispatched)
-    return task, items
+    return Task.objects.get(pk=task.pk), items  # as stopped
 
 
 def _read_back_after_the_flip(path: str, items: list[WorkItem]) -> None:
@@ -140,6 +140,11 @@ def test_a_completed_hosted_call_not_known_read_only_is_an_effect_kept_flagged_a
     calls = "hosted tool call" if n == "one" else "hosted tool calls"
     assert f"{n.capitalize()} {calls} completed." in summary  # the search alone
     assert "Three hosted tool calls completed" not in summary
+    if path == "single":
+        assert summary == (
+            "Stopped new work. One record created by a hosted tool; review required. One email sent by a hosted "
+            "tool; it cannot be recalled; review required. One draft discarded. One hosted tool call completed."
+        )
 
 
 FOLLOWED = Script.build(
@@ -273,6 +278,8 @@ def test_a_function_call_the_application_never_ran_reads_never_ran_and_an_mcp_er
     n = number_word(len(items))
     assert f"{n.capitalize()} tool call{'' if n == 'one' else 's'} never ran." in summary
     assert "stopped before" not in summary
+    if path == "single":
+        assert summary == "Stopped new work. One draft discarded. One tool call never ran. One hosted tool call failed."
 
 
 @pytest.mark.parametrize(
