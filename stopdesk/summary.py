@@ -12,6 +12,7 @@ Every phrase follows an item's *latest known* outcome, not only its recorded sta
 | failed         | completed                  | completed; review required                            |
 | cancelled, never started, model request | — | discarded                                          |
 | cancelled, never started, other kinds   | — | cancelled before it started                         |
+| cancelled, never started, a function call a response left | — | never ran                           |
 | cancelled after it started, model request | — | discarded                                        |
 | cancelled after it started, other kinds | — | stopped before it finished                          |
 | uncertain      | —                          | unknown outcome; review required                      |
@@ -27,6 +28,9 @@ exactly the items `stopdesk.review_state.needs_review` selects, the definition t
 and filter use too; a record already reversed is told with its compensation ("One record
 created, then archived by compensation #2.") and no longer asks for review.
 
+An effect is told by its item's `detail["effect"]` where it has one (a hosted tool's call that
+sent an email: "One email sent by a hosted tool", "... after Stop"), otherwise by the item's noun.
+
 Numbers: words from zero to ten, digits from 11 on, everywhere in the summary. Completed work
 without an effect is called "completed with no effect recorded" when effects of the same noun
 are told beside it, so "Five emails sent." and "Two emails completed." never read as two counts
@@ -40,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db.models import Count, Min, OuterRef, Q, Subquery
-from django.db.models.fields.json import KT
+from django.db.models.fields.json import KT, KeyTextTransform, KeyTransform
 
 from reconcile.models import Compensation
 from stopdesk.models import ExternalRecord, Task, WorkItem, pluralize
@@ -102,6 +106,8 @@ def task_summary(task: Task) -> str:
             started=Count("id", filter=Q(started_at__isnull=False)),
             reconciled=Count("id", filter=Q(cancel_requested_at__isnull=False)),
             review=Count("id", filter=needs_review(task=task)),
+            # A function call a cancelled response left for the application (reconcile/services/launched.py).
+            never_ran=Count("id", filter=Q(started_at__isnull=True, detail__launched__type="function_call")),
         )
         .order_by("state", "noun")
     )
@@ -118,11 +124,26 @@ def task_summary(task: Task) -> str:
     effects = (
         ExternalRecord.objects.filter(completed, item__task=task)
         .annotate(
+            # How an effect is told when its item says so (a hosted tool's call: "email", "by a
+            # hosted tool"); otherwise by the item's own noun.
+            told_noun=_told("noun"),
+            told_nouns=_told("nouns"),
+            told_by=_told("by"),
             followup=Subquery(latest.values("state")[:1]),
             action=Subquery(latest.values("action")[:1]),
             compensation_id=Subquery(latest.values("id")[:1]),
         )
-        .values("item__noun", "item__noun_plural", "effect", "reversible", "followup", "action")
+        .values(
+            "item__noun",
+            "item__noun_plural",
+            "told_noun",
+            "told_nouns",
+            "told_by",
+            "effect",
+            "reversible",
+            "followup",
+            "action",
+        )
         .annotate(
             n=Count("item", distinct=True),
             late=Count("item", distinct=True, filter=contradicted),
@@ -137,6 +158,11 @@ def task_summary(task: Task) -> str:
     )
 
 
+def _told(key: str) -> KeyTextTransform:
+    """For ExternalRecord rows: the text at `key` of their item's `detail["effect"]`."""
+    return KeyTextTransform(key, KeyTransform("effect", "item__detail"))
+
+
 def past_tense(action: str) -> str:
     """A compensation's action as done: "archive" → "archived", "report_only" → "reported as is"."""
     if action == "report_only":
@@ -148,7 +174,8 @@ def past_tense(action: str) -> str:
 def _effect_phrase(eff: dict[str, Any]) -> tuple[str, str]:
     """(singular, plural) for completed work told by its effect in another system, with what
     became of it since: a reversal under way, done, or waiting for an approver."""
-    effect, followup, number = eff["effect"], eff.get("followup") or "", eff.get("compensation")
+    followup, number = eff.get("followup") or "", eff.get("compensation")
+    effect = f"{eff['effect']} by {eff['told_by']}" if eff.get("told_by") else eff["effect"]
     by = f"compensation #{number}" if number else "compensation"
     if followup == C.DONE:
         past = past_tense(eff.get("action") or "")
@@ -161,7 +188,7 @@ def _effect_phrase(eff: dict[str, Any]) -> tuple[str, str]:
         return f"{effect}; its reversal waits for approval", f"{effect}; their reversals wait for approval"
     if eff["reversible"]:
         return effect, effect
-    if effect == "sent":
+    if eff["effect"] == "sent":
         return f"{effect}; it cannot be recalled", f"{effect}; they cannot be recalled"
     return f"{effect}; it cannot be undone", f"{effect}; they cannot be undone"
 
@@ -174,6 +201,7 @@ _CONTRADICTED = "; a late report contradicted its record, reviewed"
 _CONTRADICTED_MANY = "; late reports contradicted their records, reviewed"
 DISCARDED = _Phrase("discarded", "discarded", 10)
 NEVER_STARTED = _Phrase("cancelled before it started", "cancelled before they started", 11)
+NEVER_RAN = _Phrase("never ran", "never ran", 11)
 STOPPED_EARLY = _Phrase("stopped before it finished", "stopped before they finished", 12)
 EFFECT_ORDER = 20
 COMPLETED = _Phrase("completed", "completed", 30)
@@ -227,9 +255,15 @@ def compose(rows: list[dict[str, Any]], effects: list[dict[str, Any]], *, stoppe
             discarded += n
         elif outcome == S.CANCELLED:
             # Which of them had started is not split by review: a flag on a cancelled item is rare.
-            never = n - started
-            tell(NEVER_STARTED, never, min(review, never))
-            tell(STOPPED_EARLY, started, review - min(review, never))
+            never_ran = min(row.get("never_ran", 0), n - started)
+            left = review
+            for phrase, count in (
+                (NEVER_STARTED, n - started - never_ran),
+                (STOPPED_EARLY, started),
+                (NEVER_RAN, never_ran),
+            ):
+                tell(phrase, count, min(left, count))
+                left -= min(left, count)
             cancelled += n
         elif outcome == S.UNCERTAIN:
             tell(UNKNOWN, n, n)
@@ -245,9 +279,14 @@ def compose(rows: list[dict[str, Any]], effects: list[dict[str, Any]], *, stoppe
     with_effect: set[_Group] = set()
     for eff in effects:
         group = _Group(eff["item__noun"], eff["item__noun_plural"] or pluralize(eff["item__noun"]))
+        told_as = (
+            _Group(eff["told_noun"], eff.get("told_nouns") or pluralize(eff["told_noun"]))
+            if eff.get("told_noun")
+            else group
+        )
         n, n_late = eff["n"], eff.get("late", 0)
         review = min(eff.get("review", 0), n)
-        with_effect.add(group)
+        with_effect.add(told_as)
         one, many = _effect_phrase(eff)
         # Which late ones need a person is counted, not assumed: an acknowledged late report sits
         # beside a record flagged for another reason (one record shared by two items).
@@ -260,7 +299,7 @@ def compose(rows: list[dict[str, Any]], effects: list[dict[str, Any]], *, stoppe
                     tail_one, tail_many = (_CONTRADICTS, _CONTRADICT) if needs else (_CONTRADICTED, _CONTRADICTED_MANY)
                 else:
                     tail_one = tail_many = ""
-                told[(_Phrase(one + tail_one, many + tail_many, EFFECT_ORDER), group, needs)] += k
+                told[(_Phrase(one + tail_one, many + tail_many, EFFECT_ORDER), told_as, needs)] += k
                 completed_left[(group, is_late, needs)] -= k
     for (group, is_late, review), n in completed_left.items():
         if n <= 0:

@@ -204,6 +204,13 @@ class ReportStopped(Body):
     detail: Text(200) = ""  # type: ignore[valid-type]
 
 
+class LaunchedRecord(Body):
+    """The record a launched call's output named (a create's or an update's answer)."""
+
+    id: Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_record_id)]
+    version: Text(200) = ""  # type: ignore[valid-type]
+
+
 class LaunchedCall(Body):
     """One tool call a model response ran itself, as read from its output items."""
 
@@ -214,6 +221,9 @@ class LaunchedCall(Body):
     status: Text(64) = ""  # type: ignore[valid-type]
     error: Text(2000) | None = None  # type: ignore[valid-type]
     read_only: bool = False
+    # What it was asked to do (who a mail went to).
+    arguments: JsonObject | None = None
+    record: LaunchedRecord | None = None
 
 
 class RecordLaunched(Body):

@@ -395,8 +395,10 @@ def report_stopped(sd: LocalRuntime, args: schemas.ReportStopped, key: None, ite
 def record_launched(sd: LocalRuntime, args: schemas.RecordLaunched, key: None, item_id: int) -> Any:
     """Tool calls a model response ran itself (hosted MCP calls, code interpreter, searches), recorded as children
     of the response's item, each call id once: started when the response was, then completed or failed as the
-    provider reports, settled if read-only, otherwise uncertain with an investigate-by deadline. Safe to repeat: a
-    call already recorded is not recorded again (`created` lists only the new items)."""
+    provider reports, settled if read-only, otherwise uncertain with an investigate-by deadline. A completed call
+    not known read-only is an effect: its arguments kept, an external record, flagged for review. Safe to repeat: a
+    call already recorded is not recorded again (`created` lists only the new items); a later report that it ended
+    moves its record (a late result, flagged, where it contradicts a settled one)."""
     calls = [call.model_dump() for call in args.calls]
     return LaunchedInfo(item=item_id, created=sd.record_launched(item_id, calls))
 

@@ -58,6 +58,7 @@ def item_register(
     spec: ItemSpec | None = None,
     observed: bool = False,
     started_at: datetime | None = None,
+    refused_outcome: str = "registered after Stop; never started",
     **fields: Any,
 ) -> WorkItem:
     """Record a child before it is dispatched: `spec`, or its fields as keywords (`kind=`, `noun=`,
@@ -69,6 +70,7 @@ def item_register(
     (`item_observed_started`), because it did start, and is not cancelled by a Stop that came
     after it started. Its start is `started_at` when the caller knows it, else the start of the
     parent that launched it (the response was active then), never the time it was found.
+    `refused_outcome` is what an item registered after Stop (and so cancelled) says of itself.
 
     A closed task takes no new work: TaskClosed, and nothing is written."""
     spec = spec or _spec(fields)
@@ -99,7 +101,7 @@ def item_register(
                 item_id=item.pk,
                 to_state=S.CANCELLED,
                 actor=actor,
-                outcome="registered after Stop; never started",
+                outcome=refused_outcome,
                 kind="boundary_refused",
             )
         else:

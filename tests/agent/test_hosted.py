@@ -16,7 +16,7 @@ from reconcile.mechanisms.openai.adapter import launched_tool_calls
 from reconcile.mechanisms.openai.sandbox_model import HostedMcpCall, Script, ToolCall, Turn
 from reconcile.services.launched import response_launched_record
 from stopdesk.agent.frameworks.core import RunStopped
-from stopdesk.models import Task, WorkItem
+from stopdesk.models import ExternalRecord, Task, WorkItem
 from stopdesk.states import ItemState as S
 from stopdesk.summary import task_summary
 from tests.agent.kit import Tools
@@ -164,3 +164,24 @@ def test_hosted_calls_of_a_full_run_are_children_of_their_request_each_once(stre
         ("mcp_0_1", S.UNCERTAIN, first.pk),
     ]
     assert all(c.started_at == first.started_at for c in hosted)
+
+
+def test_a_hosted_call_that_sent_an_email_is_recorded_as_an_email_sent(streamed, model, runtime):
+    """A completed hosted call whose tool is not known read-only is an effect: its arguments kept,
+    an external record, flagged for review, told by what it did, apart from the search."""
+    party, url = model
+    sent = HostedMcpCall("crm", "send_email", {"to": "ceo@acme.example"}, status="completed", output="queued")
+    name = party.load_script(Script.build("hosted-email", [Turn(mcp_calls=(SCRIPT[0].mcp_calls[0], sent)), SCRIPT[1]]))
+    task = runtime.create_task("Mail Acme")
+
+    asyncio.run(_run(runtime, task.id, url, name, Tools(), streamed=streamed))
+
+    email = WorkItem.objects.get(task_id=task.id, label="crm.send_email")
+    assert email.state == S.COMPLETED and email.needs_review
+    assert email.detail["launched"]["arguments"] == {"to": "ceo@acme.example"}
+    assert [(r.system, r.effect, r.reversible) for r in ExternalRecord.objects.filter(item=email)] == [
+        ("crm", "sent", False)
+    ]
+    summary = task_summary(Task.objects.get(pk=task.id))
+    assert "One email sent by a hosted tool; it cannot be recalled; review required." in summary
+    assert "Two hosted tool calls completed" not in summary

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from stopdesk.client import Client, InvalidRequest, NotFound, StopRequested, Unauthorized
-from stopdesk.models import Task, WorkItem
+from stopdesk.models import ExternalRecord, Task, WorkItem
 from stopdesk.services.runtimes import runtime_create
 from stopdesk.services.transitions import item_transition
 from stopdesk.states import ItemState as S
@@ -154,6 +154,28 @@ def test_record_launched_records_each_call_once_as_it_ran(sd):
     assert children["mcp_1"].investigate_by is not None and children["mcp_1"].label == "crm.create_record"
 
 
+def test_a_launched_call_sent_again_as_it_ended_moves_its_record_to_an_effect(sd):
+    """Over HTTP as in-process: a call recorded uncertain, then reported completed with what it was
+    asked and the record its output named, settles completed as an effect of the CRM (configured
+    with a reversal), its arguments kept; the repeat creates no second item."""
+    task = sd.create_task("Add Acme")
+    draft = sd.register_started(task.id, kind="model_request", noun="draft")
+    sd.request_stop(task.id)
+    calling = {**MCP_CALL, "call_id": "mcp_1", "arguments": {"name": "Acme"}}
+    [child_id] = sd.record_launched(draft, [calling])
+    assert WorkItem.objects.get(pk=child_id).state == S.UNCERTAIN
+
+    done = {**calling, "status": "completed", "record": {"id": "acc-7", "version": "2"}}
+    assert sd.record_launched(draft, [done]) == []
+
+    child = WorkItem.objects.get(pk=child_id)
+    assert child.state == S.COMPLETED and child.detail["launched"]["arguments"] == {"name": "Acme"}
+    record = ExternalRecord.objects.get(item=child)
+    assert (record.system, record.record_id, record.version, record.effect) == ("crm", "acc-7", "2", "created")
+    assert record.reversible and record.reversal == "archive"
+    assert "One record created by a hosted tool; review required." in task_summary(Task.objects.get(pk=task.id))
+
+
 @pytest.mark.parametrize(
     ("calls", "field"),
     [
@@ -161,9 +183,19 @@ def test_record_launched_records_each_call_once_as_it_ran(sd):
         ([{**MCP_CALL, "call_id": "mcp_1"}, {**MCP_CALL, "call_id": ""}], "calls.1.call_id"),
         ([{**MCP_CALL, "call_id": "mcp_1", "status": 3}], "calls.0.status"),
         ([{**MCP_CALL, "call_id": "mcp_1", "output": "secret"}], "calls.0.output"),
+        ([{**MCP_CALL, "call_id": "mcp_1", "record": {"id": "../admin"}}], "calls.0.record.id"),
+        ([{**MCP_CALL, "call_id": "mcp_1", "arguments": 3}], "calls.0.arguments"),
         ([], "calls"),
     ],
-    ids=["no-call-id", "empty-call-id-after-a-good-one", "wrong-type", "unknown-field", "no-calls"],
+    ids=[
+        "no-call-id",
+        "empty-call-id-after-a-good-one",
+        "wrong-type",
+        "unknown-field",
+        "record-id-not-one-path-segment",
+        "arguments-not-an-object",
+        "no-calls",
+    ],
 )
 def test_record_launched_refuses_bad_calls_naming_the_field_and_writes_nothing(sd, calls, field):
     task = sd.create_task("Add Acme")

@@ -201,5 +201,7 @@ def test_two_read_backs_at_once_record_each_launched_call_once(openai_party):
         thread.start()
     for thread in threads:
         thread.join()
-    assert len(created) == len(set(created)) == 12
-    assert WorkItem.objects.filter(parent__in=items).count() == 12
+    # Three hosted calls each; no Stop asked for the responses, so the function call is left to the
+    # application, which runs it through the boundary as an item of its own.
+    assert len(created) == len(set(created)) == 9
+    assert WorkItem.objects.filter(parent__in=items).count() == 9

@@ -25,6 +25,7 @@ with the wire protocol's two documented calls.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import urllib.request
@@ -38,6 +39,7 @@ import httpx2
 import openai as sdk
 
 from reconcile.mechanisms.base import Capability, ItemRef, Mechanism, MechanismSettings, Observation, Seen
+from stopdesk.record_ids import record_id_problem
 
 STATUS = {
     "queued": Seen.RUNNING,
@@ -221,8 +223,10 @@ TOOL_CALL_TYPES = READ_ONLY_TYPES | frozenset(
 
 def launched_tool_calls(response: dict[str, Any]) -> list[dict[str, Any]]:
     """Every tool call among a Response's output items, as plain facts: type, server label, tool,
-    call id, status, error, and whether it is read-only (searches; an MCP tool whose server listed
-    it with `readOnlyHint` in the same response's `mcp_list_tools`)."""
+    call id, status, error (as text), its arguments (what it was asked to do: who a mail went to),
+    the record its output names, and whether it is read-only (searches; an MCP tool whose server
+    listed it with `readOnlyHint` in the same response's `mcp_list_tools`). The output itself is
+    not kept: it can hold anything the tool read."""
     output = response.get("output") or []
     read_only_tools = {
         (listing.get("server_label"), tool.get("name"))
@@ -238,7 +242,6 @@ def launched_tool_calls(response: dict[str, Any]) -> list[dict[str, Any]]:
             continue
         label = str(item.get("server_label") or "")
         name = str(item.get("name") or kind)
-        error = item.get("error")
         calls.append(
             {
                 "type": kind,
@@ -246,13 +249,74 @@ def launched_tool_calls(response: dict[str, Any]) -> list[dict[str, Any]]:
                 "tool": name,
                 "call_id": str(item.get("call_id") or item.get("id") or ""),
                 "status": str(item.get("status") or ""),
-                "error": (error.get("message") or str(error.get("content") or ""))
-                if isinstance(error, dict)
-                else error,
+                "error": error_text(item.get("error")),
+                "arguments": _arguments(item),
+                "record": named_record(item.get("output")),
                 "read_only": kind in READ_ONLY_TYPES or (label, name) in read_only_tools,
             }
         )
     return calls
+
+
+# Arguments longer than this (as JSON) are kept shortened, as text; an error's text likewise.
+ARGUMENTS_KEPT = 4000
+ERROR_KEPT = 2000
+
+
+def error_text(error: Any) -> str | None:
+    """A tool call's error as text: a protocol or HTTP error's message, or the text blocks of an
+    MCP tool's error content (a list of content blocks, never its Python repr)."""
+    if not error:
+        return None
+    if isinstance(error, dict):
+        text = str(error.get("message") or _text(error.get("content")) or error.get("type") or "error")
+    else:
+        text = _text(error)
+    return text[:ERROR_KEPT] or None
+
+
+def _text(value: Any) -> str:
+    """MCP content (a string, a content block, or a list of them) as its text."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        return str(value["text"]) if "text" in value else json.dumps(value)
+    if isinstance(value, list):
+        return "\n".join(filter(None, (_text(block) for block in value)))
+    return str(value)
+
+
+def _arguments(item: dict[str, Any]) -> dict[str, Any] | None:
+    """What the call was asked to do, as a JSON object: an MCP or function call's arguments, a
+    search's action; anything else (a code interpreter's code, arguments that are not an object,
+    or too long) as `{"text": ...}`, shortened."""
+    raw = item.get("arguments", item.get("action", item.get("code")))
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            return {"text": raw[:ARGUMENTS_KEPT]}
+    if raw is None or (isinstance(raw, dict) and len(json.dumps(raw)) <= ARGUMENTS_KEPT):
+        return raw
+    return {"text": json.dumps(raw)[:ARGUMENTS_KEPT]}
+
+
+def named_record(output: Any) -> dict[str, str] | None:
+    """The record a call's output names: a JSON object with an `id` (and maybe a `version`), as
+    a create or an update answers; None otherwise, and for an id that cannot be sent back to its
+    system as one path segment (the ledger would refuse it, and with it the call's record)."""
+    try:
+        body = json.loads(output) if isinstance(output, str) else output
+    except ValueError:
+        return None
+    if not isinstance(body, dict) or not isinstance(body.get("id"), str | int) or isinstance(body.get("id"), bool):
+        return None
+    record_id, version = str(body["id"]), body.get("version")
+    if record_id_problem(record_id) is not None:
+        return None
+    return {"id": record_id, "version": "" if version is None else str(version)[:200]}
 
 
 class OpenAIResponses(Mechanism):

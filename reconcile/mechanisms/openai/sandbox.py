@@ -78,7 +78,8 @@ class StoredResponse:
     cancel_ignored: bool = False
     flip_at: float | None = None  # monotonic time at which a `cancelled` turns `completed`
     history: list[str] = field(default_factory=list)
-    tool_items: list[dict[str, Any]] = field(default_factory=list)  # hosted tool calls a script launched
+    tool_items: list[dict[str, Any]] = field(default_factory=list)  # tool calls a script launched, while it runs
+    tool_items_completed: list[dict[str, Any]] = field(default_factory=list)  # ... and once it has completed
 
     def to_json(self) -> dict[str, Any]:
         completed = self.status == "completed"
@@ -105,8 +106,9 @@ class StoredResponse:
         }
 
     def _output(self, completed: bool) -> list[dict[str, Any]]:
-        launched = self.tool_items if self.status != "queued" else []
-        return [*launched, _message(self.id, self.output_text)] if completed else list(launched)
+        if completed:
+            return [*self.tool_items_completed, _message(self.id, self.output_text)]
+        return list(self.tool_items) if self.status != "queued" else []
 
 
 class OpenAIStandin(SandboxParty):
@@ -286,8 +288,8 @@ class OpenAIStandin(SandboxParty):
             )
             if script is not None:
                 index, turn = script.turn_for(body.get("input"))
-                launched = sm.responses_output(turn, response_id=stored.id)
-                stored.tool_items = [i for i in launched if i["type"] != "message"]
+                stored.tool_items = sm.launched_items(turn, completed=False)
+                stored.tool_items_completed = sm.launched_items(turn, completed=True)
                 stored.output_text = turn.text or stored.output_text
                 self._log("responses", script, index, background=True)
             self._responses[stored.id] = stored

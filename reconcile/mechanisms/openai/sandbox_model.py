@@ -18,6 +18,7 @@ pydantic-ai's default). The wire shapes follow the openai 3.57 SDK's types.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -27,6 +28,7 @@ from typing import Any
 
 SCRIPT_PREFIX = "script:"
 MCP_STATUSES = frozenset({"in_progress", "completed", "incomplete", "calling", "failed"})
+HOSTED_KINDS = frozenset({"mcp_call", "web_search_call"})
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,12 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class HostedMcpCall:
-    """A remote MCP tool the provider ran while the response was active (an `mcp_call` item)."""
+    """A remote MCP tool the provider ran while the response was active (an `mcp_call` item), or
+    a web search (`kind="web_search_call"`, its query in `arguments["q"]`).
+
+    A background response shows it with `status` while it runs or once cancelled, and with
+    `final_status` (default: the same) once the response has completed, a cancelled one that
+    flipped included. A `late` call is absent until then: the run launched it after the cancel."""
 
     server_label: str
     name: str
@@ -49,6 +56,9 @@ class HostedMcpCall:
     output: str | None = None
     error: str | None = None
     call_id: str = ""
+    kind: str = "mcp_call"
+    final_status: str = ""
+    late: bool = False
 
 
 @dataclass(frozen=True)
@@ -76,13 +86,13 @@ class Script:
                 for j, c in enumerate(turn.tool_calls)
             )
             for m in turn.mcp_calls:
-                if m.status not in MCP_STATUSES:
-                    raise ValueError(f"mcp_call status {m.status!r} is not one of {sorted(MCP_STATUSES)}")
+                for status in filter(None, (m.status, m.final_status)):
+                    if status not in MCP_STATUSES:
+                        raise ValueError(f"mcp_call status {status!r} is not one of {sorted(MCP_STATUSES)}")
+                if m.kind not in HOSTED_KINDS:
+                    raise ValueError(f"hosted call kind {m.kind!r} is not one of {sorted(HOSTED_KINDS)}")
             mcps = tuple(
-                m
-                if m.call_id
-                else HostedMcpCall(m.server_label, m.name, m.arguments, m.status, m.output, m.error, f"mcp_{k}_{j}")
-                for j, m in enumerate(turn.mcp_calls)
+                m if m.call_id else dataclasses.replace(m, call_id=f"mcp_{k}_{j}") for j, m in enumerate(turn.mcp_calls)
             )
             fixed.append(Turn(calls, mcps, turn.text, turn.delay_s))
         return cls(name, tuple(fixed))
@@ -123,7 +133,19 @@ def script_name(model: str) -> str | None:
 
 def responses_output(turn: Turn, *, response_id: str) -> list[dict[str, Any]]:
     """The output items of a Responses answer, in the order a real model emits them."""
-    items: list[dict[str, Any]] = [mcp_call_item(m) for m in turn.mcp_calls]
+    items = launched_items(turn, completed=True)
+    if turn.text or not items:
+        items.append(message_item(response_id, turn.text))
+    return items
+
+
+def launched_items(turn: Turn, *, completed: bool) -> list[dict[str, Any]]:
+    """The tool-call items of `turn`: as a background response shows them while it runs or once
+    cancelled, or once it has `completed` (late calls present, each at its final status)."""
+    hosted = [m for m in turn.mcp_calls if completed or not m.late]
+    items: list[dict[str, Any]] = [
+        hosted_item(dataclasses.replace(m, status=m.final_status or m.status) if completed else m) for m in hosted
+    ]
     for call in turn.tool_calls:
         items.append(
             {
@@ -135,13 +157,24 @@ def responses_output(turn: Turn, *, response_id: str) -> list[dict[str, Any]]:
                 "status": "completed",
             }
         )
-    if turn.text or not items:
-        items.append(message_item(response_id, turn.text))
     return items
 
 
+def hosted_item(m: HostedMcpCall) -> dict[str, Any]:
+    if m.kind == "web_search_call":
+        query = str(m.arguments.get("q", ""))
+        return {
+            "id": m.call_id,
+            "type": "web_search_call",
+            "status": m.status,
+            "action": {"type": "search", "query": query},
+        }
+    return mcp_call_item(m)
+
+
 def mcp_call_item(m: HostedMcpCall) -> dict[str, Any]:
-    error = {"type": "mcp_tool_execution_error", "content": m.error} if m.error else None
+    # An MCP tool's error is its result's content: a list of content blocks.
+    error = {"type": "mcp_tool_execution_error", "content": [{"type": "text", "text": m.error}]} if m.error else None
     return {
         "id": m.call_id,
         "type": "mcp_call",

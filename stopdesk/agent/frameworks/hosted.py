@@ -9,7 +9,9 @@ records go through the same service as the OpenAI adapter's read-back after a ca
 (`record_launched`), keyed by call id under the response's item, so a call seen twice (a
 streamed item, then the completed response; a read-back) is recorded once: completed or failed
 as the provider reports, settled if read-only, otherwise uncertain with the review deadline,
-from when the request went out (not when it was found).
+from when the request went out (not when it was found). A call seen again with another status
+is sent again, and its record follows it; a completed call not known read-only is an effect
+(arguments kept, an external record, flagged for review).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ HOSTED_TYPES = frozenset(
 )
 SETTLED_OK = frozenset({"completed"})
 SETTLED_FAILED = frozenset({"failed"})
-_seen: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+_seen: weakref.WeakKeyDictionary[Any, set[tuple[str, str]]] = weakref.WeakKeyDictionary()
+_registered: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()  # by `_record_one`
 
 
 def hosted_calls(output: list[Any]) -> list[dict[str, Any]]:
@@ -40,10 +43,11 @@ def record_hosted_calls(run: Any, output: list[Any], draft: asyncio.Future[Any] 
     """Queue the records off the caller's path; `run` is the active StopdeskRun and `draft` the
     model request's item id to come (`StopdeskRun.model_request`)."""
     seen = _seen.setdefault(run, set())
-    calls = [c for c in hosted_calls(output) if c["call_id"] not in seen]
+    # By call id and status: the same call reported again as it ended is news for its record.
+    calls = [c for c in hosted_calls(output) if (c["call_id"], c["status"]) not in seen]
     if not calls:
         return
-    seen.update(c["call_id"] for c in calls)
+    seen.update((c["call_id"], c["status"]) for c in calls)
     run._later(_record(run, calls, draft), f"hosted:{calls[0]['call_id']}")
 
 
@@ -52,8 +56,12 @@ async def _record(run: Any, calls: list[dict[str, Any]], draft: asyncio.Future[A
     if parent is not None and hasattr(run.runtime, "record_launched"):
         await run._call("record_launched", parent, calls)
         return
+    registered = _registered.setdefault(run, set())
     for call in calls:
-        await _record_one(run, call, parent)
+        # Plain item calls cannot move a settled record: each call is registered once.
+        if call["call_id"] not in registered:
+            registered.add(call["call_id"])
+            await _record_one(run, call, parent)
 
 
 async def _record_one(run: Any, call: dict[str, Any], parent: int | None) -> None:
