@@ -1,4 +1,7 @@
-"""The stop matrix for MCP tool calls, against the sandbox MCP server (built with the SDK)."""
+"""The stop matrix for MCP tool calls, against the sandbox MCP server (built with the SDK).
+
+Plain calls run in both revisions: the sandbox speaking both (the client negotiates 2026-07-28)
+and speaking only 2025-11-25 (the client's 2026-07-28 attempt is refused and it falls back)."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import pytest
 from django.db import connection
 
 from reconcile.mechanisms.mcp import sandbox as tools
+from reconcile.mechanisms.mcp import servers as mcp_servers
 from reconcile.mechanisms.mcp.agent import mcp_call_tool, mcp_start_task, task_owner
 from reconcile.services.cancel import item_cancel
 from stopdesk.services.errors import TaskStopped
@@ -16,6 +20,7 @@ from stopdesk.services.items import item_register
 from stopdesk.services.stop import task_request_stop
 from stopdesk.states import ItemState, Kind
 from tests.factories import make_task
+from tests.reconcile.conftest import configure_mcp_server
 from tests.reconcile.helpers import abandoned_task, sweep_until_settled
 
 S = ItemState
@@ -34,6 +39,18 @@ def fast(settings):  # type: ignore[no-untyped-def]
             "options": options,
         }
     }
+
+
+# What the sandbox speaks -> the revision the client ends up using.
+NEGOTIATED = {"both": mcp_servers.MODERN, "2025-11-25": mcp_servers.LEGACY}
+
+
+@pytest.fixture(params=sorted(NEGOTIATED))
+def speaking(request, mcp_party):  # type: ignore[no-untyped-def]
+    """The sandbox speaking both revisions, or only 2025-11-25; yields (party, url, revision used)."""
+    party, url = mcp_party
+    party.configure(revisions=request.param)
+    return party, url, NEGOTIATED[request.param]
 
 
 def tool_item(task, noun="lookup"):  # type: ignore[no-untyped-def]
@@ -74,8 +91,8 @@ def call_and_stop(task, item, url, tool, arguments, stop_after):  # type: ignore
     return results[0]
 
 
-def test_call_records_server_tool_protocol_and_annotations(fast, mcp_party):
-    _party, url = mcp_party
+def test_call_records_server_tool_revision_transport_and_annotations(fast, speaking):
+    party, url, revision = speaking
     task = make_task()
     item = tool_item(task)
     result = call_and_stop(task, item, url, tools.SLOW_LOOKUP, {"query": "q", "seconds": 0.05}, None)
@@ -84,17 +101,48 @@ def test_call_records_server_tool_protocol_and_annotations(fast, mcp_party):
     assert item.state == S.COMPLETED
     facts = item.detail["mcp"]
     # Called by URL, the configured server of that URL is named.
-    assert (facts["server"], facts["url"], facts["tool"], facts["protocol_version"]) == (
-        "sandbox",
-        url,
-        "slow_lookup",
-        "2025-11-25",
-    )
+    assert (facts["server"], facts["url"], facts["tool"]) == ("sandbox", url, "slow_lookup")
+    assert (facts["revision"], facts["protocol_version"], facts["transport"]) == (revision, revision, "streamable_http")
     assert facts["annotations"]["readOnlyHint"] is True
+    # The tools/call the server received carried that revision.
+    assert [m["revision"] for m in party.wire("tools/call")] == [revision]
 
 
-def test_queued_call_is_cancelled_by_stop_and_never_sent(fast, mcp_party):
+def test_a_server_that_refuses_2026_07_28_gets_2025_11_25_and_the_fallback_is_recorded(fast, mcp_party):
     party, url = mcp_party
+    party.configure(revisions="2025-11-25")
+    task = make_task()
+    item = tool_item(task)
+    call_and_stop(task, item, url, tools.SLOW_LOOKUP, {"query": "q", "seconds": 0.05}, None)
+    item.refresh_from_db()
+    assert item.detail["mcp"]["revision"] == "2025-11-25"
+    assert item.detail["mcp"]["negotiation"].startswith("fell back: the server refused 2026-07-28")
+    # The probe went first and was refused; then the handshake.
+    methods = [(m["method"], bool(m.get("refused"))) for m in party.wire()]
+    assert methods[:2] == [("server/discover", True), ("initialize", False)]
+
+
+def test_a_revision_pinned_in_configuration_is_used_without_probing(fast, mcp_party, settings):
+    party, url = mcp_party
+    configure_mcp_server(settings, "sandbox", url=url, revision="2025-11-25")
+    task = make_task()
+    item = tool_item(task)
+    call_and_stop(task, item, url, tools.SLOW_LOOKUP, {"query": "q", "seconds": 0.05}, None)
+    item.refresh_from_db()
+    assert item.detail["mcp"]["revision"] == "2025-11-25"
+    assert item.detail["mcp"]["negotiation"] == "2025-11-25 pinned by configuration"
+    assert party.wire("server/discover") == []
+
+
+def test_a_revision_outside_the_choices_is_refused_with_the_setting_named(fast, mcp_party, settings):
+    _party, url = mcp_party
+    configure_mcp_server(settings, "sandbox", url=url, revision="2024-11-05")
+    with pytest.raises(mcp_servers.ServerConfigError, match="'revision' must be one of"):
+        mcp_servers.configured_servers(settings.STOPDESK_MECHANISMS["mcp"]["options"])
+
+
+def test_queued_call_is_cancelled_by_stop_and_never_sent(fast, speaking):
+    party, url, _revision = speaking
     task = make_task()
     item = tool_item(task)
     stop(task)
@@ -105,8 +153,17 @@ def test_queued_call_is_cancelled_by_stop_and_never_sent(fast, mcp_party):
     assert party.counts.count("tools/call") == 0
 
 
-def test_cancelled_read_only_call_ends_cancelled(fast, mcp_party):
-    party, url = mcp_party
+def cancel_seen_at_the_server(party, revision):  # type: ignore[no-untyped-def]
+    """How the cancel of the one tools/call looked at the server, per revision."""
+    call = party.wire("tools/call")[-1]
+    cancels = party.wire("notifications/cancelled")
+    if revision == mcp_servers.MODERN:
+        return "stream closed" if call.get("stream_closed") and not cancels else f"unexpected: {call} {cancels}"
+    return "notification with the request id" if [c["request_id"] for c in cancels] == [call["id"]] else cancels
+
+
+def test_cancelled_read_only_call_ends_cancelled(fast, speaking):
+    party, url, revision = speaking
     task = make_task()
     item = tool_item(task)
     assert call_and_stop(task, item, url, tools.SLOW_LOOKUP, {"query": "q", "seconds": 5}, 0.4) is None
@@ -114,20 +171,33 @@ def test_cancelled_read_only_call_ends_cancelled(fast, mcp_party):
     assert item.state == S.CANCELLED and item.outcome == "cancelled; read-only tool"
     time.sleep(0.2)
     assert [e["event"] for e in party.journal(tools.SLOW_LOOKUP)] == ["started", "interrupted"]
+    assert cancel_seen_at_the_server(party, revision) == EXPECTED_CANCEL[revision]
 
 
-def test_cancelled_write_ends_uncertain_because_no_answer_follows(fast, mcp_party):
-    _party, url = mcp_party
+EXPECTED_CANCEL = {mcp_servers.MODERN: "stream closed", mcp_servers.LEGACY: "notification with the request id"}
+CANCEL_WIRE = {mcp_servers.MODERN: mcp_servers.STREAM_CLOSED, mcp_servers.LEGACY: mcp_servers.NOTIFICATION_WITH_ID}
+
+
+def test_cancelled_write_ends_uncertain_because_no_answer_follows(fast, speaking):
+    party, url, revision = speaking
     task = make_task()
     item = tool_item(task, noun="write")
     assert call_and_stop(task, item, url, tools.SLOW_WRITE, {"key": "k1", "seconds": 5}, 0.4) is None
     item.refresh_from_db()
     assert item.state == S.UNCERTAIN and item.investigate_by is not None
     assert item.evidence["annotations"]["destructiveHint"] is True
+    assert item.evidence["cancel"] == {
+        "revision": revision,
+        "transport": "streamable_http",
+        "sent": CANCEL_WIRE[revision],
+    }
+    assert cancel_seen_at_the_server(party, revision) == EXPECTED_CANCEL[revision]
+    if revision == mcp_servers.MODERN:
+        assert "looks like a dropped connection" in item.evidence["uncertain_because"]
 
 
-def test_write_that_ignores_the_cancel_lands_and_the_item_stays_uncertain(fast, mcp_party):
-    party, url = mcp_party
+def test_write_that_ignores_the_cancel_lands_and_the_item_stays_uncertain(fast, speaking):
+    party, url, _revision = speaking
     party.set_fault(tools.IGNORE_CANCEL, target="k2")
     task = make_task()
     item = tool_item(task, noun="write")
@@ -165,7 +235,8 @@ def test_task_is_cancelled_and_read_back_through_the_session_that_created_it(fas
     item.refresh_from_db()
     assert item.state == S.UNCERTAIN and item.investigate_by is not None
     assert "whether it took effect is unknown" in item.evidence["uncertain_because"]
-    assert item.evidence["detail"]["cancel"] == "accepted"
+    assert item.evidence["detail"]["cancel"] == "answered cancelled; read back with tasks/get"
+    assert item.detail["mcp"]["revision"] == "2025-11-25"  # tasks are core there
     # The cancel reached the task (a new session would have got -32602), then the session closed
     # and the server cleaned the task up.
     assert party.counts.count("tasks/cancel", task_id) == 1

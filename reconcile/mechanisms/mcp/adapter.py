@@ -3,8 +3,8 @@
 The agent side (`mcp_agent`) makes the calls and owns their sessions; this adapter reads back what
 it can from the reconciler's process:
 
-- A plain call is cancelled by its caller's scope (the SDK sends `notifications/cancelled`), and
-  no answer follows a cancelled call. While the caller lives, it reports; once it is gone, a
+- A plain call is cancelled by its caller's scope (the SDK sends `notifications/cancelled`, or on
+  2026-07-28 over HTTP closes the call's response stream), and no answer follows a cancelled call. While the caller lives, it reports; once it is gone, a
   read-only tool had nothing to reconcile and any other tool is unknown, unless the tool declares
   a *status check* (another, read-only tool on the same server, e.g. `git_log` for `git_commit`):
   then the reconciler calls that tool until the mechanism's deadline and settles the item

@@ -14,8 +14,14 @@ method it does not know as a spec method straight to `Server.add_request_handler
 `Server.middleware` answers a task-augmented `tools/call` with `CreateTaskResult` before the
 SDK's `tools/call` result validation would reject that shape.
 
+Revisions: it speaks 2026-07-28 and 2025-11-25 (`revisions="both"`, the default), or only one
+of them (`configure(revisions="2025-11-25")` behaves like server-everything, which refuses a
+2026-07-28 request with HTTP 400); see `sandbox_wire.py`, which also records every message that
+arrived (`wire()`), so a test sees how a cancel looked: a notification or a closed stream.
+
 Side channel (not MCP): `GET /_control/effects` (what took effect, and the journal of starts
-and interruptions), `GET /_control/tasks`, plus the common `/_control/*` routes.
+and interruptions), `GET /_control/tasks`, `GET /_control/wire`, plus the common `/_control/*`
+routes.
 """
 
 from __future__ import annotations
@@ -41,7 +47,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Mount, Route
 
 from reconcile.mechanisms.mcp.sandbox_tasks import TaskRegistry
-from stopdrill.sandbox.common import SandboxParty
+from reconcile.mechanisms.mcp.sandbox_wire import BOTH, SPEAKS, WireGate, WireLog
+from stopdrill.sandbox.common import FaultError, SandboxParty
 
 MCP_PATH = "/mcp"
 
@@ -110,8 +117,8 @@ class MCPToolServer(SandboxParty):
     """State (ledger, journal, tasks) and behaviour; `app()` builds a fresh ASGI app.
 
     Python control: `configure(latency_s=, default_seconds=, poll_interval_ms=,
-    default_ttl_ms=, max_ttl_ms=)`, `set_fault(...)`, `effects()`, `journal()`, `tasks()`,
-    `stats()`, `reset()`. Effects and journal survive a restart (they are the outside
+    default_ttl_ms=, max_ttl_ms=, revisions=)`, `set_fault(...)`, `effects()`, `journal()`,
+    `tasks()`, `wire()`, `stats()`, `reset()`. Effects and journal survive a restart (they are the outside
     world); tasks do not (they lived in the server process).
     """
 
@@ -124,6 +131,7 @@ class MCPToolServer(SandboxParty):
         "poll_interval_ms",
         "default_ttl_ms",
         "max_ttl_ms",
+        "revisions",
     )
 
     def __init__(
@@ -134,12 +142,15 @@ class MCPToolServer(SandboxParty):
         poll_interval_ms: int = 100,
         default_ttl_ms: int = 300_000,
         max_ttl_ms: int = 3_600_000,
+        revisions: str = BOTH,
     ) -> None:
         super().__init__(latency_s=latency_s)
         self.default_seconds = default_seconds
         self.poll_interval_ms = poll_interval_ms
         self.default_ttl_ms = default_ttl_ms
         self.max_ttl_ms = max_ttl_ms
+        self.revisions = _speaks(revisions)
+        self.wire_log = WireLog()
         self._effects: list[dict[str, Any]] = []
         self._journal: list[dict[str, Any]] = []
         self.task_registry = TaskRegistry(self.lock)
@@ -160,12 +171,22 @@ class MCPToolServer(SandboxParty):
     def tasks(self) -> list[dict[str, Any]]:
         return self.task_registry.snapshot()
 
+    def wire(self, method: str | None = None) -> list[dict[str, Any]]:
+        """The JSON-RPC messages that arrived over HTTP, in order (see `sandbox_wire.WireLog`)."""
+        return self.wire_log.entries(method)
+
+    def configure(self, **changes: Any) -> dict[str, Any]:
+        if "revisions" in changes:
+            changes["revisions"] = _speaks(changes["revisions"])
+        return super().configure(**changes)
+
     def reset(self) -> None:
         super().reset()
         with self.lock:
             self._effects.clear()
             self._journal.clear()
         self.task_registry.clear()
+        self.wire_log.clear()
 
     # --- ledger ------------------------------------------------------------------------
 
@@ -345,7 +366,8 @@ class MCPToolServer(SandboxParty):
                 *self.control_routes(),
                 Route("/_control/effects", self._control_effects, methods=["GET"]),
                 Route("/_control/tasks", self._control_tasks, methods=["GET"]),
-                Mount("/", app=self._ending_sessions(mcp_app)),
+                Route("/_control/wire", self._control_wire, methods=["GET"]),
+                Mount("/", app=WireGate(self._ending_sessions(mcp_app), self.wire_log, lambda: self.revisions)),
             ],
             lifespan=lifespan,
         )
@@ -369,6 +391,15 @@ class MCPToolServer(SandboxParty):
 
     async def _control_tasks(self, request: Request) -> JSONResponse:
         return JSONResponse({"tasks": self.tasks()})
+
+    async def _control_wire(self, request: Request) -> JSONResponse:
+        return JSONResponse({"wire": self.wire(request.query_params.get("method"))})
+
+
+def _speaks(revisions: str) -> str:
+    if revisions not in SPEAKS:
+        raise FaultError(f"revisions must be one of {list(SPEAKS)}, not {revisions!r}")
+    return revisions
 
 
 def _session_of(ctx: ServerRequestContext[Any, Any]) -> str:

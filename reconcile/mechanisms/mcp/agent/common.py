@@ -23,7 +23,7 @@ ServerRef = str | StdioServerParameters | ServerSpec
 
 async def describe(conn: Connection, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
     """The facts recorded on the item before the call: the server (never its secrets), the tool,
-    the protocol version, the tool's annotations, and its status check with arguments filled in."""
+    the revision and transport used (and how a cancel travels on them), the tool's annotations, and its status check with arguments filled in."""
     client = conn.client
     listing = await client.list_tools()
     found = next((t for t in listing.tools if t.name == tool), None)
@@ -32,9 +32,9 @@ async def describe(conn: Connection, tool: str, arguments: dict[str, Any]) -> di
     caps = client.server_capabilities
     facts: dict[str, Any] = {
         **conn.spec.public(),
+        **conn.revision_facts(),
         "server_name": client.server_info.name if client.server_info else "",
         "tool": tool,
-        "protocol_version": client.protocol_version,
         "annotations": annotations_of(found),
         "task_support": (found.execution.task_support if found.execution else None) or "forbidden",
         "server_tasks": bool(getattr(caps, "tasks", None)),

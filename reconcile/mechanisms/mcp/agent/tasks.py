@@ -31,6 +31,23 @@ log = logging.getLogger(__name__)
 NOT_FOUND_AT_ONCE_S = 5.0
 
 
+# Tasks are spoken in 2025-11-25, where they are core and kept per session. In 2026-07-28 they
+# left the core for the `io.modelcontextprotocol/tasks` extension, which the SDK does not speak.
+TASK_REVISION_FACTS = {
+    "negotiation": f"{mcp_servers.LEGACY} chosen for a task: tasks are core there (the 2026-07-28 "
+    "tasks extension is not spoken here)",
+    "cancel_wire": mcp_servers.cancel_wire(mcp_servers.LEGACY, "", task=True),
+}
+
+
+def _task_revision(spec: mcp_servers.ServerSpec) -> str:
+    if spec.revision == mcp_servers.MODERN:
+        raise ValueError(
+            f"{spec.name} is pinned to {mcp_servers.MODERN}, where tasks are an extension this client does not speak"
+        )
+    return mcp_servers.LEGACY
+
+
 def _owner_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -98,8 +115,8 @@ async def mcp_run_task(
     final: Observation | None = None
     try:
         spec = mcp_servers.resolve(ref, mechanism_settings("mcp").options)
-        async with mcp_servers.open_client(spec, timeout_s=timeout_s) as conn:
-            facts = await describe(conn, tool, arguments or {})
+        async with mcp_servers.open_client(spec, timeout_s=timeout_s, revision=_task_revision(spec)) as conn:
+            facts = {**await describe(conn, tool, arguments or {}), **TASK_REVISION_FACTS}
             if not facts["server_tasks"] or facts["task_support"] not in ("optional", "required"):
                 raise ValueError(f"{tool!r} on {spec.name} cannot run as a task")
             try:
@@ -173,9 +190,8 @@ async def _own(
         stop = await in_thread(item_heartbeat, item_id=owner.item_id)  # also: the owner is alive
         if stop and cancelled_at is None:
             cancelled_at = time.monotonic()
-            cancel = "accepted"
             try:
-                await _raw_request(conn, "tasks/cancel", {"taskId": task_id}, timeout_s)
+                cancel = _cancel_answer(await _raw_request(conn, "tasks/cancel", {"taskId": task_id}, timeout_s))
             except MCPError as exc:
                 if exc.error.code != INVALID_PARAMS:
                     raise
@@ -196,6 +212,15 @@ async def _own(
             await _end_session(owner, observation, actor)
             return observation
         await anyio.sleep(poll_s)
+
+
+def _cancel_answer(answer: dict[str, Any]) -> str:
+    """What `tasks/cancel` said, for the record. Only the read-back that follows counts: an empty
+    acknowledgement, or even `cancelled`, says nothing about the task's effect."""
+    status = answer.get("status")
+    if status:
+        return f"answered {status}; read back with tasks/get"
+    return "empty acknowledgement (proves nothing); read back with tasks/get"
 
 
 async def _end_session(owner: TaskOwner, observation: Observation, actor: str) -> None:
