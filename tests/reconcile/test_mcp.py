@@ -208,6 +208,28 @@ def test_write_that_ignores_the_cancel_lands_and_the_item_stays_uncertain(fast, 
     assert item.state == S.UNCERTAIN  # never "cancelled" on the client's word alone
 
 
+def test_a_write_whose_cancel_it_ignored_is_settled_by_its_status_check(fast, speaking, settings, clock):
+    """Cancelled by a closed stream (2026-07-28) or a notification (2025-11-25), the write lands
+    anyway: uncertain with a deadline, until the declared status check (read_value) shows it."""
+    party, url, revision = speaking
+    check = {"tool": tools.READ_VALUE, "arguments": {"key": "{key}"}, "completed_if_contains": "{key}={value}"}
+    configure_mcp_server(settings, "sandbox", url=url, tools={tools.SLOW_WRITE: {"status_check": check}})
+    party.set_fault(tools.IGNORE_CANCEL, target="k3")
+    task = make_task()
+    item = tool_item(task, noun="write")
+    arguments = {"key": "k3", "value": "v3", "seconds": 0.8}
+    assert call_and_stop(task, item, url, tools.SLOW_WRITE, arguments, 0.3) is None
+    item.refresh_from_db()
+    assert item.state == S.UNCERTAIN and item.investigate_by is not None
+    assert item.evidence["cancel"]["sent"] == CANCEL_WIRE[revision]
+    assert "the status check (read_value) will look" in item.evidence["uncertain_because"]
+    assert [e["call"] for e in party.effects(tools.SLOW_WRITE)] == ["k3"]  # landed while the caller lingered
+    sweep_until_settled(clock, item)
+    item.refresh_from_db()
+    assert item.state == S.COMPLETED and item.outcome == "completed; read_value shows it took effect"
+    assert party.counts.count("tools/call", tools.READ_VALUE) >= 1
+
+
 def start_export(item, url, seconds):  # type: ignore[no-untyped-def]
     return mcp_start_task(
         item_id=item.pk, url=url, tool=tools.EXPORT_REPORT, arguments={"seconds": seconds}, actor="agent", poll_s=0.05

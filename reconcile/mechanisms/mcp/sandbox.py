@@ -6,6 +6,8 @@ Tools:
   caller's scope makes the SDK deliver CancelledError into the tool, whose `finally`
   journals the interruption. With the `ignore_cancel` fault it runs to the end and the
   effect lands anyway, like `@modelcontextprotocol/server-everything` does.
+- `read_value` (read-only): what `slow_write` last wrote at a key; the status check that shows
+  whether a cancelled write took effect.
 - `export_report` (additive, `execution.taskSupport: "optional"`): a plain call or a
   2025-11-25 task; see `sandbox_tasks.py` for the task half the SDK does not dispatch.
 
@@ -60,6 +62,7 @@ TASKS_FORGET = "tasks_forget"  # a task is deleted right after it was created (t
 
 SLOW_LOOKUP = "slow_lookup"
 SLOW_WRITE = "slow_write"
+READ_VALUE = "read_value"
 EXPORT_REPORT = "export_report"
 
 
@@ -83,6 +86,12 @@ def _tools() -> list[types.Tool]:
             annotations=types.ToolAnnotations(
                 read_only_hint=False, destructive_hint=True, idempotent_hint=False, open_world_hint=True
             ),
+        ),
+        types.Tool(
+            name=READ_VALUE,
+            description="Read what slow_write last wrote at a key. Changes nothing.",
+            input_schema={"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]},
+            annotations=types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
         ),
         types.Tool(
             name=EXPORT_REPORT,
@@ -240,6 +249,11 @@ class MCPToolServer(SandboxParty):
                 self._note(SLOW_WRITE, key, "interrupted")
         return _text(f"wrote {key}={value!r}")
 
+    def _read_value(self, arguments: Mapping[str, Any]) -> types.CallToolResult:
+        key = str(arguments.get("key", ""))
+        written = [e for e in self.effects(SLOW_WRITE) if e["call"] == key]
+        return _text(f"{key}={written[-1]['value']}" if written else f"{key}: no value")
+
     async def _export_report(self, arguments: Mapping[str, Any], call: str) -> dict[str, Any]:
         name = str(arguments.get("name", "report"))
         self._note(EXPORT_REPORT, call, "started")
@@ -271,6 +285,8 @@ class MCPToolServer(SandboxParty):
             if "key" not in arguments:
                 raise MCPError(code=INVALID_PARAMS, message="slow_write needs a 'key'")
             return await self._slow_write(arguments)
+        if params.name == READ_VALUE:
+            return self._read_value(arguments)
         if params.name == EXPORT_REPORT:
             return await self._export_report(arguments, f"call-{ctx.request_id}")
         raise MCPError(code=INVALID_PARAMS, message=f"Unknown tool: {params.name}")
