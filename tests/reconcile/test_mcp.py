@@ -21,7 +21,7 @@ from stopdesk.services.stop import task_request_stop
 from stopdesk.states import ItemState, Kind
 from tests.factories import make_task
 from tests.reconcile.conftest import configure_mcp_server
-from tests.reconcile.helpers import abandoned_task, sweep_until_settled
+from tests.reconcile.helpers import abandoned_extension_task, abandoned_task, sweep_until_settled
 
 S = ItemState
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
@@ -241,33 +241,60 @@ def owner_done(item) -> None:  # type: ignore[no-untyped-def]
     assert owner is not None and owner.join(15), "the task's session owner did not finish"
 
 
-def test_task_is_cancelled_and_read_back_through_the_session_that_created_it(fast, mcp_party, clock):
-    """tasks/cancel then tasks/get in the creating session read `cancelled`; the spec keeps that
-    status even if the work finishes, so for a tool that may change the world it proves nothing."""
-    party, url = mcp_party
+def test_task_is_cancelled_and_read_back(fast, speaking, clock):
+    """tasks/cancel then tasks/get read `cancelled`: in 2025-11-25 through the session that created
+    the task (the spec keeps `cancelled` even if the work finishes), in 2026-07-28 by the task id
+    alone after an empty acknowledgement. For a tool that may change the world it proves nothing."""
+    party, url, revision = speaking
     task = make_task()
     item = tool_item(task, noun="export")
     task_id = start_export(item, url, 5)
     item.refresh_from_db()
-    session = item.detail["mcp"]["session"]
-    assert item.handle == task_id and item.state == S.RUNNING and session["id"] and session["owner"]
+    facts = item.detail["mcp"]
+    assert item.handle == task_id and item.state == S.RUNNING and facts["session"]["owner"]
+    assert (facts["revision"], facts["cancel_wire"]) == (revision, "tasks/cancel, then tasks/get")
     stop(task)
-    item_cancel(item_id=item.pk)  # the reconciler sends nothing: the owner cancels in its session
+    item_cancel(item_id=item.pk)  # the reconciler sends nothing: the owner cancels
     owner_done(item)
     item.refresh_from_db()
     assert item.state == S.UNCERTAIN and item.investigate_by is not None
     assert "whether it took effect is unknown" in item.evidence["uncertain_because"]
-    assert item.evidence["detail"]["cancel"] == "answered cancelled; read back with tasks/get"
-    assert item.detail["mcp"]["revision"] == "2025-11-25"  # tasks are core there
-    # The cancel reached the task (a new session would have got -32602), then the session closed
-    # and the server cleaned the task up.
     assert party.counts.count("tasks/cancel", task_id) == 1
-    assert [t["status"] for t in party.task_registry.cleaned_up] == ["cancelled"]
-    assert party.tasks() == []
+    if revision == mcp_servers.LEGACY:
+        assert facts["session"]["id"]
+        assert item.evidence["detail"]["cancel"] == "answered cancelled; read back with tasks/get"
+        # The cancel reached the task (a new session would have got -32602), then the session
+        # closed and the server cleaned the task up.
+        assert [t["status"] for t in party.task_registry.cleaned_up] == ["cancelled"]
+        assert party.tasks() == []
+    else:
+        assert facts["session"]["id"] is None and facts["tasks"].startswith("the io.modelcontextprotocol/tasks")
+        assert item.evidence["detail"]["cancel"] == "empty acknowledgement (proves nothing); read back with tasks/get"
+        # Every task request named its task in Mcp-Name, so a load balancer could route it.
+        task_requests = party.wire("tasks/cancel") + party.wire("tasks/get")
+        assert task_requests and {m.get("mcp_name") for m in task_requests} == {task_id}
 
 
-def test_task_that_finished_before_stop_ends_completed(fast, mcp_party):
+def test_a_2026_07_28_task_whose_work_ignores_the_cancel_stays_working_and_ends_completed(fast, mcp_party):
+    """Cancellation is eventually consistent and cooperative: the acknowledgement is empty, the
+    status stays `working`, and the export lands. Only the read-back that shows `completed` settles it."""
     party, url = mcp_party
+    party.set_fault(tools.TASKS_IGNORE_CANCEL)
+    task = make_task()
+    item = tool_item(task, noun="export")
+    task_id = start_export(item, url, 1.0)
+    stop(task)
+    item_cancel(item_id=item.pk)
+    owner_done(item)
+    item.refresh_from_db()
+    assert item.detail["mcp"]["revision"] == mcp_servers.MODERN
+    assert party.counts.count("tasks/cancel", task_id) == 1
+    assert [e["call"] for e in party.effects(tools.EXPORT_REPORT)] == [task_id]  # it happened
+    assert item.state == S.COMPLETED, (item.state, item.outcome, item.evidence)
+
+
+def test_task_that_finished_before_stop_ends_completed(fast, speaking):
+    party, url, _revision = speaking
     task = make_task()
     item = tool_item(task, noun="export")
     task_id = start_export(item, url, 0.05)
@@ -278,6 +305,21 @@ def test_task_that_finished_before_stop_ends_completed(fast, mcp_party):
     assert item.state == S.COMPLETED and item.outcome == "completed"
     assert party.counts.count("tasks/cancel", task_id) == 0
     assert [e["call"] for e in party.effects(tools.EXPORT_REPORT)] == [task_id]
+
+
+def test_a_2026_07_28_task_whose_owner_died_is_cancelled_and_read_back_by_its_id(fast, mcp_party, clock):
+    """No session to resume in 2026-07-28: the reconciler cancels and reads back by the task id."""
+    party, url = mcp_party
+    task = make_task()
+    item = tool_item(task, noun="export")
+    task_id = abandoned_extension_task(url, item)
+    stop(task)
+    item_cancel(item_id=item.pk)
+    item.refresh_from_db()
+    assert item.state == S.UNCERTAIN
+    assert item.evidence["detail"]["cancel"] == "empty acknowledgement (proves nothing)"
+    assert [t["status"] for t in party.tasks() if t["taskId"] == task_id] == ["cancelled"]
+    assert {m.get("mcp_name") for m in party.wire("tasks/cancel")} == {task_id}
 
 
 def test_task_whose_owner_died_is_cancelled_in_its_resumed_session(fast, mcp_party, clock):
@@ -306,8 +348,8 @@ def test_task_whose_owner_died_with_its_session_is_uncertain_because_the_owner_s
     assert "owned the MCP session" in because and "stopped" in because and "expired" not in because
 
 
-def test_task_not_found_right_after_creation_has_its_own_outcome(fast, mcp_party):
-    party, url = mcp_party
+def test_task_not_found_right_after_creation_has_its_own_outcome(fast, speaking):
+    party, url, _revision = speaking
     party.set_fault(tools.TASKS_FORGET, target=tools.EXPORT_REPORT)  # deleted as soon as it is created
     task = make_task()
     item = tool_item(task, noun="export")
@@ -316,11 +358,11 @@ def test_task_not_found_right_after_creation_has_its_own_outcome(fast, mcp_party
     item.refresh_from_db()
     assert item.state == S.UNCERTAIN
     assert item.outcome == "task not found right after it was created; investigate"
-    assert "'task not found' on the session that had just created the task" in item.evidence["uncertain_because"]
+    assert "'task not found' for the task it had just created" in item.evidence["uncertain_because"]
 
 
-def test_duplicate_task_cancel_sends_one_tasks_cancel(fast, mcp_party, clock):
-    party, url = mcp_party
+def test_duplicate_task_cancel_sends_one_tasks_cancel(fast, speaking, clock):
+    party, url, _revision = speaking
     task = make_task()
     item = tool_item(task, noun="export")
     task_id = start_export(item, url, 5)

@@ -48,7 +48,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Mount, Route
 
-from reconcile.mechanisms.mcp.sandbox_tasks import TaskRegistry
+from reconcile.mechanisms.mcp.sandbox_tasks import TASKS_EXTENSION, TaskRegistry
 from reconcile.mechanisms.mcp.sandbox_wire import BOTH, SPEAKS, WireGate, WireLog
 from stopdrill.sandbox.common import FaultError, SandboxParty
 
@@ -104,14 +104,17 @@ def _tools() -> list[types.Tool]:
 
 
 class _TaskServer(Server[Any]):
-    """Advertises the 2025-11-25 `tasks` capability the base class cannot derive."""
+    """Advertises the 2025-11-25 `tasks` capability, or the 2026-07-28 tasks extension, which the
+    base class cannot derive."""
 
     def get_capabilities(
         self, *args: Any, protocol_version: str | None = None, **kwargs: Any
     ) -> types.ServerCapabilities:
         caps = super().get_capabilities(*args, protocol_version=protocol_version, **kwargs)
         if protocol_version in MODERN_PROTOCOL_VERSIONS:
-            return caps  # tasks left the core spec in 2026-07-28
+            # Tasks left the core spec in 2026-07-28 for an extension.
+            caps.extensions = {**(caps.extensions or {}), TASKS_EXTENSION: {}}
+            return caps
         caps.tasks = types.ServerTasksCapability(
             list=types.TasksListCapability(),
             cancel=types.TasksCancelCapability(),
@@ -299,9 +302,12 @@ class MCPToolServer(SandboxParty):
                 raise MCPError(code=-32603, message="the sandbox was told to fail this call")
             if params.get("task") is not None:
                 return self._start_task(params, _session_of(ctx))
+            if _modern(ctx) and _declares_tasks(params) and params.get("name") == EXPORT_REPORT:
+                # 2026-07-28: the server decides; it makes a task of every export for a client that can take one.
+                return self._start_task(params, "", extension=True)
         return await call_next(ctx)
 
-    def _start_task(self, params: Mapping[str, Any], session: str) -> dict[str, Any]:
+    def _start_task(self, params: Mapping[str, Any], session: str, *, extension: bool = False) -> dict[str, Any]:
         """Answer a task-augmented tools/call with CreateTaskResult; the work runs on."""
         name = params.get("name")
         if name != EXPORT_REPORT:
@@ -309,7 +315,7 @@ class MCPToolServer(SandboxParty):
             raise MCPError(code=METHOD_NOT_FOUND, message=f"Tool {name!r} does not support task execution")
         if self._task_group is None:
             raise MCPError(code=-32603, message="server is not running")
-        requested = (params.get("task") or {}).get("ttl")
+        requested = (params.get("task") or {}).get("ttl") if not extension else None
         with self.lock:
             ttl = min(int(requested), self.max_ttl_ms) if isinstance(requested, int) else self.default_ttl_ms
             poll = self.poll_interval_ms
@@ -320,18 +326,21 @@ class MCPToolServer(SandboxParty):
             return await self._export_report(arguments, record.task_id)
 
         self._task_group.start_soon(self.task_registry.run, record, work)
-        answer = {"task": record.to_json()}
+        answer = {"resultType": "task", **record.to_extension_json()} if extension else {"task": record.to_json()}
         if self.has_fault(TASKS_FORGET, name):
             self.task_registry.close_session(session, only=record.task_id)
         return answer
 
     async def _tasks_get(self, ctx: ServerRequestContext[Any], params: types.GetTaskRequestParams) -> dict[str, Any]:
-        return self.task_registry.get(params.task_id, _session_of(ctx)).to_json()
+        record = self.task_registry.get(params.task_id, _session_of(ctx))
+        return record.to_extension_json() if _modern(ctx) else record.to_json()
 
     async def _tasks_cancel(
         self, ctx: ServerRequestContext[Any], params: types.CancelTaskRequestParams
     ) -> dict[str, Any]:
         stop = not self.has_fault(TASKS_IGNORE_CANCEL, params.task_id)
+        if _modern(ctx):
+            return self.task_registry.cancel_eventually(params.task_id, stop_work=stop)
         return self.task_registry.cancel(params.task_id, _session_of(ctx), stop_work=stop)
 
     async def _tasks_result(
@@ -423,6 +432,17 @@ def _session_of(ctx: ServerRequestContext[Any, Any]) -> str:
     request = ctx.request
     headers = getattr(request, "headers", None)
     return str(headers.get("mcp-session-id", "")) if headers is not None else ""
+
+
+def _modern(ctx: ServerRequestContext[Any, Any]) -> bool:
+    return ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+
+
+def _declares_tasks(params: Mapping[str, Any]) -> bool:
+    """Whether the request's per-request capabilities (2026-07-28 `_meta`) name the tasks extension."""
+    meta = params.get("_meta") or {}
+    capabilities = meta.get("io.modelcontextprotocol/clientCapabilities") or {}
+    return TASKS_EXTENSION in (capabilities.get("extensions") or {})
 
 
 def _count_key(method: str, params: Mapping[str, Any]) -> str | None:

@@ -84,6 +84,8 @@ class WireGate:
         revision = headers.get("mcp-protocol-version", "")
         refusal = _refusal(self.speaks(), message, headers)
         entry = self.log.add(message, revision, refused=refusal is not None)
+        if headers.get("mcp-name"):
+            entry["mcp_name"] = headers["mcp-name"]  # 2026-07-28: a task request names its task here
         if refusal is not None:
             await _send_json(send, 400, refusal)
             return

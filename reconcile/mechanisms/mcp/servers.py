@@ -26,13 +26,14 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import httpx2
 from mcp import Client, StdioServerParameters
+from mcp.client.extension import ClientExtension
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
@@ -52,6 +53,15 @@ NOTIFICATION = "notifications/cancelled"
 NOTIFICATION_WITH_ID = "notifications/cancelled with the request id"
 STREAM_CLOSED = "response stream closed"
 TASKS_CANCEL = "tasks/cancel, then tasks/get"
+# 2026-07-28 moved tasks out of the core into this extension (declared per request, no session).
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+
+
+class TasksExtension(ClientExtension):
+    """Declares the tasks extension in a 2026-07-28 request's capabilities: only then may the
+    server answer a `tools/call` with a task. Only a connection that handles task answers uses it."""
+
+    identifier = TASKS_EXTENSION
 
 
 def is_modern(revision: str | None) -> bool:
@@ -272,6 +282,7 @@ class Connection:
     spec: ServerSpec
     requested: str = AUTO
     session_id: str | None = None
+    chosen_because: str = ""  # why an older revision was chosen over one the server offered
 
     @property
     def revision(self) -> str:
@@ -280,7 +291,9 @@ class Connection:
     def revision_facts(self) -> dict[str, Any]:
         """The revision and transport actually used, how they were chosen, and how a cancel goes."""
         revision = self.revision
-        if self.requested != AUTO:
+        if self.chosen_because:
+            how = self.chosen_because
+        elif self.requested != AUTO:
             how = f"{self.requested} pinned by configuration"
         elif is_modern(revision):
             how = f"negotiated: the server offered {MODERN}"
@@ -303,6 +316,7 @@ async def open_client(
     message_handler: Callable[..., Any] | None = None,
     terminate_on_close: bool = True,
     revision: str | None = None,
+    extensions: Sequence[ClientExtension] | None = None,
 ) -> AsyncIterator[Connection]:
     """Connect in `revision` (default: the server's configured one, normally AUTO: the newest
     the server offers, 2025-11-25 when it refuses 2026-07-28; the SDK's `mode="auto"` probes
@@ -329,7 +343,9 @@ async def open_client(
         params = StdioServerParameters(command=command, args=list(spec.args), env=spec.env or None, cwd=spec.cwd)
         transport = stdio_client(params, errlog=_errlog())
     mode = "legacy" if requested == LEGACY else requested
-    client = Client(transport, mode=mode, read_timeout_seconds=timeout_s, message_handler=message_handler)
+    client = Client(
+        transport, mode=mode, read_timeout_seconds=timeout_s, message_handler=message_handler, extensions=extensions
+    )
     conn = Connection(client=client, spec=spec, requested=requested)
     conn_box.append(conn)
     try:
