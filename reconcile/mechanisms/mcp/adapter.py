@@ -17,6 +17,9 @@ it can from the reconciler's process:
   (Streamable HTTP keeps a session until it is deleted or times out); when that fails, or the
   server was a stdio process that died with its owner, the task is uncertain, and the evidence
   says the session's owner stopped, not that the task "expired".
+- A 2026-07-28 task (the `io.modelcontextprotocol/tasks` extension) has no session: once its owner
+  is gone, the adapter cancels and reads it back by its id (`Mcp-Name` routes to its holder). The
+  empty acknowledgement proves nothing; the `tasks/get` that follows is what is read.
 """
 
 from __future__ import annotations

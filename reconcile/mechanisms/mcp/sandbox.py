@@ -8,8 +8,9 @@ Tools:
   effect lands anyway, like `@modelcontextprotocol/server-everything` does.
 - `read_value` (read-only): what `slow_write` last wrote at a key; the status check that shows
   whether a cancelled write took effect.
-- `export_report` (additive, `execution.taskSupport: "optional"`): a plain call or a
-  2025-11-25 task; see `sandbox_tasks.py` for the task half the SDK does not dispatch.
+- `export_report` (additive, `execution.taskSupport: "optional"`): a plain call, a 2025-11-25
+  task, or (to a 2026-07-28 client that declares the tasks extension) always a task; see
+  `sandbox_tasks.py` for the task half the SDK does not dispatch.
 
 The task methods are registered as custom request handlers (the SDK's runner dispatches a
 method it does not know as a spec method straight to `Server.add_request_handler`), and a
@@ -55,7 +56,9 @@ from stopdrill.sandbox.common import FaultError, SandboxParty
 MCP_PATH = "/mcp"
 
 IGNORE_CANCEL = "ignore_cancel"  # slow_write keeps running after its call is cancelled
-TASKS_IGNORE_CANCEL = "tasks_ignore_cancel"  # tasks/cancel marks cancelled but the export still runs
+# tasks/cancel does not stop the export: 2025-11-25 marks the task cancelled anyway; 2026-07-28
+# leaves it working (eventually consistent) until the export lands and it ends completed.
+TASKS_IGNORE_CANCEL = "tasks_ignore_cancel"
 EXPORT_FAIL = "export_fail"  # export_report ends with an isError result (task `failed`)
 TOOL_CALL_ERROR = "tool_call_error"  # tools/call answers a JSON-RPC error without running anything
 TASKS_FORGET = "tasks_forget"  # a task is deleted right after it was created (the spec allows deletion at any time)

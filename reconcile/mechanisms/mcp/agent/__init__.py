@@ -11,9 +11,10 @@ looks). It keeps the session open for `after_cancel_s` after a cancel: a stdio s
 killed in the middle of the work it may still be doing, and progress the server keeps reporting
 is recorded as evidence. Any failure after registration is recorded on the item with its error.
 
-`mcp_run_task` / `mcp_start_task` make a task-augmented call and own the session that created the
-task until the task is final or Stop has been reconciled: servers keep tasks per session, so the
-cancel (`tasks/cancel`) and the read-back (`tasks/get`) go through that session. The owner is the
+`mcp_run_task` / `mcp_start_task` make a task call (the 2026-07-28 tasks extension, or 2025-11-25
+core tasks) and own it until the task is final or Stop has been reconciled. In 2025-11-25 servers
+keep tasks per session, so the cancel (`tasks/cancel`) and the read-back (`tasks/get`) go through
+the session that created it; in 2026-07-28 they name the task by its id. The owner is the
 agent process; it holds the item's lease while it lives. If it dies, the reconciler resumes the
 session by its id where the server still has it, or records the task uncertain because its
 session's owner stopped.
