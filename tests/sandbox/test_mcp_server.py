@@ -131,6 +131,14 @@ def test_a_2026_07_28_only_server_refuses_the_handshake_with_the_versions_it_spe
     assert refused["refused"] is True
 
 
+def test_the_environment_chooses_the_revisions_a_new_server_speaks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STOPDESK_SANDBOX_MCP_REVISIONS", "2025-11-25")
+    assert MCPToolServer().revisions == "2025-11-25"
+    monkeypatch.setenv("STOPDESK_SANDBOX_MCP_REVISIONS", "1999-01-01")
+    with pytest.raises(ValueError, match="revisions must be one of"):
+        MCPToolServer()
+
+
 def test_revisions_outside_the_choices_are_refused(mcp_tools: Tools) -> None:
     party, _server = mcp_tools
     with pytest.raises(ValueError, match="revisions must be one of"):

@@ -18,7 +18,8 @@ method it does not know as a spec method straight to `Server.add_request_handler
 SDK's `tools/call` result validation would reject that shape.
 
 Revisions: it speaks 2026-07-28 and 2025-11-25 (`revisions="both"`, the default), or only one
-of them (`configure(revisions="2025-11-25")` behaves like server-everything, which refuses a
+of them (`configure(revisions="2025-11-25")`, `POST /_control/config`, or the environment variable
+`STOPDESK_SANDBOX_MCP_REVISIONS` at start; 2025-11-25 alone behaves like server-everything, which refuses a
 2026-07-28 request with HTTP 400); see `sandbox_wire.py`, which also records every message that
 arrived (`wire()`), so a test sees how a cancel looked: a notification or a closed stream.
 
@@ -29,6 +30,7 @@ routes.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -54,6 +56,7 @@ from reconcile.mechanisms.mcp.sandbox_wire import BOTH, SPEAKS, WireGate, WireLo
 from stopdrill.sandbox.common import FaultError, SandboxParty
 
 MCP_PATH = "/mcp"
+REVISIONS_ENV = "STOPDESK_SANDBOX_MCP_REVISIONS"
 
 IGNORE_CANCEL = "ignore_cancel"  # slow_write keeps running after its call is cancelled
 # tasks/cancel does not stop the export: 2025-11-25 marks the task cancelled anyway; 2026-07-28
@@ -157,14 +160,15 @@ class MCPToolServer(SandboxParty):
         poll_interval_ms: int = 100,
         default_ttl_ms: int = 300_000,
         max_ttl_ms: int = 3_600_000,
-        revisions: str = BOTH,
+        revisions: str | None = None,
     ) -> None:
         super().__init__(latency_s=latency_s)
         self.default_seconds = default_seconds
         self.poll_interval_ms = poll_interval_ms
         self.default_ttl_ms = default_ttl_ms
         self.max_ttl_ms = max_ttl_ms
-        self.revisions = _speaks(revisions)
+        # Unset: STOPDESK_SANDBOX_MCP_REVISIONS, else both (so `make run` can play a 2025-11-25-only server).
+        self.revisions = _speaks(revisions or os.environ.get(REVISIONS_ENV) or BOTH)
         self.wire_log = WireLog()
         self._effects: list[dict[str, Any]] = []
         self._journal: list[dict[str, Any]] = []
