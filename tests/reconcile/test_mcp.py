@@ -293,6 +293,18 @@ def test_a_2026_07_28_task_whose_work_ignores_the_cancel_stays_working_and_ends_
     assert item.state == S.COMPLETED, (item.state, item.outcome, item.evidence)
 
 
+def test_a_2026_07_28_server_that_answers_at_once_without_a_task_finishes_the_item(fast, mcp_party):
+    party, url = mcp_party
+    party.set_fault(tools.TASKS_DECLINE, target=tools.EXPORT_REPORT)
+    task = make_task()
+    item = tool_item(task, noun="export")
+    assert start_export(item, url, 0.05) == ""
+    owner_done(item)
+    item.refresh_from_db()
+    assert item.state == S.COMPLETED and item.outcome.startswith("report")
+    assert item.handle == "" and party.counts.count("tasks/get") == 0
+
+
 def test_task_that_finished_before_stop_ends_completed(fast, speaking):
     party, url, _revision = speaking
     task = make_task()

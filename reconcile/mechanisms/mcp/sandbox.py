@@ -64,6 +64,7 @@ IGNORE_CANCEL = "ignore_cancel"  # slow_write keeps running after its call is ca
 TASKS_IGNORE_CANCEL = "tasks_ignore_cancel"
 EXPORT_FAIL = "export_fail"  # export_report ends with an isError result (task `failed`)
 TOOL_CALL_ERROR = "tool_call_error"  # tools/call answers a JSON-RPC error without running anything
+TASKS_DECLINE = "tasks_decline"  # 2026-07-28: the server answers an export at once, without a task
 TASKS_FORGET = "tasks_forget"  # a task is deleted right after it was created (the spec allows deletion at any time)
 
 SLOW_LOOKUP = "slow_lookup"
@@ -141,7 +142,7 @@ class MCPToolServer(SandboxParty):
     """
 
     FAULTS: ClassVar[frozenset[str]] = frozenset(
-        {IGNORE_CANCEL, TASKS_IGNORE_CANCEL, EXPORT_FAIL, TOOL_CALL_ERROR, TASKS_FORGET}
+        {IGNORE_CANCEL, TASKS_IGNORE_CANCEL, EXPORT_FAIL, TOOL_CALL_ERROR, TASKS_FORGET, TASKS_DECLINE}
     )
     CONFIG_FIELDS: ClassVar[tuple[str, ...]] = (
         "latency_s",
@@ -309,7 +310,8 @@ class MCPToolServer(SandboxParty):
                 raise MCPError(code=-32603, message="the sandbox was told to fail this call")
             if params.get("task") is not None:
                 return self._start_task(params, _session_of(ctx))
-            if _modern(ctx) and _declares_tasks(params) and params.get("name") == EXPORT_REPORT:
+            tasks_wanted = _declares_tasks(params) and not self.has_fault(TASKS_DECLINE, params.get("name"))
+            if _modern(ctx) and tasks_wanted and params.get("name") == EXPORT_REPORT:
                 # 2026-07-28: the server decides; it makes a task of every export for a client that can take one.
                 return self._start_task(params, "", extension=True)
         return await call_next(ctx)

@@ -34,7 +34,7 @@ from reconcile.mechanisms.registry import mechanism_settings
 from reconcile.services.reconcile import item_observe
 from stopdesk.agent.aio import in_thread
 from stopdesk.services.errors import TaskStopped
-from stopdesk.services.items import item_heartbeat, item_record_detail, item_set_handle
+from stopdesk.services.items import item_finish, item_heartbeat, item_record_detail, item_set_handle
 
 log = logging.getLogger(__name__)
 # A task the server forgets within this long of creating it was "not found right after creation".
@@ -184,7 +184,10 @@ async def _start_and_own(
     params: dict[str, Any] = {"name": tool, "arguments": arguments, "_meta": {"stopdesk_item": str(item_id)}}
     if not mcp_servers.is_modern(conn.revision):
         params["task"] = {} if ttl_ms is None else {"ttl": ttl_ms}  # 2026-07-28: the server decides
-    task = _created_task(await _raw_request(conn, "tools/call", params, timeout_s), tool)
+    answer = await _raw_request(conn, "tools/call", params, timeout_s)
+    task = _created_task(answer, tool)
+    if task is None:
+        return await _answered_without_a_task(owner, answer, actor)
     created = time.monotonic()
     session = {"id": conn.session_id, "owner": _owner_name(), "transport": conn.spec.transport}
     detail = {**facts, "task_status": task["status"], "ttl_ms": task["ttl_ms"], "session": session}
@@ -197,9 +200,10 @@ async def _start_and_own(
     return await _own(conn, owner, facts, created, poll, timeout_s, actor)
 
 
-def _created_task(answer: dict[str, Any], tool: str) -> dict[str, Any]:
+def _created_task(answer: dict[str, Any], tool: str) -> dict[str, Any] | None:
     """The task a `tools/call` answered with: nested under `task` (2025-11-25) or the answer itself
-    (`resultType: "task"`, 2026-07-28)."""
+    (`resultType: "task"`, 2026-07-28). None for a plain result: in 2026-07-28 the server decides
+    per call whether to make a task."""
     if "task" in answer:
         task = types.CreateTaskResult.model_validate(answer, by_name=False).task
         return {"task_id": task.task_id, "status": task.status, "ttl_ms": task.ttl, "poll_ms": task.poll_interval}
@@ -210,7 +214,22 @@ def _created_task(answer: dict[str, Any], tool: str) -> dict[str, Any]:
             "ttl_ms": answer.get("ttlMs"),
             "poll_ms": answer.get("pollIntervalMs"),
         }
-    raise ValueError(f"{tool!r} answered without a task (resultType {answer.get('resultType')!r})")
+    if answer.get("resultType") in (None, "complete") and "content" in answer:
+        return None
+    raise ValueError(f"{tool!r} answered neither a task nor a result (resultType {answer.get('resultType')!r})")
+
+
+async def _answered_without_a_task(owner: TaskOwner, answer: dict[str, Any], actor: str) -> Observation:
+    """The server ran the call at once and answered its result: the item ends with it."""
+    result = types.CallToolResult.model_validate(answer, by_name=False)
+    text = " ".join(getattr(c, "text", "") for c in result.content)[:200]
+    await in_thread(
+        item_finish, item_id=owner.item_id, succeeded=not result.is_error, actor=actor, outcome=text or "done"
+    )
+    owner.final = Observation(
+        Seen.FAILED if result.is_error else Seen.COMPLETED, remote_status="answered without a task"
+    )
+    return owner.final
 
 
 async def _own(
@@ -342,7 +361,9 @@ def mcp_start_task(
 ) -> str:
     """Start a task-augmented call from synchronous code and return its task id once it is
     recorded as the item's handle. A thread of this process owns the task's session from then
-    on (see `task_owner`). Raises TaskStopped if Stop came first, or what the start raised."""
+    on (see `task_owner`). Returns "" when the server answered the call at once, without a task
+    (2026-07-28 lets it decide): the item is then finished with that answer. Raises TaskStopped
+    if Stop came first, or what the start raised."""
     owner = TaskOwner(item_id)
 
     def run() -> None:
@@ -373,7 +394,6 @@ def mcp_start_task(
     owner.thread.start()
     if not owner.started.wait(start_timeout_s):
         raise TimeoutError(f"the MCP task for item {item_id} did not start within {start_timeout_s}s")
-    if not owner.task_id:
-        assert owner.error is not None
+    if owner.error is not None:
         raise owner.error
     return owner.task_id
