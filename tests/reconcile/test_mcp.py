@@ -275,6 +275,24 @@ def test_task_is_cancelled_and_read_back(fast, speaking, clock):
         assert task_requests and {m.get("mcp_name") for m in task_requests} == {task_id}
 
 
+def test_a_2026_07_28_server_without_the_tasks_extension_gets_its_task_in_2025_11_25(fast, mcp_party, clock):
+    party, url = mcp_party
+    party.configure(tasks_extension=False)
+    task = make_task()
+    item = tool_item(task, noun="export")
+    task_id = start_export(item, url, 5)
+    item.refresh_from_db()
+    facts = item.detail["mcp"]
+    assert facts["revision"] == "2025-11-25" and facts["session"]["id"]
+    assert facts["negotiation"] == (
+        "2025-11-25 chosen for a task: the server speaks 2026-07-28 without the io.modelcontextprotocol/tasks extension"
+    )
+    stop(task)
+    item_cancel(item_id=item.pk)
+    owner_done(item)
+    assert party.counts.count("tasks/cancel", task_id) == 1
+
+
 def test_a_2026_07_28_task_whose_work_ignores_the_cancel_stays_working_and_ends_completed(fast, mcp_party):
     """Cancellation is eventually consistent and cooperative: the acknowledgement is empty, the
     status stays `working`, and the export lands. Only the read-back that shows `completed` settles it."""

@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, ClassVar
 
@@ -114,13 +114,16 @@ class _TaskServer(Server[Any]):
     """Advertises the 2025-11-25 `tasks` capability, or the 2026-07-28 tasks extension, which the
     base class cannot derive."""
 
+    offers_extension: Callable[[], bool] = staticmethod(lambda: True)
+
     def get_capabilities(
         self, *args: Any, protocol_version: str | None = None, **kwargs: Any
     ) -> types.ServerCapabilities:
         caps = super().get_capabilities(*args, protocol_version=protocol_version, **kwargs)
         if protocol_version in MODERN_PROTOCOL_VERSIONS:
             # Tasks left the core spec in 2026-07-28 for an extension.
-            caps.extensions = {**(caps.extensions or {}), TASKS_EXTENSION: {}}
+            if self.offers_extension():
+                caps.extensions = {**(caps.extensions or {}), TASKS_EXTENSION: {}}
             return caps
         caps.tasks = types.ServerTasksCapability(
             list=types.TasksListCapability(),
@@ -136,7 +139,7 @@ class MCPToolServer(SandboxParty):
     """State (ledger, journal, tasks) and behaviour; `app()` builds a fresh ASGI app.
 
     Python control: `configure(latency_s=, default_seconds=, poll_interval_ms=,
-    default_ttl_ms=, max_ttl_ms=, revisions=)`, `set_fault(...)`, `effects()`, `journal()`,
+    default_ttl_ms=, max_ttl_ms=, revisions=, tasks_extension=)`, `set_fault(...)`, `effects()`, `journal()`,
     `tasks()`, `wire()`, `stats()`, `reset()`. Effects and journal survive a restart (they are the outside
     world); tasks do not (they lived in the server process).
     """
@@ -151,6 +154,7 @@ class MCPToolServer(SandboxParty):
         "default_ttl_ms",
         "max_ttl_ms",
         "revisions",
+        "tasks_extension",
     )
 
     def __init__(
@@ -170,6 +174,8 @@ class MCPToolServer(SandboxParty):
         self.max_ttl_ms = max_ttl_ms
         # Unset: STOPDESK_SANDBOX_MCP_REVISIONS, else both (so `make run` can play a 2025-11-25-only server).
         self.revisions = _speaks(revisions or os.environ.get(REVISIONS_ENV) or BOTH)
+        # Off: a 2026-07-28 server with no tasks extension (its tasks only in 2025-11-25).
+        self.tasks_extension = True
         self.wire_log = WireLog()
         self._effects: list[dict[str, Any]] = []
         self._journal: list[dict[str, Any]] = []
@@ -310,7 +316,11 @@ class MCPToolServer(SandboxParty):
                 raise MCPError(code=-32603, message="the sandbox was told to fail this call")
             if params.get("task") is not None:
                 return self._start_task(params, _session_of(ctx))
-            tasks_wanted = _declares_tasks(params) and not self.has_fault(TASKS_DECLINE, params.get("name"))
+            tasks_wanted = (
+                self.tasks_extension
+                and _declares_tasks(params)
+                and not self.has_fault(TASKS_DECLINE, params.get("name"))
+            )
             if _modern(ctx) and tasks_wanted and params.get("name") == EXPORT_REPORT:
                 # 2026-07-28: the server decides; it makes a task of every export for a client that can take one.
                 return self._start_task(params, "", extension=True)
@@ -369,6 +379,7 @@ class MCPToolServer(SandboxParty):
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
         )
+        server.offers_extension = lambda: self.tasks_extension
         server.add_request_handler("tasks/get", types.GetTaskRequestParams, self._tasks_get)
         server.add_request_handler("tasks/cancel", types.CancelTaskRequestParams, self._tasks_cancel)
         server.add_request_handler("tasks/result", types.GetTaskPayloadRequestParams, self._tasks_result)
