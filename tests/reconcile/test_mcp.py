@@ -64,6 +64,11 @@ def stop(task) -> None:  # type: ignore[no-untyped-def]
         connection.close()
 
 
+def started(party, call):  # type: ignore[no-untyped-def]
+    """A condition for `call_and_stop`: the tool has started at the server."""
+    return lambda: any(e["call"] == call and e["event"] == "started" for e in party.journal())
+
+
 def call_and_stop(task, item, url, tool, arguments, stop_after):  # type: ignore[no-untyped-def]
     results = []
 
@@ -78,7 +83,11 @@ def call_and_stop(task, item, url, tool, arguments, stop_after):  # type: ignore
                 )
 
             tg.start_soon(call)
-            if stop_after is not None:
+            if callable(stop_after):  # a condition: Stop once it holds
+                while not stop_after():
+                    await anyio.sleep(0.02)
+                await anyio.to_thread.run_sync(stop, task)
+            elif stop_after is not None:
                 await anyio.sleep(stop_after)
                 await anyio.to_thread.run_sync(stop, task)
 
@@ -166,7 +175,7 @@ def test_cancelled_read_only_call_ends_cancelled(fast, speaking):
     party, url, revision = speaking
     task = make_task()
     item = tool_item(task)
-    assert call_and_stop(task, item, url, tools.SLOW_LOOKUP, {"query": "q", "seconds": 5}, 0.4) is None
+    assert call_and_stop(task, item, url, tools.SLOW_LOOKUP, {"query": "q", "seconds": 5}, started(party, "q")) is None
     item.refresh_from_db()
     assert item.state == S.CANCELLED and item.outcome == "cancelled; read-only tool"
     time.sleep(0.2)
@@ -182,7 +191,7 @@ def test_cancelled_write_ends_uncertain_because_no_answer_follows(fast, speaking
     party, url, revision = speaking
     task = make_task()
     item = tool_item(task, noun="write")
-    assert call_and_stop(task, item, url, tools.SLOW_WRITE, {"key": "k1", "seconds": 5}, 0.4) is None
+    assert call_and_stop(task, item, url, tools.SLOW_WRITE, {"key": "k1", "seconds": 5}, started(party, "k1")) is None
     item.refresh_from_db()
     assert item.state == S.UNCERTAIN and item.investigate_by is not None
     assert item.evidence["annotations"]["destructiveHint"] is True
@@ -201,7 +210,7 @@ def test_write_that_ignores_the_cancel_lands_and_the_item_stays_uncertain(fast, 
     party.set_fault(tools.IGNORE_CANCEL, target="k2")
     task = make_task()
     item = tool_item(task, noun="write")
-    assert call_and_stop(task, item, url, tools.SLOW_WRITE, {"key": "k2", "seconds": 0.8}, 0.3) is None
+    assert call_and_stop(task, item, url, tools.SLOW_WRITE, {"key": "k2", "seconds": 0.8}, started(party, "k2")) is None
     time.sleep(0.8)
     assert [e["call"] for e in party.effects(tools.SLOW_WRITE)] == ["k2"]  # it happened anyway
     item.refresh_from_db()
@@ -218,7 +227,7 @@ def test_a_write_whose_cancel_it_ignored_is_settled_by_its_status_check(fast, sp
     task = make_task()
     item = tool_item(task, noun="write")
     arguments = {"key": "k3", "value": "v3", "seconds": 0.8}
-    assert call_and_stop(task, item, url, tools.SLOW_WRITE, arguments, 0.3) is None
+    assert call_and_stop(task, item, url, tools.SLOW_WRITE, arguments, started(party, "k3")) is None
     item.refresh_from_db()
     assert item.state == S.UNCERTAIN and item.investigate_by is not None
     assert item.evidence["cancel"]["sent"] == CANCEL_WIRE[revision]

@@ -193,6 +193,9 @@ async def _start_and_own(
     detail = {**facts, "task_status": task["status"], "ttl_ms": task["ttl_ms"], "session": session}
     # The task id is the only handle on the work: recorded before anything else is done with it.
     await in_thread(item_set_handle, item_id=item_id, handle=task["task_id"], actor=actor, detail={"mcp": detail})
+    # Then the owner's lease, before anyone is told the task exists: a reconciler that sees the
+    # handle without a lease would take the owner for gone and resume the session beside it.
+    await in_thread(item_heartbeat, item_id=item_id)
     owner.task_id = task["task_id"]
     owner.detail = detail
     owner.started.set()
