@@ -67,7 +67,10 @@ MCP_SERVER_KEYS = {
     "headers_env": "env-table",
     "env_from": "env-table",
     "tools": "table",
+    "revision": "revision",
 }
+# The MCP revisions a server may be pinned to, or "auto" (the newest it offers).
+MCP_REVISIONS = ("auto", "2026-07-28", "2025-11-25")
 STATUS_CHECK_KEYS = ("status_check",)
 CHECK_KEYS = {"tool": "text", "arguments": "table", "completed_if_contains": "text"}
 SECRET_HINTS = {
@@ -146,6 +149,8 @@ class _File:
             self.url(value, key, relative="; or a path starting with / (joined to base_url)")
         elif kind == "env":
             return self.secret(value, key)
+        elif kind == "revision" and value not in MCP_REVISIONS:
+            raise self.error(key, f"{value!r} is not a revision; use one of {', '.join(MCP_REVISIONS)}.")
         return value
 
     def url(self, value: str, key: str, relative: str = "") -> None:

@@ -27,6 +27,7 @@ class ToolCall:
     name: str
     server: str = ""
     arguments: Any = None
+    protocol: str = ""  # MCP: the revision and transport used, and how a cancel travels on them
 
 
 @dataclass
@@ -89,10 +90,22 @@ def tool_call(detail: dict[str, Any]) -> ToolCall | None:
         check = mcp.get("status_check")
         check = check if isinstance(check, dict) else {}
         server = mcp.get("server") or mcp.get("name") or mcp.get("server_name") or ""
-        return ToolCall(str(mcp["tool"]), str(server), mcp.get("arguments", check.get("arguments")))
+        return ToolCall(str(mcp["tool"]), str(server), mcp.get("arguments", check.get("arguments")), _protocol(mcp))
     if isinstance(tool, str) and tool:
         return ToolCall(tool, str(detail.get("server") or ""), detail.get("arguments"))
     return None
+
+
+def _protocol(mcp: dict[str, Any]) -> str:
+    revision = mcp.get("revision") or mcp.get("protocol_version")
+    if not revision:
+        return ""
+    said = f"MCP {revision}"
+    if mcp.get("transport"):
+        said += f" over {str(mcp['transport']).replace('_', ' ')}"
+    if mcp.get("cancel_wire"):
+        said += f"; cancel: {mcp['cancel_wire']}"
+    return said
 
 
 def _side(at: datetime | None, stop_at: datetime | None) -> str:

@@ -129,9 +129,13 @@ async def _run_langgraph(
 OVER_THE_SDK = {"pydantic-ai": _run_pydantic_ai, "langgraph": _run_langgraph}
 
 
-@pytest.fixture
-def mcp_party() -> Iterator[tuple[MCPToolServer, str]]:
-    party = MCPToolServer(default_seconds=0.1)
+# What the sandbox speaks -> the revision the framework's `mcp.Client` (mode "auto") ends up using.
+NEGOTIATED = {"both": "2026-07-28", "2025-11-25": "2025-11-25"}
+
+
+@pytest.fixture(params=sorted(NEGOTIATED))
+def mcp_party(request) -> Iterator[tuple[MCPToolServer, str]]:  # type: ignore[no-untyped-def]
+    party = MCPToolServer(default_seconds=0.1, revisions=request.param)
     with BackgroundServer(party.app, name="mcp") as server:
         yield party, server.url + MCP_PATH
 
@@ -167,6 +171,8 @@ def test_mcp_tool_calls_are_remote_tools_with_the_servers_annotations(framework,
         "server": "sandbox-tools",
         "tool": SLOW_LOOKUP,
         "annotations": {"readOnlyHint": True, "destructiveHint": True, "idempotentHint": False, "openWorldHint": False},
+        "revision": NEGOTIATED[mcp.revisions],
+        "transport": "streamable_http",
     }
     assert write.detail["tool"]["effect"] == "unknown"  # destructive by its annotations: never "cancelled" on Stop
     assert write.detail["tool"]["mcp"]["annotations"]["destructiveHint"] is True
@@ -222,9 +228,16 @@ def test_stop_during_a_destructive_mcp_call_cancels_it_at_the_server_and_leaves_
     operator.join(5)
 
     assert time.monotonic() - began < 15
-    # The run's cancel reached the server: the SDK sent notifications/cancelled, the tool's task was
+    # The run's cancel reached the server the way the revision means it (a notification with the
+    # request id on 2025-11-25, the call's stream closed on 2026-07-28), the tool's task was
     # interrupted there, and nothing was written.
     assert journal_while_connected == ["started", "interrupted"]
+    (call,) = mcp.wire("tools/call")
+    cancels = [c["request_id"] for c in mcp.wire("notifications/cancelled")]
+    if mcp.revisions == "both":
+        assert call.get("stream_closed") and cancels == []
+    else:
+        assert cancels == [call["id"]]
     assert mcp.effects(SLOW_WRITE) == []
     (write,) = WorkItem.objects.filter(task_id=task.id, kind="remote_tool")
     # Not read-only, and a cancelled MCP call gets no answer: uncertain, with a deadline to look.

@@ -205,6 +205,32 @@ def test_progress_after_the_cancel_is_recorded_as_evidence(mcp_settings, everyth
     )
 
 
+def test_a_call_to_server_everything_falls_back_to_2025_11_25_and_records_it(mcp_settings, everything_party):
+    """server-everything speaks only 2025-11-25: the client's 2026-07-28 probe is refused (HTTP
+    400), it falls back to the handshake, and the item says which revision was used and why."""
+    _server, wire, url = everything_party
+    task = make_task()
+    item = tool_item(task, "echo")
+    try:
+        anyio.run(
+            lambda: mcp_call_tool(item_id=item.pk, server=url, tool="echo", arguments={"message": "hi"}, actor="a")
+        )
+    finally:
+        connection.close()
+    item.refresh_from_db()
+    assert item.state == S.COMPLETED
+    facts = item.detail["mcp"]
+    assert (facts["revision"], facts["transport"]) == ("2025-11-25", "streamable_http")
+    assert facts["negotiation"].startswith("fell back: the server refused 2026-07-28")
+    assert facts["cancel_wire"] == "notifications/cancelled with the request id"
+    received = [m["msg"].get("method") for m in wire.received()]
+    assert received[:2] == ["server/discover", "initialize"]
+    [probe] = wire.received("server/discover")
+    refusals = [m["msg"] for m in wire.messages if m["dir"] == "out" and "error" in m["msg"] and m["at"] >= probe["at"]]
+    assert refusals and "not initialized" in json.dumps(refusals[0]).lower()
+    evidence_report("fallback to 2025-11-25 against server-everything", item, {"refusal": refusals[0]}, "")
+
+
 def test_headers_and_bearer_token_reach_the_server_and_never_the_ledger_or_logs(
     mcp_settings, everything_party, monkeypatch, caplog
 ):
@@ -262,8 +288,13 @@ def run_agent_in_thread(item, arguments, results, errors, after_cancel_s):  # ty
     return thread
 
 
-def test_stdio_commit_cancelled_mid_flight_is_settled_by_its_status_check(mcp_settings, git_server, git_repo):
-    mcp_settings(servers={"git": git_server["config"]})
+# mcp-server-git speaks both revisions: "auto" negotiates 2026-07-28, the pin keeps 2025-11-25.
+GIT_REVISIONS = {"auto": "2026-07-28", "2025-11-25": "2025-11-25"}
+
+
+@pytest.mark.parametrize("asked", sorted(GIT_REVISIONS))
+def test_stdio_commit_cancelled_mid_flight_is_settled_by_its_status_check(mcp_settings, git_server, git_repo, asked):
+    mcp_settings(servers={"git": {**git_server["config"], "revision": asked}})
     slow_pre_commit(git_repo, 4.0)
     message = f"agent commit {time.time_ns()}"
     task = make_task()
@@ -297,6 +328,9 @@ def test_stdio_commit_cancelled_mid_flight_is_settled_by_its_status_check(mcp_se
               and m["msg"]["params"]["name"] == "git_commit"]  # fmt: skip
     # The agent's own server process (the reconciler's status checks ran in processes of their own).
     messages = [m for m in everything_seen if m["pid"] == call["pid"]]
+    # On stdio both revisions cancel with notifications/cancelled naming the request.
+    assert item.detail["mcp"]["revision"] == GIT_REVISIONS[asked]
+    assert item.detail["mcp"]["cancel_wire"] == "notifications/cancelled"
     [cancelled] = [m for m in messages if m["msg"].get("method") == "notifications/cancelled"]
     assert cancelled["msg"]["params"]["requestId"] == call["msg"]["id"]
     answers = [m for m in messages if m["dir"] == "out" and m["msg"].get("id") == call["msg"]["id"]]
@@ -304,7 +338,7 @@ def test_stdio_commit_cancelled_mid_flight_is_settled_by_its_status_check(mcp_se
     summary = task_summary(fresh(task))
     assert "review required" not in summary
     evidence_report(
-        "stdio git_commit cancelled mid-flight, settled by git_log",
+        f"stdio git_commit cancelled mid-flight ({item.detail['mcp']['revision']}), settled by git_log",
         item,
         {
             "tools/call": call["msg"],

@@ -69,6 +69,11 @@ def error_of(path: str) -> str:
         ('[mcp.servers.r]\ncommand = "x"\nargs = "a b"\n', "mcp.servers.r.args", "expected a list of strings"),
         ("[mcp]\nserver = 1\n", "mcp.server", "there is no such key"),
         (
+            '[mcp.servers.r]\nurl = "http://h/mcp"\nrevision = "2024-11-05"\n',
+            "mcp.servers.r.revision",
+            "'2024-11-05' is not a revision; use one of auto, 2026-07-28, 2025-11-25",
+        ),
+        (
             '[mcp.servers.r]\nurl = "http://h/mcp"\n[mcp.servers.r.tools.export.status_check]\narguments = {}\n',
             "mcp.servers.r.tools.export.status_check",
             "needs the 'tool'",

@@ -85,6 +85,79 @@ def test_cancelling_the_awaiting_scope_interrupts_slow_write_and_its_finally_run
     assert wait_until(lambda: party.counts.count("notifications/cancelled") == cancel_notifications)
 
 
+@pytest.mark.parametrize(("speaks", "negotiated"), [("both", "2026-07-28"), ("2025-11-25", "2025-11-25")])
+def test_the_server_speaks_both_revisions_or_only_the_one_it_is_told(
+    mcp_tools: Tools, speaks: str, negotiated: str
+) -> None:
+    party, server = mcp_tools
+    party.configure(revisions=speaks)
+
+    async def version() -> str:
+        async with Client(server.url + MCP_PATH, mode="auto") as client:
+            await client.call_tool("slow_lookup", {"query": "q", "seconds": 0})
+            return client.protocol_version
+
+    assert anyio.run(version) == negotiated
+    assert [m["revision"] for m in party.wire("tools/call")] == [negotiated]
+    # Only the 2025-11-25 server refused the client's 2026-07-28 probe.
+    assert [bool(m.get("refused")) for m in party.wire("server/discover")] == [speaks == "2025-11-25"]
+
+
+def test_a_2025_11_25_only_server_answers_a_sessionless_request_400_like_server_everything(mcp_tools: Tools) -> None:
+    party, server = mcp_tools
+    party.configure(revisions="2025-11-25")
+    answer = httpx.post(
+        server.url + MCP_PATH,
+        json={"jsonrpc": "2.0", "id": 7, "method": "tools/list", "params": {}},
+        headers={"MCP-Protocol-Version": "2026-07-28", "Accept": "application/json, text/event-stream"},
+    )
+    assert answer.status_code == 400
+    assert answer.json()["error"]["message"] == "Bad Request: Server not initialized"
+    assert party.counts.count("tools/list") == 0  # refused at the door
+
+
+def test_a_2026_07_28_only_server_refuses_the_handshake_with_the_versions_it_speaks(mcp_tools: Tools) -> None:
+    party, server = mcp_tools
+    party.configure(revisions="2026-07-28")
+
+    async def legacy() -> None:
+        async with Client(server.url + MCP_PATH, mode="legacy"):
+            pass
+
+    with pytest.raises(BaseException) as raised:
+        anyio.run(legacy)
+    assert "-32022" in repr(raised.value) or "Unsupported protocol version" in repr(raised.value)
+    [refused] = party.wire("initialize")
+    assert refused["refused"] is True
+
+
+def test_the_environment_chooses_the_revisions_a_new_server_speaks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STOPDESK_SANDBOX_MCP_REVISIONS", "2025-11-25")
+    assert MCPToolServer().revisions == "2025-11-25"
+    monkeypatch.setenv("STOPDESK_SANDBOX_MCP_REVISIONS", "1999-01-01")
+    with pytest.raises(ValueError, match="revisions must be one of"):
+        MCPToolServer()
+
+
+def test_revisions_outside_the_choices_are_refused(mcp_tools: Tools) -> None:
+    party, _server = mcp_tools
+    with pytest.raises(ValueError, match="revisions must be one of"):
+        party.configure(revisions="2024-11-05")
+
+
+def test_read_value_shows_what_slow_write_wrote(mcp_tools: Tools) -> None:
+    _party, server = mcp_tools
+
+    async def write_then_read() -> list[str]:
+        async with Client(server.url + MCP_PATH) as client:
+            before = await client.call_tool("read_value", {"key": "k"})
+            await client.call_tool("slow_write", {"key": "k", "value": "v", "seconds": 0})
+            after = await client.call_tool("read_value", {"key": "k"})
+        return [getattr(r.content[0], "text", "") for r in (before, after)]
+
+    assert anyio.run(write_then_read) == ["k: no value", "k=v"]
+
+
 def test_a_read_timeout_also_interrupts_the_tool(mcp_tools: Tools) -> None:
     party, server = mcp_tools
 

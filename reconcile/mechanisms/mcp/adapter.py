@@ -3,8 +3,8 @@
 The agent side (`mcp_agent`) makes the calls and owns their sessions; this adapter reads back what
 it can from the reconciler's process:
 
-- A plain call is cancelled by its caller's scope (the SDK sends `notifications/cancelled`), and
-  no answer follows a cancelled call. While the caller lives, it reports; once it is gone, a
+- A plain call is cancelled by its caller's scope (the SDK sends `notifications/cancelled`, or on
+  2026-07-28 over HTTP closes the call's response stream), and no answer follows a cancelled call. While the caller lives, it reports; once it is gone, a
   read-only tool had nothing to reconcile and any other tool is unknown, unless the tool declares
   a *status check* (another, read-only tool on the same server, e.g. `git_log` for `git_commit`):
   then the reconciler calls that tool until the mechanism's deadline and settles the item
@@ -17,6 +17,9 @@ it can from the reconciler's process:
   (Streamable HTTP keeps a session until it is deleted or times out); when that fails, or the
   server was a stdio process that died with its owner, the task is uncertain, and the evidence
   says the session's owner stopped, not that the task "expired".
+- A 2026-07-28 task (the `io.modelcontextprotocol/tasks` extension) has no session: once its owner
+  is gone, the adapter cancels and reads it back by its id (`Mcp-Name` routes to its holder). The
+  empty acknowledgement proves nothing; the `tasks/get` that follows is what is read.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ OWNER_GONE = (
     "task ran, and what it did, is unknown."
 )
 NOT_FOUND_AT_ONCE = (
-    "The server answered 'task not found' on the session that had just created the task "
+    "The server answered 'task not found' for the task it had just created "
     "({after_ms} ms after creating it): it may never have run, or the server dropped it at once."
 )
 
@@ -189,10 +192,15 @@ class McpToolCall(Mechanism):
                 remote_status="session owner alive",
                 message=f"The agent process {session.get('owner', '?')} holds the task's session and cancels through it.",
             )
-        if facts.get("transport") == mcp_servers.STDIO or not session.get("id"):
+        if facts.get("transport") == mcp_servers.STDIO:
             return _owner_gone("the server was a stdio process of that agent and ended with it")
+        modern = mcp_servers.is_modern(facts.get("revision"))
+        if not modern and not session.get("id"):
+            return _owner_gone("its session id was never learned, so the session cannot be resumed")
         try:
             spec = mcp_servers.from_detail(facts, self.settings.options)
+            if modern:
+                return _by_task_id(spec, item, cancel=cancel, timeout_s=self.settings.call_timeout_s)
             return _resume(spec, session["id"], item, cancel=cancel, timeout_s=self.settings.call_timeout_s)
         except (httpx.HTTPError, OSError, mcp_servers.ServerConfigError) as exc:
             return Observation(Seen.UNREACHABLE, remote_status=type(exc).__name__, message=str(exc)[:200])
@@ -295,8 +303,60 @@ def _resume(
     return task_observation(answer.get("result") or {}, annotations, cancel=cancel_answer)
 
 
-def _rpc(http: httpx.Client, url: str, method: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    response = http.post(url, content=json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}))
+TASK_GONE = (
+    "The server no longer knows the task (-32602: its TTL ran out, or the server deleted it, which "
+    "2026-07-28 allows at any time); whether it took effect is unknown."
+)
+
+
+def _by_task_id(spec: mcp_servers.ServerSpec, item: ItemRef, *, cancel: bool, timeout_s: float) -> Observation:
+    """2026-07-28: no session; the task id is the whole handle. `tasks/cancel` answers an empty
+    acknowledgement, which proves nothing: only the `tasks/get` that follows is read."""
+    annotations = (item.detail.get("mcp") or {}).get("annotations") or {}
+    cancel_answer = ""
+    with httpx.Client(timeout=timeout_s, headers=spec.http_headers()) as http:
+        if cancel:
+            status, answer = _modern_rpc(http, spec.url, "tasks/cancel", item.handle)
+            error = answer.get("error") or {}
+            if status in (400, 404) or (error and error.get("code") != INVALID_PARAMS):
+                return Observation(Seen.UNREACHABLE, remote_status=f"HTTP {status}", message=str(error)[:200])
+            cancel_answer = "-32602; looked it up" if error else "empty acknowledgement (proves nothing)"
+        status, answer = _modern_rpc(http, spec.url, "tasks/get", item.handle)
+    error = answer.get("error") or {}
+    if error.get("code") == INVALID_PARAMS:
+        return Observation(
+            Seen.UNKNOWABLE,
+            remote_status="-32602",
+            message=TASK_GONE,
+            detail={"task_id": item.handle, "cancel": cancel_answer},
+            cancel_sent=cancel,
+        )
+    if status in (400, 404) or error:
+        return Observation(Seen.UNREACHABLE, remote_status=f"HTTP {status}", message=str(error)[:200])
+    return task_observation(answer.get("result") or {}, annotations, cancel=cancel_answer)
+
+
+def _modern_rpc(http: httpx.Client, url: str, method: str, task_id: str) -> tuple[int, dict[str, Any]]:
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": mcp_servers.MODERN,
+        "io.modelcontextprotocol/clientInfo": {"name": "stopdesk-reconciler", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {mcp_servers.TASKS_EXTENSION: {}}},
+    }
+    headers = {
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+        "MCP-Protocol-Version": mcp_servers.MODERN,
+        "Mcp-Method": method,
+        "Mcp-Name": task_id,  # routes to the instance holding the task
+    }
+    return _rpc(http, url, method, {"taskId": task_id, "_meta": meta}, headers=headers)
+
+
+def _rpc(
+    http: httpx.Client, url: str, method: str, params: dict[str, Any], *, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, Any]]:
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+    response = http.post(url, content=body, headers=headers)
     if response.status_code in (400, 404):
         return response.status_code, {}
     response.raise_for_status()

@@ -20,8 +20,8 @@ _MCP_ENDED = frozenset({"applied", "interrupted", "finished", "failed"})
 
 
 class McpDriver(Driver):
-    """Plain calls through `mcp_call_tool` (cancelled by scope) and 2025-11-25 tasks through
-    `mcp_start_task` (tasks/cancel, then tasks/get). Per drill:
+    """Plain calls through `mcp_call_tool` (cancelled by scope) and tasks through `mcp_start_task`
+    (tasks/cancel, then tasks/get), in the revision the sandbox negotiates (2026-07-28). Per drill:
 
     - before_dispatch: a destructive slow_write and an export task, both after Stop: nothing sent.
     - during_tool_call: a read-only slow_lookup (cancelled), a destructive slow_write (uncertain:
@@ -30,9 +30,9 @@ class McpDriver(Driver):
     - after_acceptance: the server has started the write (journal `started`): uncertain; an export
       task whose CreateTaskResult came back: uncertain, for the same reason.
     - slow_child: the export task ignores tasks/cancel (`tasks_ignore_cancel`) and the write ignores
-      notifications/cancelled (`ignore_cancel`); both effects land after the cancel. The honest
-      state of each is uncertain (or a flagged late result): MCP offers no way to learn whether a
-      cancelled task's work went on, and a task that reads `cancelled` stays `cancelled` by spec.
+      its cancel (`ignore_cancel`); both effects land after the cancel. In 2025-11-25 the task reads
+      `cancelled` (kept by spec though the work went on): uncertain, or a flagged late result. In
+      2026-07-28 it stays `working` and its read-back ends `completed`, which is what happened.
     - disconnected_client: the agent's read timeout ends the write's call and the agent is gone.
     - cancel_endpoint_down: the MCP server is down (stopped) for the whole deadline.
     - duplicate_stop: an export task, two Stops: one tasks/cancel (then uncertain, as above).
@@ -48,7 +48,9 @@ class McpDriver(Driver):
         "before_dispatch": frozenset({"cancelled"}),
         "during_tool_call": frozenset({"cancelled"}),
         "after_acceptance": frozenset({"uncertain"}),
-        "slow_child": frozenset({"uncertain", REVIEW}),
+        # The export task: 2025-11-25 reads `cancelled` while its work runs on (uncertain); 2026-07-28
+        # keeps it `working` until the export lands, and the read-back says `completed`.
+        "slow_child": frozenset({"uncertain", REVIEW, "completed"}),
         "disconnected_client": frozenset({"uncertain"}),
         "cancel_endpoint_down": frozenset({"uncertain"}),
         "duplicate_stop": frozenset({"uncertain"}),
@@ -117,7 +119,10 @@ class McpDriver(Driver):
             )
             party.set_fault(mcp_faults.TASKS_IGNORE_CANCEL)
             party.set_fault(mcp_faults.IGNORE_CANCEL, target=write.key)
-            ctx.fault("mcp: the export task reads cancelled after tasks/cancel, but its work runs on and exports")
+            ctx.fault(
+                "mcp: the export task's work ignores tasks/cancel and exports (2025-11-25: the task reads cancelled; "
+                "2026-07-28: it stays working and ends completed)"
+            )
             ctx.fault("mcp: slow_write ignores notifications/cancelled and writes after the cancel")
             return main
         if variant == "disconnect":

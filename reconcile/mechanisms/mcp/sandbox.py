@@ -6,23 +6,34 @@ Tools:
   caller's scope makes the SDK deliver CancelledError into the tool, whose `finally`
   journals the interruption. With the `ignore_cancel` fault it runs to the end and the
   effect lands anyway, like `@modelcontextprotocol/server-everything` does.
-- `export_report` (additive, `execution.taskSupport: "optional"`): a plain call or a
-  2025-11-25 task; see `sandbox_tasks.py` for the task half the SDK does not dispatch.
+- `read_value` (read-only): what `slow_write` last wrote at a key; the status check that shows
+  whether a cancelled write took effect.
+- `export_report` (additive, `execution.taskSupport: "optional"`): a plain call, a 2025-11-25
+  task, or (to a 2026-07-28 client that declares the tasks extension) always a task; see
+  `sandbox_tasks.py` for the task half the SDK does not dispatch.
 
 The task methods are registered as custom request handlers (the SDK's runner dispatches a
 method it does not know as a spec method straight to `Server.add_request_handler`), and a
 `Server.middleware` answers a task-augmented `tools/call` with `CreateTaskResult` before the
 SDK's `tools/call` result validation would reject that shape.
 
+Revisions: it speaks 2026-07-28 and 2025-11-25 (`revisions="both"`, the default), or only one
+of them (`configure(revisions="2025-11-25")`, `POST /_control/config`, or the environment variable
+`STOPDESK_SANDBOX_MCP_REVISIONS` at start; 2025-11-25 alone behaves like server-everything, which refuses a
+2026-07-28 request with HTTP 400); see `sandbox_wire.py`, which also records every message that
+arrived (`wire()`), so a test sees how a cancel looked: a notification or a closed stream.
+
 Side channel (not MCP): `GET /_control/effects` (what took effect, and the journal of starts
-and interruptions), `GET /_control/tasks`, plus the common `/_control/*` routes.
+and interruptions), `GET /_control/tasks`, `GET /_control/wire`, plus the common `/_control/*`
+routes.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, ClassVar
 
@@ -40,19 +51,25 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Mount, Route
 
-from reconcile.mechanisms.mcp.sandbox_tasks import TaskRegistry
-from stopdrill.sandbox.common import SandboxParty
+from reconcile.mechanisms.mcp.sandbox_tasks import TASKS_EXTENSION, TaskRegistry
+from reconcile.mechanisms.mcp.sandbox_wire import BOTH, SPEAKS, WireGate, WireLog
+from stopdrill.sandbox.common import FaultError, SandboxParty
 
 MCP_PATH = "/mcp"
+REVISIONS_ENV = "STOPDESK_SANDBOX_MCP_REVISIONS"
 
 IGNORE_CANCEL = "ignore_cancel"  # slow_write keeps running after its call is cancelled
-TASKS_IGNORE_CANCEL = "tasks_ignore_cancel"  # tasks/cancel marks cancelled but the export still runs
+# tasks/cancel does not stop the export: 2025-11-25 marks the task cancelled anyway; 2026-07-28
+# leaves it working (eventually consistent) until the export lands and it ends completed.
+TASKS_IGNORE_CANCEL = "tasks_ignore_cancel"
 EXPORT_FAIL = "export_fail"  # export_report ends with an isError result (task `failed`)
 TOOL_CALL_ERROR = "tool_call_error"  # tools/call answers a JSON-RPC error without running anything
+TASKS_DECLINE = "tasks_decline"  # 2026-07-28: the server answers an export at once, without a task
 TASKS_FORGET = "tasks_forget"  # a task is deleted right after it was created (the spec allows deletion at any time)
 
 SLOW_LOOKUP = "slow_lookup"
 SLOW_WRITE = "slow_write"
+READ_VALUE = "read_value"
 EXPORT_REPORT = "export_report"
 
 
@@ -78,6 +95,12 @@ def _tools() -> list[types.Tool]:
             ),
         ),
         types.Tool(
+            name=READ_VALUE,
+            description="Read what slow_write last wrote at a key. Changes nothing.",
+            input_schema={"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]},
+            annotations=types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
+        ),
+        types.Tool(
             name=EXPORT_REPORT,
             description="Export a report. Long-running; may be run as a task.",
             input_schema={"type": "object", "properties": {"name": {"type": "string"}, "seconds": seconds}},
@@ -88,14 +111,20 @@ def _tools() -> list[types.Tool]:
 
 
 class _TaskServer(Server[Any]):
-    """Advertises the 2025-11-25 `tasks` capability the base class cannot derive."""
+    """Advertises the 2025-11-25 `tasks` capability, or the 2026-07-28 tasks extension, which the
+    base class cannot derive."""
+
+    offers_extension: Callable[[], bool] = staticmethod(lambda: True)
 
     def get_capabilities(
         self, *args: Any, protocol_version: str | None = None, **kwargs: Any
     ) -> types.ServerCapabilities:
         caps = super().get_capabilities(*args, protocol_version=protocol_version, **kwargs)
         if protocol_version in MODERN_PROTOCOL_VERSIONS:
-            return caps  # tasks left the core spec in 2026-07-28
+            # Tasks left the core spec in 2026-07-28 for an extension.
+            if self.offers_extension():
+                caps.extensions = {**(caps.extensions or {}), TASKS_EXTENSION: {}}
+            return caps
         caps.tasks = types.ServerTasksCapability(
             list=types.TasksListCapability(),
             cancel=types.TasksCancelCapability(),
@@ -110,13 +139,13 @@ class MCPToolServer(SandboxParty):
     """State (ledger, journal, tasks) and behaviour; `app()` builds a fresh ASGI app.
 
     Python control: `configure(latency_s=, default_seconds=, poll_interval_ms=,
-    default_ttl_ms=, max_ttl_ms=)`, `set_fault(...)`, `effects()`, `journal()`, `tasks()`,
-    `stats()`, `reset()`. Effects and journal survive a restart (they are the outside
+    default_ttl_ms=, max_ttl_ms=, revisions=, tasks_extension=)`, `set_fault(...)`, `effects()`, `journal()`,
+    `tasks()`, `wire()`, `stats()`, `reset()`. Effects and journal survive a restart (they are the outside
     world); tasks do not (they lived in the server process).
     """
 
     FAULTS: ClassVar[frozenset[str]] = frozenset(
-        {IGNORE_CANCEL, TASKS_IGNORE_CANCEL, EXPORT_FAIL, TOOL_CALL_ERROR, TASKS_FORGET}
+        {IGNORE_CANCEL, TASKS_IGNORE_CANCEL, EXPORT_FAIL, TOOL_CALL_ERROR, TASKS_FORGET, TASKS_DECLINE}
     )
     CONFIG_FIELDS: ClassVar[tuple[str, ...]] = (
         "latency_s",
@@ -124,6 +153,8 @@ class MCPToolServer(SandboxParty):
         "poll_interval_ms",
         "default_ttl_ms",
         "max_ttl_ms",
+        "revisions",
+        "tasks_extension",
     )
 
     def __init__(
@@ -134,12 +165,18 @@ class MCPToolServer(SandboxParty):
         poll_interval_ms: int = 100,
         default_ttl_ms: int = 300_000,
         max_ttl_ms: int = 3_600_000,
+        revisions: str | None = None,
     ) -> None:
         super().__init__(latency_s=latency_s)
         self.default_seconds = default_seconds
         self.poll_interval_ms = poll_interval_ms
         self.default_ttl_ms = default_ttl_ms
         self.max_ttl_ms = max_ttl_ms
+        # Unset: STOPDESK_SANDBOX_MCP_REVISIONS, else both (so `make run` can play a 2025-11-25-only server).
+        self.revisions = _speaks(revisions or os.environ.get(REVISIONS_ENV) or BOTH)
+        # Off: a 2026-07-28 server with no tasks extension (its tasks only in 2025-11-25).
+        self.tasks_extension = True
+        self.wire_log = WireLog()
         self._effects: list[dict[str, Any]] = []
         self._journal: list[dict[str, Any]] = []
         self.task_registry = TaskRegistry(self.lock)
@@ -160,12 +197,22 @@ class MCPToolServer(SandboxParty):
     def tasks(self) -> list[dict[str, Any]]:
         return self.task_registry.snapshot()
 
+    def wire(self, method: str | None = None) -> list[dict[str, Any]]:
+        """The JSON-RPC messages that arrived over HTTP, in order (see `sandbox_wire.WireLog`)."""
+        return self.wire_log.entries(method)
+
+    def configure(self, **changes: Any) -> dict[str, Any]:
+        if "revisions" in changes:
+            changes["revisions"] = _speaks(changes["revisions"])
+        return super().configure(**changes)
+
     def reset(self) -> None:
         super().reset()
         with self.lock:
             self._effects.clear()
             self._journal.clear()
         self.task_registry.clear()
+        self.wire_log.clear()
 
     # --- ledger ------------------------------------------------------------------------
 
@@ -219,6 +266,11 @@ class MCPToolServer(SandboxParty):
                 self._note(SLOW_WRITE, key, "interrupted")
         return _text(f"wrote {key}={value!r}")
 
+    def _read_value(self, arguments: Mapping[str, Any]) -> types.CallToolResult:
+        key = str(arguments.get("key", ""))
+        written = [e for e in self.effects(SLOW_WRITE) if e["call"] == key]
+        return _text(f"{key}={written[-1]['value']}" if written else f"{key}: no value")
+
     async def _export_report(self, arguments: Mapping[str, Any], call: str) -> dict[str, Any]:
         name = str(arguments.get("name", "report"))
         self._note(EXPORT_REPORT, call, "started")
@@ -250,6 +302,8 @@ class MCPToolServer(SandboxParty):
             if "key" not in arguments:
                 raise MCPError(code=INVALID_PARAMS, message="slow_write needs a 'key'")
             return await self._slow_write(arguments)
+        if params.name == READ_VALUE:
+            return self._read_value(arguments)
         if params.name == EXPORT_REPORT:
             return await self._export_report(arguments, f"call-{ctx.request_id}")
         raise MCPError(code=INVALID_PARAMS, message=f"Unknown tool: {params.name}")
@@ -262,9 +316,17 @@ class MCPToolServer(SandboxParty):
                 raise MCPError(code=-32603, message="the sandbox was told to fail this call")
             if params.get("task") is not None:
                 return self._start_task(params, _session_of(ctx))
+            tasks_wanted = (
+                self.tasks_extension
+                and _declares_tasks(params)
+                and not self.has_fault(TASKS_DECLINE, params.get("name"))
+            )
+            if _modern(ctx) and tasks_wanted and params.get("name") == EXPORT_REPORT:
+                # 2026-07-28: the server decides; it makes a task of every export for a client that can take one.
+                return self._start_task(params, "", extension=True)
         return await call_next(ctx)
 
-    def _start_task(self, params: Mapping[str, Any], session: str) -> dict[str, Any]:
+    def _start_task(self, params: Mapping[str, Any], session: str, *, extension: bool = False) -> dict[str, Any]:
         """Answer a task-augmented tools/call with CreateTaskResult; the work runs on."""
         name = params.get("name")
         if name != EXPORT_REPORT:
@@ -272,7 +334,7 @@ class MCPToolServer(SandboxParty):
             raise MCPError(code=METHOD_NOT_FOUND, message=f"Tool {name!r} does not support task execution")
         if self._task_group is None:
             raise MCPError(code=-32603, message="server is not running")
-        requested = (params.get("task") or {}).get("ttl")
+        requested = (params.get("task") or {}).get("ttl") if not extension else None
         with self.lock:
             ttl = min(int(requested), self.max_ttl_ms) if isinstance(requested, int) else self.default_ttl_ms
             poll = self.poll_interval_ms
@@ -283,18 +345,21 @@ class MCPToolServer(SandboxParty):
             return await self._export_report(arguments, record.task_id)
 
         self._task_group.start_soon(self.task_registry.run, record, work)
-        answer = {"task": record.to_json()}
+        answer = {"resultType": "task", **record.to_extension_json()} if extension else {"task": record.to_json()}
         if self.has_fault(TASKS_FORGET, name):
             self.task_registry.close_session(session, only=record.task_id)
         return answer
 
     async def _tasks_get(self, ctx: ServerRequestContext[Any], params: types.GetTaskRequestParams) -> dict[str, Any]:
-        return self.task_registry.get(params.task_id, _session_of(ctx)).to_json()
+        record = self.task_registry.get(params.task_id, _session_of(ctx))
+        return record.to_extension_json() if _modern(ctx) else record.to_json()
 
     async def _tasks_cancel(
         self, ctx: ServerRequestContext[Any], params: types.CancelTaskRequestParams
     ) -> dict[str, Any]:
         stop = not self.has_fault(TASKS_IGNORE_CANCEL, params.task_id)
+        if _modern(ctx):
+            return self.task_registry.cancel_eventually(params.task_id, stop_work=stop)
         return self.task_registry.cancel(params.task_id, _session_of(ctx), stop_work=stop)
 
     async def _tasks_result(
@@ -314,6 +379,7 @@ class MCPToolServer(SandboxParty):
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
         )
+        server.offers_extension = lambda: self.tasks_extension
         server.add_request_handler("tasks/get", types.GetTaskRequestParams, self._tasks_get)
         server.add_request_handler("tasks/cancel", types.CancelTaskRequestParams, self._tasks_cancel)
         server.add_request_handler("tasks/result", types.GetTaskPayloadRequestParams, self._tasks_result)
@@ -345,7 +411,8 @@ class MCPToolServer(SandboxParty):
                 *self.control_routes(),
                 Route("/_control/effects", self._control_effects, methods=["GET"]),
                 Route("/_control/tasks", self._control_tasks, methods=["GET"]),
-                Mount("/", app=self._ending_sessions(mcp_app)),
+                Route("/_control/wire", self._control_wire, methods=["GET"]),
+                Mount("/", app=WireGate(self._ending_sessions(mcp_app), self.wire_log, lambda: self.revisions)),
             ],
             lifespan=lifespan,
         )
@@ -370,12 +437,32 @@ class MCPToolServer(SandboxParty):
     async def _control_tasks(self, request: Request) -> JSONResponse:
         return JSONResponse({"tasks": self.tasks()})
 
+    async def _control_wire(self, request: Request) -> JSONResponse:
+        return JSONResponse({"wire": self.wire(request.query_params.get("method"))})
+
+
+def _speaks(revisions: str) -> str:
+    if revisions not in SPEAKS:
+        raise FaultError(f"revisions must be one of {list(SPEAKS)}, not {revisions!r}")
+    return revisions
+
 
 def _session_of(ctx: ServerRequestContext[Any, Any]) -> str:
     """The Streamable HTTP session a request came in (tasks belong to it)."""
     request = ctx.request
     headers = getattr(request, "headers", None)
     return str(headers.get("mcp-session-id", "")) if headers is not None else ""
+
+
+def _modern(ctx: ServerRequestContext[Any, Any]) -> bool:
+    return ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+
+
+def _declares_tasks(params: Mapping[str, Any]) -> bool:
+    """Whether the request's per-request capabilities (2026-07-28 `_meta`) name the tasks extension."""
+    meta = params.get("_meta") or {}
+    capabilities = meta.get("io.modelcontextprotocol/clientCapabilities") or {}
+    return TASKS_EXTENSION in (capabilities.get("extensions") or {})
 
 
 def _count_key(method: str, params: Mapping[str, Any]) -> str | None:

@@ -1,4 +1,5 @@
-"""MCP tasks (protocol 2025-11-25, experimental) for the sandbox MCP server.
+"""MCP tasks for the sandbox MCP server: 2025-11-25's core tasks (experimental) and 2026-07-28's
+`io.modelcontextprotocol/tasks` extension.
 
 The mcp 2.3.0 SDK defines the task types but never dispatches task messages, so this
 module supplies what the spec asks of a receiver:
@@ -13,6 +14,12 @@ module supplies what the spec asks of a receiver:
 - tasks belong to the session that created them, as in the reference servers: any other
   session gets -32602 "Task not found", and closing the session cleans its tasks up (their
   work is stopped and they are gone).
+
+In 2026-07-28 (the extension) there is no session: a task is known by its id alone. The server
+answers a `tools/call` from a client that declared the extension with the task itself
+(`resultType: "task"`, `ttlMs`, `pollIntervalMs`); `tasks/get` answers the task with its result;
+`tasks/cancel` answers an empty acknowledgement, and cancellation is eventually consistent: a task
+whose work does not stop (`keep_working`) stays `working` and may end `completed`.
 
 Two kinds of callers touch the registry: handlers on the server's event loop, and the
 Python control API on another thread. Everything async (cancel scopes, events) belongs to
@@ -35,6 +42,7 @@ from mcp_types import INVALID_PARAMS
 
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
 RELATED_TASK_META = "io.modelcontextprotocol/related-task"
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 # Not fixed by the spec; -32000 is what other task servers use for "Task cancelled".
 TASK_CANCELLED = -32000
 
@@ -72,6 +80,17 @@ class TaskRecord:
         }
         if self.status_message:
             task["statusMessage"] = self.status_message
+        return task
+
+    def to_extension_json(self) -> dict[str, Any]:
+        """The task as the 2026-07-28 extension spells it, with its result once completed."""
+        task = self.to_json()
+        task["ttlMs"] = task.pop("ttl")
+        task["pollIntervalMs"] = task.pop("pollInterval")
+        if self.status == "completed" and self.result is not None:
+            task["result"] = self.result
+        if self.status == "failed" and self.result is None:
+            task["error"] = {"code": -32603, "message": self.status_message or "failed"}
         return task
 
 
@@ -171,6 +190,18 @@ class TaskRegistry:
             record.scope.cancel()
         with self._lock:
             return record.to_json()
+
+    def cancel_eventually(self, task_id: str, *, stop_work: bool) -> dict[str, Any]:
+        """2026-07-28: acknowledge with nothing. The work is asked to stop; only if it does is the
+        task `cancelled`, otherwise it stays `working` and ends however its work ends."""
+        record = self.get(task_id, "")
+        with self._lock:
+            if record.status in TERMINAL:
+                return {}
+        if stop_work and record.scope is not None:
+            self._settle(record, "cancelled", "cancelled by the requestor", None)
+            record.scope.cancel()
+        return {}
 
     async def result(self, task_id: str, session: str) -> dict[str, Any]:
         record = self.get(task_id, session)

@@ -7,8 +7,13 @@ callers pass the mechanism's options in):
         "git": {"command": "mcp-server-git", "args": [], "env": {}, "cwd": None,
                 "tools": {"git_commit": {"status_check": {...}}}},
         "research": {"url": "https://tools.example/mcp", "headers": {"X-Team": "ops"},
-                     "bearer_token_env": "RESEARCH_MCP_TOKEN"},
+                     "bearer_token_env": "RESEARCH_MCP_TOKEN", "revision": "auto"},
     }
+
+`revision` is "auto" (the default: the newest revision the server offers, 2026-07-28, falling
+back to 2025-11-25 when the server refuses it), or one revision pinned: "2026-07-28" or
+"2025-11-25". What was used is recorded on every item (`revision_facts`), with how a cancel
+travels in that revision over that transport (`cancel_wire`).
 
 The agent side and the reconciler both reach a server through `open_client`, so the reconciler
 can look at a stdio server (it starts its own process from the same configuration) or send the
@@ -21,13 +26,14 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import httpx2
 from mcp import Client, StdioServerParameters
+from mcp.client.extension import ClientExtension
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
@@ -35,6 +41,41 @@ from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TI
 HTTP = "streamable_http"
 STDIO = "stdio"
 SESSION_HEADER = "mcp-session-id"
+
+MODERN = "2026-07-28"  # stateless: no handshake, no session; over HTTP a cancel closes the stream
+LEGACY = "2025-11-25"  # initialize handshake, sessions, core tasks; a cancel is a notification
+AUTO = "auto"
+REVISION_CHOICES = (AUTO, MODERN, LEGACY)
+
+# How a cancel travels, by (revision era, transport). Only one of these is a message the server
+# answers nothing to; none of them is proof that the work stopped.
+NOTIFICATION = "notifications/cancelled"
+NOTIFICATION_WITH_ID = "notifications/cancelled with the request id"
+STREAM_CLOSED = "response stream closed"
+TASKS_CANCEL = "tasks/cancel, then tasks/get"
+# 2026-07-28 moved tasks out of the core into this extension (declared per request, no session).
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+
+
+class TasksExtension(ClientExtension):
+    """Declares the tasks extension in a 2026-07-28 request's capabilities: only then may the
+    server answer a `tools/call` with a task. Only a connection that handles task answers uses it."""
+
+    identifier = TASKS_EXTENSION
+
+
+def is_modern(revision: str | None) -> bool:
+    return revision == MODERN
+
+
+def cancel_wire(revision: str | None, transport: str, *, task: bool = False) -> str:
+    """How a call's cancel goes on the wire in this revision over this transport (a gateway
+    cancels an upstream call the same way)."""
+    if task:
+        return TASKS_CANCEL
+    if transport == STDIO:
+        return NOTIFICATION
+    return STREAM_CLOSED if is_modern(revision) else NOTIFICATION_WITH_ID
 
 
 class ServerConfigError(ValueError):
@@ -87,6 +128,7 @@ class ServerSpec:
     env: dict[str, str] = field(default_factory=dict, repr=False)
     status_checks: dict[str, StatusCheck] = field(default_factory=dict)
     configured: bool = False
+    revision: str = AUTO  # what to ask for: AUTO, MODERN or LEGACY
 
     def public(self) -> dict[str, Any]:
         """What the ledger may record about the server: where it is, never how we authenticate."""
@@ -132,6 +174,7 @@ def _spec(name: str, raw: Any) -> ServerSpec:
         "env",
         "cwd",
         "tools",
+        "revision",
     }
     if unknown:
         raise ServerConfigError(f"mcp server {name!r}: unknown setting(s) {sorted(unknown)}")
@@ -144,6 +187,11 @@ def _spec(name: str, raw: Any) -> ServerSpec:
         token = os.environ.get(str(raw["bearer_token_env"]), "")
         if not token:
             raise ServerConfigError(f"mcp server {name!r}: environment variable {raw['bearer_token_env']} is not set")
+    revision = str(raw.get("revision") or AUTO)
+    if revision not in REVISION_CHOICES:
+        raise ServerConfigError(
+            f"mcp server {name!r}: 'revision' must be one of {list(REVISION_CHOICES)}, not {revision!r}"
+        )
     checks: dict[str, StatusCheck] = {}
     for tool, declared in (raw.get("tools") or {}).items():
         check = (declared or {}).get("status_check")
@@ -168,6 +216,7 @@ def _spec(name: str, raw: Any) -> ServerSpec:
         env={str(k): str(v) for k, v in (raw.get("env") or {}).items()},
         status_checks=checks,
         configured=True,
+        revision=revision,
     )
 
 
@@ -226,11 +275,37 @@ def _errlog() -> TextIO:
 
 @dataclass
 class Connection:
-    """An open client plus what the transport told us (the HTTP session id, the server process)."""
+    """An open client plus what the transport told us (the HTTP session id, the server process)
+    and what was asked for (`requested`: AUTO or one revision)."""
 
     client: Client
     spec: ServerSpec
+    requested: str = AUTO
     session_id: str | None = None
+    chosen_because: str = ""  # why an older revision was chosen over one the server offered
+
+    @property
+    def revision(self) -> str:
+        return self.client.protocol_version
+
+    def revision_facts(self) -> dict[str, Any]:
+        """The revision and transport actually used, how they were chosen, and how a cancel goes."""
+        revision = self.revision
+        if self.chosen_because:
+            how = self.chosen_because
+        elif self.requested != AUTO:
+            how = f"{self.requested} pinned by configuration"
+        elif is_modern(revision):
+            how = f"negotiated: the server offered {MODERN}"
+        else:
+            how = f"fell back: the server refused {MODERN}, so {revision} was negotiated by handshake"
+        return {
+            "revision": revision,
+            "protocol_version": revision,
+            "transport": self.spec.transport,
+            "negotiation": how,
+            "cancel_wire": cancel_wire(revision, self.spec.transport),
+        }
 
 
 @asynccontextmanager
@@ -240,9 +315,13 @@ async def open_client(
     timeout_s: float,
     message_handler: Callable[..., Any] | None = None,
     terminate_on_close: bool = True,
+    revision: str | None = None,
+    extensions: Sequence[ClientExtension] | None = None,
 ) -> AsyncIterator[Connection]:
-    """Connect with the 2025-11-25 handshake (tasks are part of that revision; they left the
-    core spec in 2026-07-28, and it is what servers that implement them speak)."""
+    """Connect in `revision` (default: the server's configured one, normally AUTO: the newest
+    the server offers, 2025-11-25 when it refuses 2026-07-28; the SDK's `mode="auto"` probes
+    `server/discover` and falls back to `initialize` on any refusal)."""
+    requested = revision or spec.revision
     conn_box: list[Connection] = []
 
     async def remember_session(response: httpx2.Response) -> None:
@@ -263,8 +342,11 @@ async def open_client(
         command = shutil.which(spec.command) or spec.command
         params = StdioServerParameters(command=command, args=list(spec.args), env=spec.env or None, cwd=spec.cwd)
         transport = stdio_client(params, errlog=_errlog())
-    client = Client(transport, mode="legacy", read_timeout_seconds=timeout_s, message_handler=message_handler)
-    conn = Connection(client=client, spec=spec)
+    mode = "legacy" if requested == LEGACY else requested
+    client = Client(
+        transport, mode=mode, read_timeout_seconds=timeout_s, message_handler=message_handler, extensions=extensions
+    )
+    conn = Connection(client=client, spec=spec, requested=requested)
     conn_box.append(conn)
     try:
         async with client:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mcp_types as types
-from mcp import Client
+from mcp import Client, StdioServerParameters
 
 from reconcile.mechanisms.mcp.adapter import annotations_of
 from stopdesk.agent.frameworks.declare import ToolDeclaration
@@ -42,6 +42,8 @@ class RemoteTool:
     input_schema: dict[str, Any]
     annotations: dict[str, Any]
     call: Callable[[dict[str, Any]], Awaitable[types.CallToolResult]] = field(repr=False, compare=False)
+    revision: str = ""  # the MCP revision the client negotiated with the server
+    transport: str = ""
 
     @property
     def declaration(self) -> ToolDeclaration:
@@ -50,7 +52,10 @@ class RemoteTool:
     @property
     def facts(self) -> dict[str, Any]:
         """What the ledger keeps under `detail.tool.mcp`."""
-        return {"server": self.server, "tool": self.name, "annotations": self.annotations}
+        facts: dict[str, Any] = {"server": self.server, "tool": self.name, "annotations": self.annotations}
+        if self.revision:
+            facts.update(revision=self.revision, transport=self.transport)
+        return facts
 
     async def text(self, arguments: dict[str, Any]) -> str:
         """Call the tool; its text content, or RemoteToolError for an `isError` answer."""
@@ -101,6 +106,8 @@ def _single(group: BaseExceptionGroup[Any]) -> BaseException:
 async def remote_tools(client: Any, *, server: str = "") -> list[RemoteTool]:
     """The tools an open `mcp.Client` lists (every page), each calling through that client."""
     server = server or (client.server_info.name if getattr(client, "server_info", None) else "mcp")
+    revision = str(getattr(client, "protocol_version", "") or "")
+    transport = _transport_of(getattr(client, "server", None))
     found: list[RemoteTool] = []
     cursor: str | None = None
     while True:
@@ -114,11 +121,23 @@ async def remote_tools(client: Any, *, server: str = "") -> list[RemoteTool]:
                     input_schema=dict(tool.input_schema or {"type": "object", "properties": {}}),
                     annotations=annotations_of(tool),
                     call=_caller(client, tool.name),
+                    revision=revision,
+                    transport=transport,
                 )
             )
         cursor = listing.next_cursor
         if not cursor:
             return found
+
+
+def _transport_of(server: Any) -> str:
+    """How `mcp.Client(server)` reaches the server: a URL is Streamable HTTP, stdio parameters a
+    child process, a `Server` object is called in-process."""
+    if isinstance(server, str):
+        return "streamable_http"
+    if isinstance(server, StdioServerParameters):
+        return "stdio"
+    return "in_process" if server is not None else ""
 
 
 def _caller(client: Any, name: str) -> Callable[[dict[str, Any]], Awaitable[types.CallToolResult]]:

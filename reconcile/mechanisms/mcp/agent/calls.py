@@ -134,7 +134,7 @@ async def _call_watching(
             await anyio.sleep(poll_s)
             if await in_thread(item_heartbeat, item_id=item_id):
                 progress.cancelled_at = time.monotonic()
-                scope.cancel()  # the SDK sends notifications/cancelled for the call
+                scope.cancel()  # the SDK cancels the way the revision means it (see cancel_wire)
                 return
 
     async with anyio.create_task_group() as tg:
@@ -152,16 +152,18 @@ async def _record_result(item_id: int, actor: str, result: types.CallToolResult)
 async def _record_cancelled(item_id: int, actor: str, facts: dict[str, Any]) -> None:
 
     read_only = facts["annotations"]["readOnlyHint"]
+    wire = str(facts.get("cancel_wire") or mcp_servers.NOTIFICATION)
     evidence: dict[str, Any] = {
         "annotations": facts["annotations"],
-        "notification": "notifications/cancelled sent by the SDK",
+        "cancel": {"revision": facts.get("revision"), "transport": facts.get("transport"), "sent": wire},
     }
     if read_only:
         to_state, outcome, extra = ItemState.CANCELLED, "cancelled; read-only tool", {}
     else:
         check = facts.get("status_check")
         evidence["uncertain_because"] = (
-            "The call was cancelled and MCP sends no answer to a cancelled call; the tool is not read-only, "
+            _cancelled_how(wire)
+            + "; no answer follows a cancelled call, and the tool is not read-only, "
             + (
                 f"so the status check ({check['tool']}) will look whether it took effect."
                 if check
@@ -182,6 +184,15 @@ async def _record_cancelled(item_id: int, actor: str, facts: dict[str, Any]) -> 
         )
     except IllegalTransition:
         log.info("item %s was settled before its caller recorded the cancel", item_id)
+
+
+def _cancelled_how(wire: str) -> str:
+    if wire == mcp_servers.STREAM_CLOSED:
+        # 2026-07-28 over HTTP: the server cannot tell a Stop from a dropped connection.
+        return (
+            "The call was cancelled by closing its response stream (to the server that looks like a dropped connection)"
+        )
+    return f"The call was cancelled ({wire})"
 
 
 async def _record_progress(item_id: int, progress: ProgressSeen) -> None:

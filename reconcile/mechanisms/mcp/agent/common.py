@@ -10,7 +10,7 @@ from mcp import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
 from reconcile.mechanisms.mcp.adapter import annotations_of
-from reconcile.mechanisms.mcp.servers import Connection, ServerSpec
+from reconcile.mechanisms.mcp.servers import TASKS_EXTENSION, Connection, ServerSpec
 from stopdesk.agent.aio import in_thread
 from stopdesk.services.errors import IllegalTransition
 from stopdesk.services.items import item_record_detail, item_state_of
@@ -23,7 +23,7 @@ ServerRef = str | StdioServerParameters | ServerSpec
 
 async def describe(conn: Connection, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
     """The facts recorded on the item before the call: the server (never its secrets), the tool,
-    the protocol version, the tool's annotations, and its status check with arguments filled in."""
+    the revision and transport used (and how a cancel travels on them), the tool's annotations, and its status check with arguments filled in."""
     client = conn.client
     listing = await client.list_tools()
     found = next((t for t in listing.tools if t.name == tool), None)
@@ -32,17 +32,23 @@ async def describe(conn: Connection, tool: str, arguments: dict[str, Any]) -> di
     caps = client.server_capabilities
     facts: dict[str, Any] = {
         **conn.spec.public(),
+        **conn.revision_facts(),
         "server_name": client.server_info.name if client.server_info else "",
         "tool": tool,
-        "protocol_version": client.protocol_version,
         "annotations": annotations_of(found),
         "task_support": (found.execution.task_support if found.execution else None) or "forbidden",
-        "server_tasks": bool(getattr(caps, "tasks", None)),
+        "server_tasks": offers_tasks(caps),
     }
     check = conn.spec.status_checks.get(tool)
     if check is not None:
         facts["status_check"] = check.resolved(arguments)
     return facts
+
+
+def offers_tasks(caps: Any) -> bool:
+    """Tasks in the core capabilities (2025-11-25), or the tasks extension (2026-07-28)."""
+    extensions = getattr(caps, "extensions", None) or {}
+    return bool(getattr(caps, "tasks", None)) or TASKS_EXTENSION in extensions
 
 
 async def pass_boundary(item_id: int, actor: str, facts: dict[str, Any]) -> None:

@@ -8,6 +8,8 @@ import os
 import socket
 import threading
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,17 +20,58 @@ from mcp.shared.exceptions import MCPError
 from reconcile.mechanisms.base import Observation, Seen
 from reconcile.mechanisms.mcp import servers as mcp_servers
 from reconcile.mechanisms.mcp.adapter import INVALID_PARAMS, NOT_FOUND_AT_ONCE, task_observation
-from reconcile.mechanisms.mcp.agent.common import ServerRef, describe, error_text, pass_boundary, record_failure, unwrap
+from reconcile.mechanisms.mcp.agent.common import (
+    ServerRef,
+    describe,
+    error_text,
+    offers_tasks,
+    pass_boundary,
+    record_failure,
+    unwrap,
+)
 from reconcile.mechanisms.mcp.servers import Connection
 from reconcile.mechanisms.registry import mechanism_settings
 from reconcile.services.reconcile import item_observe
 from stopdesk.agent.aio import in_thread
 from stopdesk.services.errors import TaskStopped
-from stopdesk.services.items import item_heartbeat, item_record_detail, item_set_handle
+from stopdesk.services.items import item_finish, item_heartbeat, item_record_detail, item_set_handle
 
 log = logging.getLogger(__name__)
 # A task the server forgets within this long of creating it was "not found right after creation".
 NOT_FOUND_AT_ONCE_S = 5.0
+
+
+@asynccontextmanager
+async def _task_connection(spec: mcp_servers.ServerSpec, timeout_s: float) -> AsyncIterator[Connection]:
+    """A connection that can run a task: the newest revision the server offers, declaring the
+    2026-07-28 tasks extension. A server that speaks 2026-07-28 without the extension may still
+    have core tasks in 2025-11-25: then that revision is used (unless configuration pins one)."""
+    async with mcp_servers.open_client(spec, timeout_s=timeout_s, extensions=[mcp_servers.TasksExtension()]) as conn:
+        usable = not mcp_servers.is_modern(conn.revision) or offers_tasks(conn.client.server_capabilities)
+        if usable or spec.revision != mcp_servers.AUTO:
+            yield conn
+            return
+    async with mcp_servers.open_client(spec, timeout_s=timeout_s, revision=mcp_servers.LEGACY) as conn:
+        conn.chosen_because = (
+            f"{mcp_servers.LEGACY} chosen for a task: the server speaks {mcp_servers.MODERN} "
+            f"without the {mcp_servers.TASKS_EXTENSION} extension"
+        )
+        yield conn
+
+
+def _can_run_as_task(conn: Connection, facts: dict[str, Any]) -> bool:
+    if not facts["server_tasks"]:
+        return False
+    # 2025-11-25 declares it per tool (`execution.taskSupport`); in 2026-07-28 the server decides per call.
+    return mcp_servers.is_modern(conn.revision) or facts["task_support"] in ("optional", "required")
+
+
+def _task_facts(conn: Connection) -> dict[str, Any]:
+    if mcp_servers.is_modern(conn.revision):
+        tasks = f"the {mcp_servers.TASKS_EXTENSION} extension (no session: the task id is the handle)"
+    else:
+        tasks = "core tasks (2025-11-25), kept in the session that created them"
+    return {"tasks": tasks, "cancel_wire": mcp_servers.TASKS_CANCEL}
 
 
 def _owner_name() -> str:
@@ -42,6 +85,9 @@ async def _raw_request(conn: Connection, method: str, params: dict[str, Any], ti
     data: dict[str, Any] = {"method": method, "params": params}
     opts: dict[str, Any] = {"timeout": timeout_s}
     session._stamp(data, opts)  # type: ignore[arg-type]  # the negotiated version's headers
+    if method.startswith("tasks/") and mcp_servers.is_modern(conn.revision):
+        # 2026-07-28 over HTTP: Mcp-Name carries the task id, so a load balancer routes to its holder.
+        opts.setdefault("headers", {})["mcp-name"] = str(params["taskId"])
     return await session._dispatcher.send_raw_request(method, data.get("params"), opts)  # type: ignore[arg-type]
 
 
@@ -98,9 +144,9 @@ async def mcp_run_task(
     final: Observation | None = None
     try:
         spec = mcp_servers.resolve(ref, mechanism_settings("mcp").options)
-        async with mcp_servers.open_client(spec, timeout_s=timeout_s) as conn:
-            facts = await describe(conn, tool, arguments or {})
-            if not facts["server_tasks"] or facts["task_support"] not in ("optional", "required"):
+        async with _task_connection(spec, timeout_s) as conn:
+            facts = {**await describe(conn, tool, arguments or {}), **_task_facts(conn)}
+            if not _can_run_as_task(conn, facts):
                 raise ValueError(f"{tool!r} on {spec.name} cannot run as a task")
             try:
                 await pass_boundary(item_id, actor, facts)
@@ -135,23 +181,58 @@ async def _start_and_own(
 ) -> Observation:
 
     item_id = owner.item_id
-    params: dict[str, Any] = {
-        "name": tool,
-        "arguments": arguments,
-        "task": {} if ttl_ms is None else {"ttl": ttl_ms},
-        "_meta": {"stopdesk_item": str(item_id)},
-    }
+    params: dict[str, Any] = {"name": tool, "arguments": arguments, "_meta": {"stopdesk_item": str(item_id)}}
+    if not mcp_servers.is_modern(conn.revision):
+        params["task"] = {} if ttl_ms is None else {"ttl": ttl_ms}  # 2026-07-28: the server decides
     answer = await _raw_request(conn, "tools/call", params, timeout_s)
-    task = types.CreateTaskResult.model_validate(answer, by_name=False).task
+    task = _created_task(answer, tool)
+    if task is None:
+        return await _answered_without_a_task(owner, answer, actor)
     created = time.monotonic()
     session = {"id": conn.session_id, "owner": _owner_name(), "transport": conn.spec.transport}
-    detail = {**facts, "task_status": task.status, "ttl_ms": task.ttl, "session": session}
-    await in_thread(item_set_handle, item_id=item_id, handle=task.task_id, actor=actor, detail={"mcp": detail})
-    owner.task_id = task.task_id
+    detail = {**facts, "task_status": task["status"], "ttl_ms": task["ttl_ms"], "session": session}
+    # The task id is the only handle on the work: recorded before anything else is done with it.
+    await in_thread(item_set_handle, item_id=item_id, handle=task["task_id"], actor=actor, detail={"mcp": detail})
+    # Then the owner's lease, before anyone is told the task exists: a reconciler that sees the
+    # handle without a lease would take the owner for gone and resume the session beside it.
+    await in_thread(item_heartbeat, item_id=item_id)
+    owner.task_id = task["task_id"]
     owner.detail = detail
     owner.started.set()
-    poll = max(poll_s, (task.poll_interval or 0) / 1000 / 4)
+    poll = max(poll_s, (task["poll_ms"] or 0) / 1000 / 4)
     return await _own(conn, owner, facts, created, poll, timeout_s, actor)
+
+
+def _created_task(answer: dict[str, Any], tool: str) -> dict[str, Any] | None:
+    """The task a `tools/call` answered with: nested under `task` (2025-11-25) or the answer itself
+    (`resultType: "task"`, 2026-07-28). None for a plain result: in 2026-07-28 the server decides
+    per call whether to make a task."""
+    if "task" in answer:
+        task = types.CreateTaskResult.model_validate(answer, by_name=False).task
+        return {"task_id": task.task_id, "status": task.status, "ttl_ms": task.ttl, "poll_ms": task.poll_interval}
+    if answer.get("resultType") == "task" and answer.get("taskId"):
+        return {
+            "task_id": str(answer["taskId"]),
+            "status": str(answer.get("status")),
+            "ttl_ms": answer.get("ttlMs"),
+            "poll_ms": answer.get("pollIntervalMs"),
+        }
+    if answer.get("resultType") in (None, "complete") and "content" in answer:
+        return None
+    raise ValueError(f"{tool!r} answered neither a task nor a result (resultType {answer.get('resultType')!r})")
+
+
+async def _answered_without_a_task(owner: TaskOwner, answer: dict[str, Any], actor: str) -> Observation:
+    """The server ran the call at once and answered its result: the item ends with it."""
+    result = types.CallToolResult.model_validate(answer, by_name=False)
+    text = " ".join(getattr(c, "text", "") for c in result.content)[:200]
+    await in_thread(
+        item_finish, item_id=owner.item_id, succeeded=not result.is_error, actor=actor, outcome=text or "done"
+    )
+    owner.final = Observation(
+        Seen.FAILED if result.is_error else Seen.COMPLETED, remote_status="answered without a task"
+    )
+    return owner.final
 
 
 async def _own(
@@ -173,9 +254,8 @@ async def _own(
         stop = await in_thread(item_heartbeat, item_id=owner.item_id)  # also: the owner is alive
         if stop and cancelled_at is None:
             cancelled_at = time.monotonic()
-            cancel = "accepted"
             try:
-                await _raw_request(conn, "tasks/cancel", {"taskId": task_id}, timeout_s)
+                cancel = _cancel_answer(await _raw_request(conn, "tasks/cancel", {"taskId": task_id}, timeout_s))
             except MCPError as exc:
                 if exc.error.code != INVALID_PARAMS:
                     raise
@@ -196,6 +276,15 @@ async def _own(
             await _end_session(owner, observation, actor)
             return observation
         await anyio.sleep(poll_s)
+
+
+def _cancel_answer(answer: dict[str, Any]) -> str:
+    """What `tasks/cancel` said, for the record. Only the read-back that follows counts: an empty
+    acknowledgement, or even `cancelled`, says nothing about the task's effect."""
+    status = answer.get("status")
+    if status:
+        return f"answered {status}; read back with tasks/get"
+    return "empty acknowledgement (proves nothing); read back with tasks/get"
 
 
 async def _end_session(owner: TaskOwner, observation: Observation, actor: str) -> None:
@@ -234,8 +323,8 @@ async def _get(
             Seen.UNKNOWABLE,
             remote_status="-32602",
             message=(
-                "The server no longer knows the task on the session that created it "
-                "(its ttl ran out, or the server deleted it); whether it took effect is unknown."
+                "The server no longer knows the task (its ttl ran out, or the server deleted it, which "
+                "the spec allows); whether it took effect is unknown."
             ),
             detail=detail,
             cancel_sent=bool(cancel),
@@ -275,7 +364,9 @@ def mcp_start_task(
 ) -> str:
     """Start a task-augmented call from synchronous code and return its task id once it is
     recorded as the item's handle. A thread of this process owns the task's session from then
-    on (see `task_owner`). Raises TaskStopped if Stop came first, or what the start raised."""
+    on (see `task_owner`). Returns "" when the server answered the call at once, without a task
+    (2026-07-28 lets it decide): the item is then finished with that answer. Raises TaskStopped
+    if Stop came first, or what the start raised."""
     owner = TaskOwner(item_id)
 
     def run() -> None:
@@ -306,7 +397,6 @@ def mcp_start_task(
     owner.thread.start()
     if not owner.started.wait(start_timeout_s):
         raise TimeoutError(f"the MCP task for item {item_id} did not start within {start_timeout_s}s")
-    if not owner.task_id:
-        assert owner.error is not None
+    if owner.error is not None:
         raise owner.error
     return owner.task_id
