@@ -139,6 +139,7 @@ async def run_agent(
     cleanup_s: float = 5.0,
     watch: Any = None,
     poll_s: float = 0.2,
+    uninterruptible_s: float = 300.0,
     **invoke_kwargs: Any,
 ) -> Any:
     """`graph.ainvoke(input)` under `task_id`; Stop cancels the graph's task (RunStopped)."""
@@ -150,6 +151,7 @@ async def run_agent(
         cleanup_s=cleanup_s,
         watch=watch,
         poll_s=poll_s,
+        uninterruptible_s=uninterruptible_s,
     ) as run:
         return await run.run(graph.ainvoke(input, **invoke_kwargs))
 

@@ -198,12 +198,20 @@ async def run_agent(
     cleanup_s: float = 5.0,
     watch: Any = None,
     poll_s: float = 0.2,
+    uninterruptible_s: float = 300.0,
     **runner_kwargs: Any,
 ) -> RunResult | RunResultStreaming:
     """Run `agent` under `task_id`: the ledger sees every call, and Stop ends the run (RunStopped)."""
     agent = instrument(agent)
     async with StopdeskRun(
-        runtime, task_id, framework=FRAMEWORK, agent=agent.name, cleanup_s=cleanup_s, watch=watch, poll_s=poll_s
+        runtime,
+        task_id,
+        framework=FRAMEWORK,
+        agent=agent.name,
+        cleanup_s=cleanup_s,
+        watch=watch,
+        poll_s=poll_s,
+        uninterruptible_s=uninterruptible_s,
     ) as run:
         if not streamed:
             return await run.run(Runner.run(agent, input, **runner_kwargs))

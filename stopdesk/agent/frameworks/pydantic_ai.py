@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic_ai import CancellationToken, FunctionToolset, RunCancelled, Tool
+from pydantic_ai import Agent, CancellationToken, FunctionToolset, RunCancelled, Tool
 from pydantic_ai.capabilities import AbstractCapability
 
 from stopdesk.agent.frameworks.core import CURRENT, StopdeskRun
@@ -40,6 +40,7 @@ from stopdesk.agent.frameworks.mcp_tools import (
     remote_facts,
     remote_tools,
 )
+from stopdesk.agent.frameworks.threads import loop_tool_threads
 
 FRAMEWORK = "pydantic-ai"
 
@@ -128,6 +129,7 @@ async def run_agent(
     cleanup_s: float = 5.0,
     watch: Any = None,
     poll_s: float = 0.2,
+    uninterruptible_s: float = 300.0,
     **run_kwargs: Any,
 ) -> Any:
     """`agent.run(prompt)` under `task_id`; Stop fires the run's CancellationToken (RunStopped)."""
@@ -135,7 +137,14 @@ async def run_agent(
     capability.declarations.update(declarations or {})
     token = CancellationToken()
     async with StopdeskRun(
-        runtime, task_id, framework=FRAMEWORK, agent=agent.name or "", cleanup_s=cleanup_s, watch=watch, poll_s=poll_s
+        runtime,
+        task_id,
+        framework=FRAMEWORK,
+        agent=agent.name or "",
+        cleanup_s=cleanup_s,
+        watch=watch,
+        poll_s=poll_s,
+        uninterruptible_s=uninterruptible_s,
     ) as run:
         work = agent.run(
             prompt,
@@ -143,4 +152,7 @@ async def run_agent(
             capabilities=[capability, *run_kwargs.pop("capabilities", [])],
             **run_kwargs,
         )
-        return await run.run(work, cancel=token.cancel, stopped_errors=(RunCancelled,))
+        # Plain `def` tools on threads stopdesk knows (by default pydantic-ai's own, which hold
+        # the cancel until the function returns, and say nothing of what it returned).
+        with Agent.using_thread_executor(loop_tool_threads()):
+            return await run.run(work, cancel=token.cancel, stopped_errors=(RunCancelled,))
