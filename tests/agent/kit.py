@@ -14,8 +14,9 @@ from typing import Any
 
 import httpx
 
+from stopdesk import stop_requested
+from stopdesk.agent.frameworks import ToolStopped
 from stopdesk.agent.frameworks.declare import declaration_of, declare
-from stopdesk.agent.frameworks.threads import ToolStopped, stop_requested
 
 
 @dataclass
