@@ -12,6 +12,13 @@ cleanup, as for the tool calls in flight). Tool calls and model requests are ite
 beside it; while the run's item is open the task is not settled, so it does not settle and reopen
 between turns.
 
+A tool body Stop cannot interrupt (a plain `def` the framework runs in a thread): the cancel ends
+the await, not the thread. The run knows that thread (`threads.py`), so such a call is recorded as
+still running ("cannot be interrupted; waiting for it to finish", `note_evidence`) and then as the
+thread ended: completed with its result, failed, cancelled if it raised `ToolStopped` after
+`stop_requested()`, or uncertain if it still runs `uninterruptible_s` after Stop. The run's end
+(and its `RunStopped`) waits for that, so the run's item settles after its calls.
+
 Per tool call, on the caller's path: register the child item and pass the boundary (`start`, or
 `submit` with the idempotency key for a declared external action; one round trip where the runtime
 offers `register_started`), then the body. The result is written afterwards off the caller's path
@@ -207,7 +214,8 @@ class StopdeskRun:
             if not self.stopped.is_set():
                 task.cancel()
                 raise
-        except (StopRequested, *stopped_errors):  # type: ignore[misc]  # a tuple of exception classes
+        # A tool that stopped itself (ToolStopped) may end the framework's run before its cancel does.
+        except (StopRequested, ToolStopped, *stopped_errors):  # type: ignore[misc]  # a tuple of exception classes
             if not self.stopped.is_set():
                 raise
         await self._bounded(task)
@@ -311,7 +319,7 @@ class StopdeskRun:
         cancellation, or cleanup ran out): uncertain unless read-only, never silently running."""
         for call_id, flight in list(self._in_flight.items()):
             self._in_flight.pop(call_id, None)
-            if flight.calls.running():
+            if flight.calls.abandoned():
                 self._outlive(flight)
             else:
                 await self._settle_interrupted(flight, "still in flight when the run ended after Stop")
@@ -321,14 +329,15 @@ class StopdeskRun:
     def _outlive(self, flight: _InFlight) -> None:
         """A tool body that runs on in its thread after the await of it ended: recorded as still
         running, then settled with what the thread did; the run's end waits for it (bounded)."""
-        work = asyncio.ensure_future(self._settle_when_done(flight, flight.calls.running()))
+        work = asyncio.ensure_future(self._settle_when_done(flight, flight.calls.abandoned()))
         work.set_name(f"stopdesk:{flight.name}:outlive")
         self._outliving.add(work)
         work.add_done_callback(self._outliving.discard)
         work.add_done_callback(self._written)
 
     async def _settle_when_done(self, flight: _InFlight, threads: list[Future[Any]]) -> None:
-        if hasattr(self.runtime, "note_evidence"):
+        running = not all(thread.done() for thread in threads)
+        if running and hasattr(self.runtime, "note_evidence"):
             await self._call(
                 "note_evidence",
                 flight.item_id,
@@ -337,14 +346,25 @@ class StopdeskRun:
             )
         waits = [asyncio.wrap_future(thread) for thread in threads]
         _, pending = await asyncio.wait(waits, timeout=self.uninterruptible_s)
-        if pending:
+        for wait in waits:
+            # The outcome is read from the threads themselves: these are only waited on, and an
+            # unread exception (or one set after the deadline) would be logged as lost.
+            if wait.done():
+                wait.exception()
+            else:
+                wait.cancel()
+        looked_up = flight.submitted and bool(flight.declaration.http)  # the http mechanism decides
+        if pending and not looked_up:
             detail = f"{flight.name}: could not be interrupted; still running {self.uninterruptible_s:g} s after Stop"
             await self._call("mark_uncertain", flight.item_id, detail=_clip_text(detail))
+        if pending:
             return
         errors = [error for error in (thread.exception() for thread in threads) if error is not None]
         stopped = next((error for error in errors if isinstance(error, ToolStopped)), None)
         if stopped is not None:
             await self._stopped(flight.item_id, _clip_text(f"{flight.name}: {stopped}"))
+        elif errors and looked_up:
+            return
         elif errors and flight.submitted:
             # A call that raised may still have landed on the other side.
             detail = _clip_text(f"outcome unknown after {_reason(errors[0])}")
@@ -411,7 +431,7 @@ class StopdeskRun:
             result = await body()
         except asyncio.CancelledError:
             if self._in_flight.pop(call_id, None) is not None:
-                if flight.calls.running():
+                if flight.calls.abandoned():
                     # The await ended, the thread did not: recorded as it is, settled as it ends.
                     self._outlive(flight)
                     raise

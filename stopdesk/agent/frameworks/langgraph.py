@@ -17,6 +17,10 @@ node's error handling turns a tool's exception into a `ToolMessage(status="error
 recorded failed. Stop cancels the asyncio task running `graph.ainvoke`, which cancels the tool
 tasks LangGraph is running.
 
+What Stop interrupts: a tool with a coroutine at its next await. A tool made from a plain function
+runs in the loop's default executor, which no cancel reaches: it is recorded as still running and
+then as it ended (`core`), unless it checks `stop_requested()` and raises `ToolStopped`.
+
 Tools served by an MCP server: `await mcp_tools(client)` over an open `mcp.Client` (the cancel
 reaches the call, and the SDK sends `notifications/cancelled`); each call is recorded as a remote
 tool with the server's annotations.

@@ -20,6 +20,10 @@ the answer arrives after Stop (`hosted.py`). A request that offers hosted MCP to
 provider's side, so it passes the boundary before it is sent, where a plain draft is recorded
 while it is out. Stop cancels the asyncio task of `Runner.run`, or
 calls `RunResultStreaming.cancel(mode="immediate")` for a streamed run.
+
+What Stop interrupts: an `async def` tool at its next await. A plain `def` tool runs in
+`asyncio.to_thread`, which no cancel reaches: it is recorded as still running and then as it ended
+(`core`), unless it checks `stop_requested()` and raises `ToolStopped`.
 """
 
 from __future__ import annotations

@@ -16,6 +16,13 @@ tool_def, args, handler)` encloses the tool's whole execution and may answer wit
 `CancellationToken` passed to `agent.run(..., cancellation_token=)`: pydantic-ai cancels its own
 run task, drains in-flight tool tasks and raises `RunCancelled`, which becomes `RunStopped` here.
 
+What Stop interrupts: an `async def` tool at its next await. A plain `def` tool runs in a thread,
+which no cancel reaches; the run hands pydantic-ai stopdesk's executor (`Agent.using_thread_executor`;
+pydantic-ai's own threads would hold the cancel until the function returned), so the call is
+recorded as still running and then as it ended (`core`), unless it checks `stop_requested()` and
+raises `ToolStopped`. A `UseThreadExecutor` capability of your own replaces that executor, and
+such a call is then recorded "interrupted by Stop" while it runs on.
+
 Tools served by an MCP server: `await mcp_toolset(client)` over an open `mcp.Client` (the run's
 cancel reaches the call, and the SDK sends `notifications/cancelled`); each call is recorded as a
 remote tool with the server's annotations. Tools of pydantic-ai's own `MCPToolset` (it needs

@@ -35,22 +35,49 @@ class ToolStopped(Exception):
         super().__init__(message)
 
 
+class Awaited(Future[Any]):
+    """What the awaiting side gets for a thread's work. asyncio cancels it when the await of it is
+    cancelled (before the awaiting task sees CancelledError), which marks it `abandoned`: that
+    thread's work was the tool body's, and Stop did not end it. Work not yet begun is cancelled."""
+
+    def __init__(self, work: Future[Any]) -> None:
+        super().__init__()
+        self.work = work
+        self.abandoned = False
+        work.add_done_callback(self._copy)
+
+    def cancel(self) -> bool:
+        self.abandoned = True
+        if self.work.cancel():
+            return super().cancel()
+        return False
+
+    def _copy(self, work: Future[Any]) -> None:
+        if work.cancelled():
+            super().cancel()
+        elif (error := work.exception()) is not None:
+            self.set_exception(error)
+        else:
+            self.set_result(work.result())
+
+
 @dataclass
 class CallThreads:
     """One tool call's view of Stop (the run's flag, readable from any thread) and the threads
     started from its context."""
 
     stop: threading.Event
-    threads: list[Future[Any]] = field(default_factory=list)
+    threads: list[Awaited] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def adopt(self, future: Future[Any]) -> None:
+    def adopt(self, future: Awaited) -> None:
         with self.lock:
             self.threads.append(future)
 
-    def running(self) -> list[Future[Any]]:
+    def abandoned(self) -> list[Future[Any]]:
+        """The work of threads whose await was cancelled and that did run (or still runs)."""
         with self.lock:
-            return [f for f in self.threads if not f.done()]
+            return [f.work for f in self.threads if f.abandoned and not f.work.cancelled()]
 
 
 CALL: contextvars.ContextVar[CallThreads | None] = contextvars.ContextVar("stopdesk_tool_call", default=None)
@@ -79,15 +106,17 @@ class ToolThreads(ThreadPoolExecutor):
         self._inner = inner
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        future = (
+        work = (
             self._inner.submit(fn, *args, **kwargs) if self._inner is not None else super().submit(fn, *args, **kwargs)
         )
         # Called on the event loop's thread, in the context of the task awaiting the work: the
         # tool call's, when a tool body asked for it.
         call = CALL.get()
-        if call is not None:
-            call.adopt(future)
-        return future
+        if call is None:
+            return work
+        awaited = Awaited(work)
+        call.adopt(awaited)
+        return awaited
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         if self._inner is not None:
