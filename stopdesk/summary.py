@@ -17,6 +17,10 @@ Every phrase follows an item's *latest known* outcome, not only its recorded sta
 | cancelled after it started, other kinds | — | stopped before it finished                          |
 | uncertain      | —                          | unknown outcome; review required                      |
 | queued, running, awaiting reconciliation | — | still being checked (after Stop) / running       |
+| running or awaiting, noted uninterruptible | — | still running: it cannot be interrupted        |
+
+A tool body that Stop cannot interrupt (a plain function in a thread) is noted so while it runs on
+(`evidence.uninterruptible`), and is then told by what it did: never "stopped" unless it stopped.
 
 Completed wins a contradiction: of two reports, the one that may have changed another system is
 the one a person must look at. "Nothing was left to stop" is said only when Stop found no item to
@@ -108,6 +112,7 @@ def task_summary(task: Task) -> str:
             review=Count("id", filter=needs_review(task=task)),
             # A function call a cancelled response left for the application (reconcile/services/launched.py).
             never_ran=Count("id", filter=Q(started_at__isnull=True, detail__launched__type="function_call")),
+            uninterruptible=Count("id", filter=Q(evidence__has_key="uninterruptible")),
         )
         .order_by("state", "noun")
     )
@@ -208,6 +213,11 @@ COMPLETED = _Phrase("completed", "completed", 30)
 COMPLETED_BESIDE_EFFECTS = _Phrase("completed with no effect recorded", "completed with no effect recorded", 30)
 FAILED = _Phrase("failed", "failed", 40)
 CHECKING = _Phrase("still being checked", "still being checked", 60)
+STILL_RUNNING = _Phrase(
+    "still running: it cannot be interrupted; waiting for it to finish",
+    "still running: they cannot be interrupted; waiting for them to finish",
+    59,
+)
 
 
 def _late(outcome: str, *, review: bool) -> _Phrase:
@@ -219,13 +229,14 @@ def _late(outcome: str, *, review: bool) -> _Phrase:
 
 def compose(rows: list[dict[str, Any]], effects: list[dict[str, Any]], *, stopped: bool, closed: bool = True) -> str:
     """rows: per (state, reported, noun, kind): n items, of which `started` had started,
-    `reconciled` were in flight when Stop came and `review` need a person. effects: per (noun,
+    `reconciled` were in flight when Stop came, `review` need a person and `uninterruptible` run
+    on where Stop could not interrupt them. effects: per (noun,
     effect, reversible, followup, action) of items whose latest outcome is completed: n items, of
     which `late` were recorded otherwise first and `review` need a person; `compensation` names
     the record's compensation where there is one."""
     told: Counter[tuple[_Phrase, _Group, bool]] = Counter()
     unsettled_by: dict[_Group, list[int]] = {}  # before Stop these are told as progress
-    reconciled = crossed = discarded = cancelled = uncertain = 0
+    reconciled = crossed = discarded = cancelled = uncertain = outliving = 0
     # Completed items of a group, and how many of them an effect sentence tells.
     completed_left: Counter[tuple[_Group, bool, bool]] = Counter()  # (group, late, review)
     for row in rows:
@@ -271,8 +282,12 @@ def compose(rows: list[dict[str, Any]], effects: list[dict[str, Any]], *, stoppe
         elif outcome == S.FAILED:
             tell(FAILED, n, review)
         else:
+            # Not flagged for review in practice (a running item); any that is stays with CHECKING.
+            running_on = min(row.get("uninterruptible", 0), n - review)
+            told[(STILL_RUNNING, group, False)] += running_on
+            outliving += running_on
             unsettled_by.setdefault(group, [0, 0])
-            unsettled_by[group][0] += n
+            unsettled_by[group][0] += n - running_on
             unsettled_by[group][1] += review
 
     # Completed work, told by its effect where it had one in another system.
@@ -310,7 +325,7 @@ def compose(rows: list[dict[str, Any]], effects: list[dict[str, Any]], *, stoppe
             told[(COMPLETED_BESIDE_EFFECTS if group in with_effect else COMPLETED, group, review)] += n
 
     total = sum(r["n"] for r in rows)
-    unsettled = sum(n for n, _ in unsettled_by.values())
+    unsettled = sum(n for n, _ in unsettled_by.values()) + outliving
     if stopped:
         had_work = reconciled + discarded + cancelled + unsettled + uncertain + crossed
         head = "Stopped new work." if had_work else "Stop requested; nothing was left to stop."

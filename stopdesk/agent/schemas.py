@@ -173,6 +173,11 @@ class Cancel(Body):
     detail: Text(200) = ""  # type: ignore[valid-type]
 
 
+class NoteEvidence(Body):
+    message: Text(200, 1) = Field(description="What was seen, as a person reads it.")  # type: ignore[valid-type]
+    evidence: JsonObject = Field(description="Facts merged into the item's evidence; its state is unchanged.")
+
+
 class RequestStop(Body):
     reason: Text(2000) = ""  # type: ignore[valid-type]
 

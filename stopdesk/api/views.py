@@ -344,6 +344,20 @@ def cancel(sd: LocalRuntime, args: schemas.Cancel, key: str | None, item_id: int
     return once(sd.runtime, key, f"cancel:{item_id}", ItemInfo, lambda: sd.cancel(item_id, detail=args.detail), args)
 
 
+@endpoint("POST", "/items/{item_id}/evidence", body=schemas.NoteEvidence, returns="ItemInfo")
+def note_evidence(sd: LocalRuntime, args: schemas.NoteEvidence, key: str | None, item_id: int) -> Any:
+    """Add an observation to an item without changing its state (a tool body that Stop cannot interrupt, still
+    running), with an event saying what was seen."""
+    return once(
+        sd.runtime,
+        key,
+        f"note_evidence:{item_id}",
+        ItemInfo,
+        lambda: sd.note_evidence(item_id, message=args.message, evidence=args.evidence),
+        args,
+    )
+
+
 # The calls a framework run makes most, each one request (see stopdesk.agent.runtime.local).
 
 

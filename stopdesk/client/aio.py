@@ -204,6 +204,10 @@ class AsyncClient:
     async def cancel(self, item_id: int, *, detail: str = "") -> ItemInfo:
         return await self._run(calls.cancel(item_id, detail=detail))
 
+    async def note_evidence(self, item_id: int, *, message: str, evidence: dict[str, Any]) -> ItemInfo:
+        """An observation on the item, its state unchanged."""
+        return await self._run(calls.note_evidence(item_id, message=message, evidence=evidence))
+
     # The calls a framework run makes most (stopdesk.agent.frameworks.core), each one request, with
     # the in-process LocalRuntime's names and arguments.
     async def register_started(

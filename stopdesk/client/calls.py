@@ -109,6 +109,11 @@ def cancel(item_id: int, *, detail: str) -> Call[ItemInfo]:
     return _post(f"/items/{int(item_id)}/cancel", {"detail": detail}, ItemInfo.from_json, None)
 
 
+def note_evidence(item_id: int, *, message: str, evidence: dict[str, Any]) -> Call[ItemInfo]:
+    body = {"message": message, "evidence": evidence}
+    return _post(f"/items/{int(item_id)}/evidence", body, ItemInfo.from_json, None)
+
+
 def request_stop(task_id: int, reason: str) -> Call[StopInfo]:
     # Stop is idempotent by nature: every repeat returns the same stop request.
     return _post(f"/tasks/{int(task_id)}/stop", {"reason": reason}, StopInfo.from_json, None, keyed=False, safe=True)

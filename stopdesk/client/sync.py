@@ -193,6 +193,10 @@ class Client:
     def cancel(self, item_id: int, *, detail: str = "") -> ItemInfo:
         return self._run(calls.cancel(item_id, detail=detail))
 
+    def note_evidence(self, item_id: int, *, message: str, evidence: dict[str, Any]) -> ItemInfo:
+        """An observation on the item, its state unchanged."""
+        return self._run(calls.note_evidence(item_id, message=message, evidence=evidence))
+
     # The calls a framework run makes most (stopdesk.agent.frameworks.core), each one request, with
     # the in-process LocalRuntime's names and arguments.
     def register_started(

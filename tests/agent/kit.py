@@ -4,6 +4,7 @@ framework that builds the agent with that framework's own API and runs it under 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 import time
 from collections import Counter
@@ -13,6 +14,8 @@ from typing import Any
 
 import httpx
 
+from stopdesk import stop_requested
+from stopdesk.agent.frameworks import ToolStopped
 from stopdesk.agent.frameworks.declare import declare
 
 
@@ -22,12 +25,13 @@ class Tools:
 
     crm_url: str = ""
     slow_s: float = 5.0
+    block_s: float = 1.5  # how long the blocking tools block
     calls: Counter[str] = field(default_factory=Counter)
     started: threading.Event = field(default_factory=threading.Event)
     cleaned_up: list[str] = field(default_factory=list)
     cleaned_at: list[float] = field(default_factory=list)  # time.monotonic() of each cleanup
 
-    def functions(self) -> list[Callable[..., Awaitable[str]]]:
+    def functions(self) -> list[Callable[..., Any]]:
         tools = self
 
         @declare(read_only=True, noun="lookup")
@@ -77,7 +81,33 @@ class Tools:
             tools.calls["broken_check"] += 1
             raise ValueError(f"no data for {q}")
 
-        return [lookup, slow_report, create_lead, wait_a_bit, broken_check]
+        @declare(read_only=True, noun="export")
+        def blocking_export(name: str) -> str:
+            """Export a company's records (a plain def: a blocking call, run in a thread)."""
+            tools.calls["blocking_export"] += 1
+            tools.started.set()
+            time.sleep(tools.block_s)
+            tools.cleaned_at.append(time.monotonic())
+            if name == "Broken":
+                raise ValueError(f"no records for {name}")
+            return f"exported {name}"
+
+        @declare(read_only=True, noun="export")
+        def careful_export(name: str) -> str:
+            """Export a company's records, checking for Stop between pages (a plain def)."""
+            tools.calls["careful_export"] += 1
+            tools.started.set()
+            deadline = time.monotonic() + tools.block_s
+            while time.monotonic() < deadline:
+                if stop_requested():
+                    tools.cleaned_up.append("careful_export")
+                    tools.cleaned_at.append(time.monotonic())
+                    raise ToolStopped(f"stopped after {tools.calls['pages']} pages")
+                tools.calls["pages"] += 1
+                time.sleep(0.02)
+            return f"exported {name}"
+
+        return [lookup, slow_report, create_lead, wait_a_bit, broken_check, blocking_export, careful_export]
 
 
 Runner = Callable[..., Awaitable[Any]]
@@ -127,7 +157,10 @@ async def run_langgraph(runtime: Any, task_id: int, base_url: str, model: str, t
     # and each test runs its own loop.
     client = AsyncOpenAI(base_url=base_url, api_key="no-key-needed", max_retries=0)
     chat = ChatOpenAI(model=model, root_async_client=client, async_client=client.chat.completions, api_key="unused")
-    lc_tools = [StructuredTool.from_function(coroutine=f) for f in tools.functions()]
+    lc_tools = [
+        StructuredTool.from_function(coroutine=f) if inspect.iscoroutinefunction(f) else StructuredTool.from_function(f)
+        for f in tools.functions()
+    ]
     graph = create_agent(chat, tools=lc_tools, middleware=[StopdeskMiddleware()])
     state = await run_agent(
         runtime, task_id, graph, {"messages": [{"role": "user", "content": "Add Acme as a lead"}]}, **kw

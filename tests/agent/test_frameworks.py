@@ -13,6 +13,7 @@ from reconcile.mechanisms.http.sandbox import HANG_AFTER_COMMIT
 from reconcile.mechanisms.openai.sandbox_model import HostedMcpCall, Script, ToolCall, Turn
 from reconcile.services.cancel import item_cancel
 from stopdesk.agent.frameworks.core import RunStopped
+from stopdesk.agent.frameworks.threads import UNINTERRUPTIBLE
 from stopdesk.models import ExternalRecord, Task, WorkItem
 from stopdesk.states import ItemState as S
 from stopdesk.summary import task_summary
@@ -338,3 +339,110 @@ def test_the_stop_summary_of_a_framework_run(framework, model, runtime):
         "Stopped new work. One agent run stopped before it finished. One report stopped before it finished. "
         "Two drafts completed. One lookup completed."
     )
+
+
+def _stop_and_look(tools: Tools, runtime: Any, task_id: int, seen: dict[str, Any]) -> threading.Thread:
+    """The operator presses Stop once the tool runs, then reads the ledger while the tool runs on."""
+
+    def operator() -> None:
+        from django.db import connections
+
+        try:
+            if not tools.started.wait(10):
+                return
+            runtime.request_stop(task_id, reason="operator pressed Stop")
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                (tool,) = tools_of(task_id)
+                if "uninterruptible" in tool.evidence or tool.state != S.RUNNING:
+                    break
+                time.sleep(0.02)
+            seen.update(state=tool.state, evidence=tool.evidence, outcome=tool.outcome, still=not tools.cleaned_at)
+            seen["summary"] = task_summary(Task.objects.get(pk=task_id))
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=operator)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize(
+    ("company", "state", "outcome"),
+    [("Acme", S.COMPLETED, "exported Acme"), ("Broken", S.FAILED, "ValueError: no records for Broken")],
+)
+def test_a_sync_tool_that_outlives_stop_is_recorded_running_then_as_it_ended(
+    framework, model, runtime, company, state, outcome
+):
+    party, url = model
+    name = party.load_script(
+        Script.build("blocking", [Turn(tool_calls=(ToolCall("blocking_export", {"name": company}),)), Turn(text="x")])
+    )
+    task = runtime.create_task("Export Acme")
+    tools = Tools(block_s=1.5)
+    seen: dict[str, Any] = {}
+    operator = _stop_and_look(tools, runtime, task.id, seen)
+
+    with pytest.raises(RunStopped):
+        run(framework, runtime, task.id, url, name, tools)
+    operator.join(10)
+
+    # While the thread ran on after Stop: still running, and said so; never "stopped".
+    assert seen["still"], "the blocking call had already returned when the ledger was read"
+    assert (seen["state"], seen["evidence"]) == (S.RUNNING, {"uninterruptible": UNINTERRUPTIBLE})
+    assert seen["summary"] == (
+        "Stopped new work. One draft completed. "
+        "One export still running: it cannot be interrupted; waiting for it to finish. One agent run still being checked."
+    )
+    # Then what it really did, once it did it; the run's own item after it.
+    (tool,) = tools_of(task.id)
+    assert (tool.state, tool.outcome) == (state, outcome)
+    assert tool.finished_at >= tool.cancel_requested_at
+    assert run_item(task.id).finished_at >= tool.finished_at
+    summary = task_summary(Task.objects.get(pk=task.id))
+    told = "One export completed." if state == S.COMPLETED else "One export failed."
+    assert told in summary and "export stopped" not in summary and "exports stopped" not in summary
+
+
+def test_a_sync_tool_still_running_at_its_deadline_is_uncertain(framework, model, runtime):
+    party, url = model
+    name = party.load_script(
+        Script.build("deadline", [Turn(tool_calls=(ToolCall("blocking_export", {"name": "Acme"}),)), Turn(text="x")])
+    )
+    task = runtime.create_task("Export Acme")
+    tools = Tools(block_s=1.5)
+    operator = stop_when(tools.started, runtime, task.id)
+
+    with pytest.raises(RunStopped):
+        run(framework, runtime, task.id, url, name, tools, uninterruptible_s=0.3)
+    operator.join(5)
+
+    (tool,) = tools_of(task.id)
+    assert (tool.state, tool.outcome) == (
+        S.UNCERTAIN,
+        "blocking_export: could not be interrupted; still running 0.3 s after Stop",
+    )
+    assert "One export with unknown outcome; review required." in task_summary(Task.objects.get(pk=task.id))
+
+
+def test_a_sync_tool_that_checks_stop_requested_ends_stopped(framework, model, runtime):
+    party, url = model
+    name = party.load_script(
+        Script.build("careful", [Turn(tool_calls=(ToolCall("careful_export", {"name": "Acme"}),)), Turn(text="x")])
+    )
+    task = runtime.create_task("Export Acme")
+    tools = Tools(block_s=10)
+    operator = stop_when(tools.started, runtime, task.id)
+    began = time.monotonic()
+
+    with pytest.raises(RunStopped):
+        run(framework, runtime, task.id, url, name, tools)
+    operator.join(5)
+
+    # It heard Stop inside its thread and stopped there, long before its 10 s of pages.
+    assert tools.cleaned_up == ["careful_export"]
+    assert time.monotonic() - began < 5
+    (tool,) = tools_of(task.id)
+    assert tool.state == S.CANCELLED
+    assert tool.outcome.startswith("careful_export: stopped after ") and tool.outcome.endswith(" pages")
+    assert "One export stopped before it finished." in task_summary(Task.objects.get(pk=task.id))

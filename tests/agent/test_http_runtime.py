@@ -135,3 +135,45 @@ def test_a_run_whose_item_stops_job_already_moved_ends_cancelled_over_http(frame
         "Stopped new work. One agent run stopped before it finished. One report stopped before it finished. "
         "One draft completed."
     )
+
+
+@pytest.mark.parametrize("framework", sorted(FRAMEWORKS))
+def test_a_sync_tool_that_outlives_stop_is_noted_and_settled_over_http(framework, model, runtime, agent_http):
+    party, url = model
+    name = party.load_script(
+        Script.build(
+            "blocking-http", [Turn(tool_calls=(ToolCall("blocking_export", {"name": "Acme"}),)), Turn(text="x")]
+        )
+    )
+    task_id = _create_task(agent_http, "Export Acme")
+    tools = Tools(block_s=1.5)
+    job_done = threading.Event()
+    seen: dict[str, Any] = {}
+
+    def stop_run_its_jobs_and_look() -> None:
+        if tools.started.wait(10):
+            runtime.request_stop(task_id, reason="operator pressed Stop")
+            for item in WorkItem.objects.filter(task_id=task_id, state=S.RUNNING, kind="local_worker"):
+                item_cancel(item_id=item.pk)  # the jobs Stop dispatches: "manual" items await the agent's report
+        job_done.set()
+        export = WorkItem.objects.filter(task_id=task_id, label="blocking_export")
+        if _until(lambda: "uninterruptible" in export.get().evidence, within_s=5):
+            seen.update(state=export.get().state, still=not tools.cleaned_at)
+
+    async def heard_after_the_jobs() -> None:
+        await asyncio.to_thread(job_done.wait, 15)
+
+    async def agent() -> Any:
+        async with AsyncClient(*agent_http, worker="agent") as sd:
+            return await FRAMEWORKS[framework](sd, task_id, url, name, tools, watch=heard_after_the_jobs)
+
+    operator = _operator(stop_run_its_jobs_and_look)
+    with pytest.raises(RunStopped):
+        asyncio.run(agent())
+    operator.join(10)
+
+    # Noted over the API while it ran on (in the state Stop's job left it), then settled by what it did.
+    assert seen == {"state": S.AWAITING_RECONCILIATION, "still": True}
+    export = WorkItem.objects.get(task_id=task_id, label="blocking_export")
+    assert (export.state, export.outcome) == (S.COMPLETED, "exported Acme")
+    assert "One export completed." in task_summary(Task.objects.get(pk=task_id))

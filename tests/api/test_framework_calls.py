@@ -123,6 +123,42 @@ def test_report_stopped_settles_an_item_awaiting_the_agents_report(sd):
     assert task_summary(Task.objects.get(pk=task.id)) == "Stopped new work. One agent run stopped before it finished."
 
 
+def test_note_evidence_keeps_a_running_item_running_and_says_what_was_seen(sd):
+    task = sd.create_task("Export Acme")
+    call = sd.register_started(task.id, handle="call_1", **TOOL)
+    sd.request_stop(task.id)
+
+    answer = sd.note_evidence(call, message="export: cannot be interrupted", evidence={"uninterruptible": "yes"})
+
+    item = WorkItem.objects.get(pk=call)
+    assert (answer.state, item.state, item.evidence) == (S.RUNNING, S.RUNNING, {"uninterruptible": "yes"})
+    event = item.events.order_by("-id").first()
+    assert (event.kind, event.message, event.from_state, event.to_state) == (
+        "evidence",
+        "export: cannot be interrupted",
+        S.RUNNING,
+        S.RUNNING,
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [({"message": "", "evidence": {"a": 1}}, "message"), ({"message": "seen", "evidence": "text"}, "evidence")],
+    ids=["empty-message", "evidence-not-an-object"],
+)
+def test_note_evidence_refuses_bad_input_naming_the_field_and_writes_nothing(sd, body, field):
+    task = sd.create_task("Export Acme")
+    call = sd.register_started(task.id, handle="call_1", **TOOL)
+    before = ledger_counts()
+
+    with pytest.raises(InvalidRequest) as refused:
+        sd.note_evidence(call, **body)
+
+    assert refused.value.status == 422 and refused.value.field == field
+    assert ledger_counts() == before
+    assert WorkItem.objects.get(pk=call).evidence == {}
+
+
 def test_record_launched_records_each_call_once_as_it_ran(sd):
     task = sd.create_task("Add Acme")
     draft = sd.register_started(task.id, kind="model_request", noun="draft")
@@ -221,6 +257,7 @@ def test_another_runtimes_items_and_tasks_are_unknown_here(sd, theirs):
         lambda: theirs.record_launched(draft, [{**MCP_CALL, "call_id": "mcp_1"}]),
         lambda: theirs.task_settle_check(task.id),
         lambda: theirs.task_stopped(task.id),
+        lambda: theirs.note_evidence(draft, message="seen", evidence={"seen": True}),
     ):
         with pytest.raises(NotFound):
             call()

@@ -188,6 +188,7 @@ def test_the_openapi_document_is_served_and_names_every_endpoint(api):
         "report_stopped",
         "record_launched",
         "task_settle_check",
+        "note_evidence",
     }
     assert doc["paths"]["/items/{item_id}/start"]["post"]["responses"]["409"]
     watch = doc["paths"]["/tasks/{task_id}/stop/watch"]["get"]

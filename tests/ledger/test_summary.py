@@ -1,6 +1,6 @@
 import pytest
 
-from stopdesk.services.items import item_finish, item_register
+from stopdesk.services.items import item_finish, item_note_evidence, item_register
 from stopdesk.services.stop import task_request_stop
 from stopdesk.states import ItemState as S
 from stopdesk.states import Kind
@@ -153,4 +153,23 @@ def test_a_draft_refused_at_the_boundary_whose_answer_was_used_is_work_stop_met(
 
     assert task_summary(task) == (
         "Stopped new work. One draft completed; a late report contradicts its record: review required."
+    )
+
+
+def test_tools_that_run_on_after_stop_are_told_still_running_never_stopped():
+    task = make_task()
+    exports = [make_item(task, state=S.RUNNING, noun="export", kind=Kind.LOCAL_WORKER) for _ in range(2)]
+    make_item(task, state=S.RUNNING, noun="report", kind=Kind.LOCAL_WORKER)
+    for export in exports:
+        note = {"uninterruptible": "cannot be interrupted; waiting for it to finish"}
+        item_note_evidence(item_id=export.pk, evidence=note, actor="agent", message="export: cannot be interrupted")
+
+    assert _stop(task) == (
+        "Stopped new work. Two exports still running: they cannot be interrupted; waiting for them to finish. "
+        "One report still being checked."
+    )
+    item_finish(item_id=exports[0].pk, succeeded=True, actor="agent", outcome="exported Acme")
+    assert task_summary(task) == (
+        "Stopped new work. One export completed. "
+        "One export still running: it cannot be interrupted; waiting for it to finish. One report still being checked."
     )

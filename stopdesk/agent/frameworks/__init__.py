@@ -9,5 +9,6 @@ Only those modules import their framework; `core` and `declare` import none.
 
 from stopdesk.agent.frameworks.core import STOPPED_RESULT, RunStopped, StopdeskRun
 from stopdesk.agent.frameworks.declare import ToolDeclaration, declare
+from stopdesk.agent.frameworks.threads import ToolStopped, stop_requested
 
-__all__ = ["STOPPED_RESULT", "RunStopped", "StopdeskRun", "ToolDeclaration", "declare"]
+__all__ = ["STOPPED_RESULT", "RunStopped", "StopdeskRun", "ToolDeclaration", "ToolStopped", "declare", "stop_requested"]

@@ -12,6 +12,13 @@ cleanup, as for the tool calls in flight). Tool calls and model requests are ite
 beside it; while the run's item is open the task is not settled, so it does not settle and reopen
 between turns.
 
+A tool body Stop cannot interrupt (a plain `def` the framework runs in a thread): the cancel ends
+the await, not the thread. The run knows that thread (`threads.py`), so such a call is recorded as
+still running ("cannot be interrupted; waiting for it to finish", `note_evidence`) and then as the
+thread ended: completed with its result, failed, cancelled if it raised `ToolStopped` after
+`stop_requested()`, or uncertain if it still runs `uninterruptible_s` after Stop. The run's end
+(and its `RunStopped`) waits for that, so the run's item settles after its calls.
+
 Per tool call, on the caller's path: register the child item and pass the boundary (`start`, or
 `submit` with the idempotency key for a declared external action; one round trip where the runtime
 offers `register_started`), then the body. The result is written afterwards off the caller's path
@@ -45,12 +52,22 @@ import contextvars
 import inspect
 import json
 import logging
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 from stopdesk.agent.frameworks import lanes
 from stopdesk.agent.frameworks.declare import UNDECLARED, ToolDeclaration
+from stopdesk.agent.frameworks.threads import (
+    CALL,
+    RUN_STOP,
+    UNINTERRUPTIBLE,
+    CallThreads,
+    ToolStopped,
+    loop_tool_threads,
+)
 from stopdesk.protocol.errors import StopRequested
 
 log = logging.getLogger(__name__)
@@ -70,6 +87,7 @@ class _InFlight:
     name: str
     declaration: ToolDeclaration
     submitted: bool
+    calls: CallThreads
 
 
 class StopdeskRun:
@@ -84,6 +102,7 @@ class StopdeskRun:
         cleanup_s: float = 5.0,
         watch: StopWatch | None = None,
         poll_s: float = 0.2,
+        uninterruptible_s: float = 300.0,
     ) -> None:
         self.runtime = runtime
         self.task_id = task_id
@@ -93,6 +112,9 @@ class StopdeskRun:
         self.worker = worker or f"{framework}-agent"
         self.cleanup_s = cleanup_s
         self.stopped = asyncio.Event()
+        self.stop_flag = threading.Event()  # the same, for tool bodies in threads (stop_requested)
+        self.uninterruptible_s = uninterruptible_s
+        self._outliving: set[asyncio.Future[Any]] = set()
         self._watch = watch or self._watch_stop
         self._poll_s = poll_s
         self._on_stop: list[Callable[[], Any]] = []
@@ -101,6 +123,7 @@ class StopdeskRun:
         self._writes: set[asyncio.Future[Any]] = set()
         self._watcher: asyncio.Task[None] | None = None
         self._token: contextvars.Token[StopdeskRun | None] | None = None
+        self._stop_token: contextvars.Token[threading.Event | None] | None = None
         self.model_requests = 0
 
     # --- the run's life ---------------------------------------------------------------------
@@ -120,6 +143,8 @@ class StopdeskRun:
         except StopRequested as exc:
             raise RunStopped(f"Task {self.task_id} was stopped before the run began.") from exc
         self._token = CURRENT.set(self)
+        self._stop_token = RUN_STOP.set(self.stop_flag)
+        loop_tool_threads()  # so the threads a tool body runs in are known (threads.py)
         self._watcher = asyncio.create_task(self._watch_then_stop(), name="stopdesk-stop-watch")
         return self
 
@@ -129,11 +154,14 @@ class StopdeskRun:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watcher
         try:
+            await self._wait_outliving()
             await self.flush()
             await self._settle_run(exc)
         finally:
             if self._token is not None:
                 CURRENT.reset(self._token)
+            if self._stop_token is not None:
+                RUN_STOP.reset(self._stop_token)
 
     async def _settle_run(self, exc: BaseException | None) -> None:
         """The run's item, after its calls' records: completed on a normal end, cancelled when
@@ -186,7 +214,8 @@ class StopdeskRun:
             if not self.stopped.is_set():
                 task.cancel()
                 raise
-        except (StopRequested, *stopped_errors):  # type: ignore[misc]  # a tuple of exception classes
+        # A tool that stopped itself (ToolStopped) may end the framework's run before its cancel does.
+        except (StopRequested, ToolStopped, *stopped_errors):  # type: ignore[misc]  # a tuple of exception classes
             if not self.stopped.is_set():
                 raise
         await self._bounded(task)
@@ -218,6 +247,7 @@ class StopdeskRun:
         if self.stopped.is_set():
             return
         self.stopped.set()
+        self.stop_flag.set()
         for callback in list(self._on_stop):
             self._fire(callback)
 
@@ -289,7 +319,65 @@ class StopdeskRun:
         cancellation, or cleanup ran out): uncertain unless read-only, never silently running."""
         for call_id, flight in list(self._in_flight.items()):
             self._in_flight.pop(call_id, None)
-            await self._settle_interrupted(flight, "still in flight when the run ended after Stop")
+            if flight.calls.abandoned():
+                self._outlive(flight)
+            else:
+                await self._settle_interrupted(flight, "still in flight when the run ended after Stop")
+
+    # --- tool bodies Stop cannot interrupt ------------------------------------------------------
+
+    def _outlive(self, flight: _InFlight) -> None:
+        """A tool body that runs on in its thread after the await of it ended: recorded as still
+        running, then settled with what the thread did; the run's end waits for it (bounded)."""
+        work = asyncio.ensure_future(self._settle_when_done(flight, flight.calls.abandoned()))
+        work.set_name(f"stopdesk:{flight.name}:outlive")
+        self._outliving.add(work)
+        work.add_done_callback(self._outliving.discard)
+        work.add_done_callback(self._written)
+
+    async def _settle_when_done(self, flight: _InFlight, threads: list[Future[Any]]) -> None:
+        running = not all(thread.done() for thread in threads)
+        if running and hasattr(self.runtime, "note_evidence"):
+            await self._call(
+                "note_evidence",
+                flight.item_id,
+                message=f"{flight.name}: {UNINTERRUPTIBLE}",
+                evidence={"uninterruptible": UNINTERRUPTIBLE},
+            )
+        waits = [asyncio.wrap_future(thread) for thread in threads]
+        _, pending = await asyncio.wait(waits, timeout=self.uninterruptible_s)
+        for wait in waits:
+            # The outcome is read from the threads themselves: these are only waited on, and an
+            # unread exception (or one set after the deadline) would be logged as lost.
+            if wait.done():
+                wait.exception()
+            else:
+                wait.cancel()
+        looked_up = flight.submitted and bool(flight.declaration.http)  # the http mechanism decides
+        if pending and not looked_up:
+            detail = f"{flight.name}: could not be interrupted; still running {self.uninterruptible_s:g} s after Stop"
+            await self._call("mark_uncertain", flight.item_id, detail=_clip_text(detail))
+        if pending:
+            return
+        errors = [error for error in (thread.exception() for thread in threads) if error is not None]
+        stopped = next((error for error in errors if isinstance(error, ToolStopped)), None)
+        if stopped is not None:
+            await self._stopped(flight.item_id, _clip_text(f"{flight.name}: {stopped}"))
+        elif errors and looked_up:
+            return
+        elif errors and flight.submitted:
+            # A call that raised may still have landed on the other side.
+            detail = _clip_text(f"outcome unknown after {_reason(errors[0])}")
+            await self._call("mark_uncertain", flight.item_id, detail=detail)
+        elif errors:
+            await self._finish(flight.item_id, status="failed", detail=_reason(errors[0]))
+        else:
+            await self._finish(flight.item_id, status="completed", detail=_clip_text(threads[-1].result()))
+
+    async def _wait_outliving(self) -> None:
+        # Each is bounded by `uninterruptible_s`; a result written late would lose the run's item.
+        while self._outliving:
+            await asyncio.wait(set(self._outliving))
 
     # --- tool calls ---------------------------------------------------------------------------
 
@@ -336,17 +424,26 @@ class StopdeskRun:
         except StopRequested:
             self.stop_seen()
             return stopped_result
-        flight = _InFlight(item_id, name, declaration, external)
+        flight = _InFlight(item_id, name, declaration, external, CallThreads(self.stop_flag))
         self._in_flight[call_id] = flight
+        scope = CALL.set(flight.calls)
         try:
             result = await body()
         except asyncio.CancelledError:
             if self._in_flight.pop(call_id, None) is not None:
+                if flight.calls.abandoned():
+                    # The await ended, the thread did not: recorded as it is, settled as it ends.
+                    self._outlive(flight)
+                    raise
                 # Shielded, and tracked: the cancellation that interrupted the body must not also lose
                 # its record, and a framework that does not wait for its cancelled tool tasks still
                 # has the run wait for the write (flush) before it ends.
                 settle = self._later(self._settle_interrupted(flight, "interrupted by Stop"), name)
                 await _shielded(settle, self.cleanup_s)
+            raise
+        except ToolStopped as exc:
+            self._in_flight.pop(call_id, None)
+            self._later(self._stopped(item_id, _clip_text(f"{name}: {exc}")), name)
             raise
         except Exception as exc:
             self._in_flight.pop(call_id, None)
@@ -359,6 +456,8 @@ class StopdeskRun:
             else:
                 self._later(self._finish(item_id, status="failed", detail=reason, flushed=False), name)
             raise
+        finally:
+            CALL.reset(scope)
         self._in_flight.pop(call_id, None)
         failure = self._failed.pop(call_id, None)
         if failure is not None:
@@ -571,6 +670,10 @@ def current_run() -> StopdeskRun:
     if run is None:
         raise RuntimeError("no stopdesk run is active here: wrap the agent run in `async with StopdeskRun(...)`")
     return run
+
+
+def _reason(error: BaseException | None) -> str:
+    return f"{type(error).__name__}: {error}"[:200]
 
 
 async def _shielded(work: Awaitable[Any], timeout: float) -> None:

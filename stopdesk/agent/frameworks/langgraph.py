@@ -17,6 +17,10 @@ node's error handling turns a tool's exception into a `ToolMessage(status="error
 recorded failed. Stop cancels the asyncio task running `graph.ainvoke`, which cancels the tool
 tasks LangGraph is running.
 
+What Stop interrupts: a tool with a coroutine at its next await. A tool made from a plain function
+runs in the loop's default executor, which no cancel reaches: it is recorded as still running and
+then as it ended (`core`), unless it checks `stop_requested()` and raises `ToolStopped`.
+
 Tools served by an MCP server: `await mcp_tools(client)` over an open `mcp.Client` (the cancel
 reaches the call, and the SDK sends `notifications/cancelled`); each call is recorded as a remote
 tool with the server's annotations.
@@ -139,6 +143,7 @@ async def run_agent(
     cleanup_s: float = 5.0,
     watch: Any = None,
     poll_s: float = 0.2,
+    uninterruptible_s: float = 300.0,
     **invoke_kwargs: Any,
 ) -> Any:
     """`graph.ainvoke(input)` under `task_id`; Stop cancels the graph's task (RunStopped)."""
@@ -150,6 +155,7 @@ async def run_agent(
         cleanup_s=cleanup_s,
         watch=watch,
         poll_s=poll_s,
+        uninterruptible_s=uninterruptible_s,
     ) as run:
         return await run.run(graph.ainvoke(input, **invoke_kwargs))
 

@@ -24,6 +24,10 @@ the answer arrives after Stop (`hosted.py`). A request that offers hosted MCP to
 provider's side, so it passes the boundary before it is sent, where a plain draft is recorded
 while it is out. Stop cancels the asyncio task of `Runner.run`, or
 calls `RunResultStreaming.cancel(mode="immediate")` for a streamed run.
+
+What Stop interrupts: an `async def` tool at its next await. A plain `def` tool runs in
+`asyncio.to_thread`, which no cancel reaches: it is recorded as still running and then as it ended
+(`core`), unless it checks `stop_requested()` and raises `ToolStopped`.
 """
 
 from __future__ import annotations
@@ -250,13 +254,21 @@ async def run_agent(
     cleanup_s: float = 5.0,
     watch: Any = None,
     poll_s: float = 0.2,
+    uninterruptible_s: float = 300.0,
     **runner_kwargs: Any,
 ) -> RunResult | RunResultStreaming:
     """Run `agent` under `task_id`: the ledger sees every call, and Stop ends the run (RunStopped).
     `declarations`: what tools do by name, for tools no `@declare` reaches (an MCP server's)."""
     agent = instrument(agent, declarations)
     async with StopdeskRun(
-        runtime, task_id, framework=FRAMEWORK, agent=agent.name, cleanup_s=cleanup_s, watch=watch, poll_s=poll_s
+        runtime,
+        task_id,
+        framework=FRAMEWORK,
+        agent=agent.name,
+        cleanup_s=cleanup_s,
+        watch=watch,
+        poll_s=poll_s,
+        uninterruptible_s=uninterruptible_s,
     ) as run:
         if not streamed:
             return await run.run(Runner.run(agent, input, **runner_kwargs))

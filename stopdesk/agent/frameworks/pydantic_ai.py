@@ -20,6 +20,13 @@ tool_def, args, handler)` encloses the tool's whole execution and may answer wit
 `CancellationToken` passed to `agent.run(..., cancellation_token=)`: pydantic-ai cancels its own
 run task, drains in-flight tool tasks and raises `RunCancelled`, which becomes `RunStopped` here.
 
+What Stop interrupts: an `async def` tool at its next await. A plain `def` tool runs in a thread,
+which no cancel reaches; the run hands pydantic-ai stopdesk's executor (`Agent.using_thread_executor`;
+pydantic-ai's own threads would hold the cancel until the function returned), so the call is
+recorded as still running and then as it ended (`core`), unless it checks `stop_requested()` and
+raises `ToolStopped`. A `UseThreadExecutor` capability of your own replaces that executor, and
+such a call is then recorded "interrupted by Stop" while it runs on.
+
 Tools served by an MCP server: `await mcp_toolset(client)` over an open `mcp.Client` (the run's
 cancel reaches the call, and the SDK sends `notifications/cancelled`); each call is recorded as a
 remote tool with the server's annotations. Tools of pydantic-ai's own `MCPToolset` (it needs
@@ -32,7 +39,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic_ai import CancellationToken, FunctionToolset, RunCancelled, Tool
+from pydantic_ai import Agent, CancellationToken, FunctionToolset, RunCancelled, Tool
 from pydantic_ai.capabilities import AbstractCapability
 
 from stopdesk.agent.frameworks.core import CURRENT, StopdeskRun
@@ -44,6 +51,7 @@ from stopdesk.agent.frameworks.mcp_tools import (
     remote_facts,
     remote_tools,
 )
+from stopdesk.agent.frameworks.threads import loop_tool_threads
 
 FRAMEWORK = "pydantic-ai"
 
@@ -157,6 +165,7 @@ async def run_agent(
     cleanup_s: float = 5.0,
     watch: Any = None,
     poll_s: float = 0.2,
+    uninterruptible_s: float = 300.0,
     **run_kwargs: Any,
 ) -> Any:
     """`agent.run(prompt)` under `task_id`; Stop fires the run's CancellationToken (RunStopped).
@@ -166,7 +175,14 @@ async def run_agent(
     capability.declarations.update(declarations or {})
     token = CancellationToken()
     async with StopdeskRun(
-        runtime, task_id, framework=FRAMEWORK, agent=agent.name or "", cleanup_s=cleanup_s, watch=watch, poll_s=poll_s
+        runtime,
+        task_id,
+        framework=FRAMEWORK,
+        agent=agent.name or "",
+        cleanup_s=cleanup_s,
+        watch=watch,
+        poll_s=poll_s,
+        uninterruptible_s=uninterruptible_s,
     ) as run:
         work = agent.run(
             prompt,
@@ -174,4 +190,7 @@ async def run_agent(
             capabilities=[capability, *run_kwargs.pop("capabilities", [])],
             **run_kwargs,
         )
-        return await run.run(work, cancel=token.cancel, stopped_errors=(RunCancelled,))
+        # Plain `def` tools on threads stopdesk knows (by default pydantic-ai's own, which hold
+        # the cancel until the function returns, and say nothing of what it returned).
+        with Agent.using_thread_executor(loop_tool_threads()):
+            return await run.run(work, cancel=token.cancel, stopped_errors=(RunCancelled,))

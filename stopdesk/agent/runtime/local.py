@@ -68,6 +68,7 @@ from stopdesk.services.items import (
     item_attach_record,
     item_finish,
     item_heartbeat,
+    item_note_evidence,
     item_register,
     item_register_started,
     item_report_stopped,
@@ -360,6 +361,16 @@ class LocalRuntime:
         return self._move(
             item_id, S.CANCELLED, frozenset({S.QUEUED, S.RUNNING}), args.detail or "stopped between steps", None
         )
+
+    def note_evidence(
+        self, item_id: int, *, message: str, evidence: dict[str, Any], request_key: str | None = None
+    ) -> ItemInfo:
+        """An observation on the item, its state unchanged (a tool body Stop cannot interrupt, still
+        running), with an event."""
+        args = _parse(schemas.NoteEvidence, message=message, evidence=evidence)
+        self._check_item(item_id)
+        item_note_evidence(item_id=_id(item_id, "item"), evidence=args.evidence, actor=self.actor, message=args.message)
+        return item_info(WorkItem.objects.get(pk=item_id))
 
     def external_action(
         self,
