@@ -1,6 +1,11 @@
 """Waiting for a task's Stop over HTTP: long polls of GET /tasks/{id}/stop/watch, which the server
 answers the moment the stop request commits.
 
+A web door with a watch server configured answers a watch at once with a 307 naming that server
+(`watch_url`); the client then watches there, and every later watch of the client goes there
+directly. Watches use the client's `watch_http`, a pool of their own without a connection limit, so
+a thousand of them never queue the client's other calls behind them.
+
 `Client.watch_stop(task_id)` returns a `StopWatch`, set like a `threading.Event` (one daemon thread
 long-polls); `AsyncClient.watch_stop(task_id)` is awaited and returns when Stop commits. Lost
 connections and 5xx answers are retried with backoff: a watch is a read, safe to repeat.
@@ -17,25 +22,50 @@ from typing import Protocol
 import httpx
 
 from stopdesk.client.calls import Call
-from stopdesk.client.transport import backoff, read_answer
+from stopdesk.client.transport import api_base, backoff, read_answer
 from stopdesk.protocol.errors import ServerError, StopdeskError
 from stopdesk.protocol.types import StopWatchInfo
 
 
 class Client(Protocol):
     watch_base: str
-    http: httpx.Client
+    watch_http: httpx.Client
     backoff_seconds: float
 
 
 class AsyncClient(Protocol):
     watch_base: str
-    http: httpx.AsyncClient
+    watch_http: httpx.AsyncClient
     backoff_seconds: float
 
 
 POLL_S = 25.0
 SLACK_S = 10.0  # the HTTP timeout is the poll plus this, so the server always answers first
+HOPS = 3  # 307s in a row before a watch gives up: servers that send watches round in a circle
+
+
+def moved_to(response: httpx.Response) -> str | None:
+    """The watch server a web door's 307 names (`watch_url`), if this answer is one."""
+    if response.status_code != 307:
+        return None
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    url = body.get("watch_url") if isinstance(body, dict) else None
+    return url if isinstance(url, str) and url.startswith(("http://", "https://")) else None
+
+
+def follow(client: Client | AsyncClient, response: httpx.Response, hops: int) -> bool:
+    """Remember the watch server a 307 names, for this and every later watch of the client.
+    Returns whether the answer was one; raises when the hops run out."""
+    moved = moved_to(response)
+    if moved is None:
+        return False
+    if hops >= HOPS:
+        raise StopdeskError(f"The watch was sent on {hops} times; last to {moved}.", code="watch_redirect_loop")
+    client.watch_base = api_base(moved)
+    return True
 
 
 def watch_call(task_id: int) -> Call[StopWatchInfo]:
@@ -81,11 +111,16 @@ class StopWatch:
 
     def _run(self) -> None:
         call = watch_call(self.task_id)
-        url = self._client.watch_base + call.path
-        attempt = 0
+        attempt = hops = 0
         while not self._ended.is_set():
+            url = self._client.watch_base + call.path
             try:
-                response = self._client.http.get(url, params={"timeout": self._poll_s}, timeout=self._poll_s + SLACK_S)
+                response = self._client.watch_http.get(
+                    url, params={"timeout": self._poll_s}, timeout=self._poll_s + SLACK_S
+                )
+                if follow(self._client, response, hops):
+                    hops += 1
+                    continue
                 info = read_answer(call, response)
             except (httpx.TransportError, ServerError):
                 time.sleep(min(backoff(attempt, self._client.backoff_seconds), 5.0))
@@ -95,7 +130,7 @@ class StopWatch:
                 self.error = exc
                 self._ended.set()
                 return
-            attempt = 0
+            attempt = hops = 0
             if info.stopped:
                 self.info = info
                 with self._lock:
@@ -109,16 +144,19 @@ class StopWatch:
 
 async def watch_stop_async(client: AsyncClient, task_id: int, *, poll_s: float = POLL_S) -> StopWatchInfo:
     call = watch_call(task_id)
-    url = client.watch_base + call.path
-    attempt = 0
+    attempt = hops = 0
     while True:
+        url = client.watch_base + call.path
         try:
-            response = await client.http.get(url, params={"timeout": poll_s}, timeout=poll_s + SLACK_S)
+            response = await client.watch_http.get(url, params={"timeout": poll_s}, timeout=poll_s + SLACK_S)
+            if follow(client, response, hops):
+                hops += 1
+                continue
             info = read_answer(call, response)
         except (httpx.TransportError, ServerError):
             await asyncio.sleep(min(backoff(attempt, client.backoff_seconds), 5.0))
             attempt += 1
             continue
-        attempt = 0
+        attempt = hops = 0
         if info.stopped:
             return info

@@ -10,7 +10,10 @@ in flight: a thousand watchers then cost no threads and no connections, and no q
 waits. Each poll does cost queries: the health check of its thread's connection, the token, the
 task (3). At the clients' poll of 25 s an idle watcher costs about 432 queries an hour (434 measured)
 (`BENCH=watch_idle python -m bench`).
-The Django view (`watch_stop`) serves the same answers under WSGI, one thread per watcher.
+The Django view (`watch_stop`) is the web door's: with a watch server configured
+(`STOPDESK_WATCH_URL`) it answers at once with a 307 naming it (`elsewhere`), which the clients
+follow and remember, so no watch holds a page-serving thread; without one it serves the same
+answers itself under WSGI, one thread per watcher (tests, a single-process deployment).
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, quote
 
+from django.conf import settings
 from django.db import close_old_connections, connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -64,6 +68,8 @@ async def answer(*, method: str, authorization: str, task_id: str, timeout: str 
 
 @csrf_exempt
 async def watch_stop(request: HttpRequest, task_id: str) -> JsonResponse:
+    if settings.STOPDESK_WATCH_URL and request.method == "GET":
+        return elsewhere(settings.STOPDESK_WATCH_URL, task_id, request.META.get("QUERY_STRING", ""))
     status, body = await answer(
         method=request.method or "",
         authorization=request.headers.get("Authorization", ""),
@@ -71,6 +77,22 @@ async def watch_stop(request: HttpRequest, task_id: str) -> JsonResponse:
         timeout=request.GET.get("timeout"),
     )
     return _json_response(status, body)
+
+
+def elsewhere(watch_url: str, task_id: str, query: str) -> JsonResponse:
+    """The web door's answer when a watch server is configured: at once, no database, no waiting.
+    A 307 to the same watch there; the body names the server, which the clients remember."""
+    location = f"{watch_url}/api/v1{PATH.format(task_id=quote(task_id, safe=''))}" + (f"?{query}" if query else "")
+    response = JsonResponse(
+        {
+            "error": "watch_elsewhere",
+            "detail": "Stop is watched at the watch server, not here: repeat this request at watch_url.",
+            "watch_url": watch_url,
+        },
+        status=307,
+    )
+    response["Location"] = location
+    return response
 
 
 async def asgi_watch(scope: dict[str, Any], receive: Any, send: Any, task_id: str) -> None:
