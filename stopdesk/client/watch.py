@@ -113,11 +113,10 @@ class StopWatch:
         call = watch_call(self.task_id)
         attempt = hops = 0
         while not self._ended.is_set():
-            url = self._client.watch_base + call.path
             try:
-                response = self._client.watch_http.get(
-                    url, params={"timeout": self._poll_s}, timeout=self._poll_s + SLACK_S
-                )
+                response = self._poll(self._client.watch_base + call.path)
+                if response is None:
+                    return  # the client was closed: its watches end with it
                 if follow(self._client, response, hops):
                     hops += 1
                     continue
@@ -132,14 +131,25 @@ class StopWatch:
                 return
             attempt = hops = 0
             if info.stopped:
-                self.info = info
-                with self._lock:
-                    self._stopped.set()
-                    callbacks, self._callbacks = self._callbacks, []
-                self._ended.set()
-                for callback in callbacks:
-                    callback()
+                self._set(info)
                 return
+
+    def _poll(self, url: str) -> httpx.Response | None:
+        try:
+            return self._client.watch_http.get(url, params={"timeout": self._poll_s}, timeout=self._poll_s + SLACK_S)
+        except RuntimeError:
+            if self._client.watch_http.is_closed:
+                return None
+            raise
+
+    def _set(self, info: StopWatchInfo) -> None:
+        self.info = info
+        with self._lock:
+            self._stopped.set()
+            callbacks, self._callbacks = self._callbacks, []
+        self._ended.set()
+        for callback in callbacks:
+            callback()
 
 
 async def watch_stop_async(client: AsyncClient, task_id: int, *, poll_s: float = POLL_S) -> StopWatchInfo:
