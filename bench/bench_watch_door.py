@@ -73,7 +73,7 @@ def _sample(browser: Any, tasks: list[int], returned: dict[int, float]) -> tuple
         pages.append(timed_ms(lambda t=task_id: browser.get(f"/tasks/{t}/"), 200))
         headers = {"X-CSRFToken": browser.cookies["csrftoken"], "Referer": f"{browser.base_url}tasks/{task_id}/"}
         sent[task_id] = time.perf_counter()
-        posts.append(timed_ms(lambda t=task_id: browser.post(f"/tasks/{t}/stop/", headers=headers), 302))
+        posts.append(timed_ms(lambda t=task_id, h=headers: browser.post(f"/tasks/{t}/stop/", headers=h), 302))
     return pages, posts, sent
 
 

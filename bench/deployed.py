@@ -20,7 +20,7 @@ import httpx
 
 from bench.harness import Figure
 
-OPERATOR_PASSWORD = "bench-operator-pass-1"  # noqa: S105 - a scratch database's user
+OPERATOR_PASSWORD = "bench-operator-pass-1"
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ def _free_port() -> int:
 
 
 def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(  # noqa: S603 - our own interpreter and arguments
+    return subprocess.Popen(
         [sys.executable, "-m", *argv],
         env=env,
         stdout=subprocess.DEVNULL,
@@ -78,7 +78,8 @@ def deployed() -> Iterator[Deployed]:
         "STOPDESK_WATCH_URL": found.watch_url,
     }
     host = ("--host", "127.0.0.1", "--port", str(watch_port))
-    watch = _spawn(["uvicorn", "stopdesk.asgi:application", *host, "--no-access-log", "--log-level", "warning"], env)
+    quiet = ("--no-access-log", "--log-level", "warning", "--timeout-keep-alive", "75")
+    watch = _spawn(["uvicorn", "stopdesk.asgi:application", *host, *quiet], env)
     web = _spawn(
         [
             *("gunicorn", "stopdesk.wsgi:application", "--bind", f"127.0.0.1:{web_port}"),

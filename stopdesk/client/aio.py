@@ -11,7 +11,7 @@ from stopdesk.client import calls
 from stopdesk.client.calls import Call
 from stopdesk.client.calls import record_launched as launched_call
 from stopdesk.client.transport import WATCH_LIMITS, api_base, backoff, headers_for, read_answer, should_retry
-from stopdesk.client.watch import POLL_S, watch_stop_async
+from stopdesk.client.watch import POLL_S, WatchPools, watch_stop_async
 from stopdesk.protocol.action import AsyncExternalAction
 from stopdesk.protocol.spec import ItemSpec
 from stopdesk.protocol.types import (
@@ -55,11 +55,14 @@ class AsyncClient:
         # Where the stop watch is served. Unset, the web door's answer names the watch server (a
         # 307, followed and remembered), or the web door serves the watch itself.
         self.watch_base = api_base(watch_url) if watch_url else self.base
+        self.http.headers["Authorization"] = f"Bearer {token}"
         # Watches wait on connections of their own, never on the pool the boundary passes use.
-        self._own_watch_http = watch_http is None
-        self.watch_http = watch_http or httpx.AsyncClient(timeout=timeout, limits=WATCH_LIMITS)
-        for client in (self.http, self.watch_http):
-            client.headers["Authorization"] = f"Bearer {token}"
+        if watch_http is not None:
+            watch_http.headers["Authorization"] = f"Bearer {token}"
+        auth = {"Authorization": f"Bearer {token}"}
+        self.watch_pools = WatchPools(
+            lambda: httpx.AsyncClient(timeout=timeout, limits=WATCH_LIMITS, headers=auth), given=watch_http
+        )
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -70,8 +73,8 @@ class AsyncClient:
     async def aclose(self) -> None:
         if self._own_http:
             await self.http.aclose()
-        if self._own_watch_http:
-            await self.watch_http.aclose()
+        for pool in self.watch_pools.owned():
+            await pool.aclose()
 
     async def _run[T](self, call: Call[T]) -> T:
         attempt = 0

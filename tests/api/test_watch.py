@@ -157,3 +157,18 @@ def test_a_web_door_that_sends_watches_round_in_a_circle_ends_the_watch_with_the
     with pytest.raises(StopdeskError) as refused:
         asyncio.run(main())
     assert refused.value.code == "watch_redirect_loop"
+
+
+def test_the_api_document_names_the_watch_server_when_one_is_configured(settings):
+    from stopdesk.api.openapi import document
+
+    document.cache_clear()
+    try:
+        assert "servers" not in document()["paths"]["/tasks/{task_id}/stop/watch"]
+        document.cache_clear()
+        settings.STOPDESK_WATCH_URL = "http://watch.example:8001"
+        watch_path = document()["paths"]["/tasks/{task_id}/stop/watch"]
+    finally:
+        document.cache_clear()
+    assert watch_path["servers"][0]["url"] == "http://watch.example:8001/api/v1"
+    assert "307" in watch_path["get"]["responses"]
