@@ -6,7 +6,7 @@ only the web door's address, as the framework examples are.
 A run is the core every framework integration shares (`stopdesk.agent.frameworks.core.StopdeskRun`),
 driven by a scripted agent in the bench process instead of a framework and a model server, which
 this 2-CPU machine could not run a thousand of beside the servers: the "model" thinks
-BENCH_SCALE_THINK_S (10 s, the runs staggered across it) and calls one tool, whose body sleeps 50 ms;
+BENCH_SCALE_THINK_S (10 s; the runs begin spread across one such interval) and calls one tool, whose body sleeps 50 ms;
 each tool call passes the boundary (`register_started`, one request) and writes its result off the
 caller's path (`finish_fast`), as under a framework.
 
@@ -136,6 +136,7 @@ class _Scale:
     async def _run(self, sd: Any, task_id: int) -> None:
         from stopdesk.agent.frameworks.core import RunStopped, StopdeskRun
 
+        await asyncio.sleep(random.uniform(0, THINK_S))  # noqa: S311 - runs begin spread out, not secrecy
         async with StopdeskRun(sd, task_id, framework="bench", agent="scale") as run:
             with contextlib.suppress(RunStopped):
                 await run.run(self._agent(run, task_id))
