@@ -136,7 +136,7 @@ class _Scale:
     async def _run(self, sd: Any, task_id: int) -> None:
         from stopdesk.agent.frameworks.core import RunStopped, StopdeskRun
 
-        await asyncio.sleep(random.uniform(0, THINK_S))  # noqa: S311 - runs begin spread out, not secrecy
+        await asyncio.sleep(random.uniform(0, THINK_S))
         async with StopdeskRun(sd, task_id, framework="bench", agent="scale") as run:
             with contextlib.suppress(RunStopped):
                 await run.run(self._agent(run, task_id))

@@ -3,12 +3,14 @@ Stop commits (`stopped: true`), or after `timeout` seconds with `stopped: false`
 
 A waiting watcher is a future on the event loop, woken by the process's one listening connection
 (`stopdesk.push.hub`). The token check and the first read of the task run on a small,
-fixed pool of threads (so of database connections) shared by every watch. Under the ASGI server
+fixed pool of threads (so of database connections) shared by every watch, in batches: polls that
+arrive together share their queries (`_Reads`). Under the ASGI server
 (`python -m stopdesk watch`, uvicorn) `stopdesk.asgi` routes this path to `asgi_watch`, a plain
 ASGI handler outside Django's request cycle, which would otherwise hold a thread for every request
 in flight: a thousand watchers then cost no threads and no connections, and no query while a poll
 waits. Each poll does cost queries: the health check of its thread's connection, the token, the
-task (3). At the clients' poll of 25 s an idle watcher costs about 432 queries an hour (434 measured)
+task (3; fewer each when polls arrive together and share a batch). At the clients' poll of 25 s an
+idle watcher costs at most about 432 queries an hour (434 measured, polls apart)
 (`BENCH=watch_idle python -m bench`).
 The Django view (`watch_stop`) is the web door's: with a watch server configured
 (`STOPDESK_WATCH_URL`) it answers at once with a 307 naming it (`elsewhere`), which the clients

@@ -206,3 +206,42 @@ def _stop_all(tasks: list[int], stopped_at: dict[int, float]) -> None:
         thread.start()
     for thread in threads:
         thread.join()
+
+
+def test_stop_reaches_watchers_promptly_after_hundreds_re_poll_together(deployed: tuple[str, str]) -> None:
+    """Watches that began together re-poll together; Stop must not wait behind that."""
+    web_url, _ = deployed
+    runtime, token = runtime_create(name="re-polling", actor="test")
+    tasks = [task_create(title=f"run {n}", actor="test", runtime=runtime).pk for n in range(CLIENT_WATCHES)]
+    connection.close()
+    returned: dict[int, float] = {}
+    stopped_at: dict[int, float] = {}
+    short_poll = 4
+
+    async def watch(sd: AsyncClient, task_id: int) -> None:
+        await sd.watch_stop(task_id, poll_s=short_poll)
+        returned[task_id] = time.monotonic()
+
+    async def main() -> None:
+        async with AsyncClient(web_url, token) as sd:
+            watchers = [asyncio.create_task(watch(sd, t)) for t in tasks]
+            await asyncio.sleep(short_poll * 2.5)  # past two rounds of re-polls
+            await asyncio.to_thread(_stop_paced, tasks[:20], stopped_at)
+            await asyncio.wait_for(asyncio.gather(*watchers[:20]), 20)
+            for watcher in watchers[20:]:
+                watcher.cancel()
+            await asyncio.gather(*watchers[20:], return_exceptions=True)
+
+    asyncio.run(main())
+    late = sorted(returned[t] - stopped_at[t] for t in tasks[:20])
+    assert late[-1] < PROMPT_S / 2, f"Stop reached the slowest watcher {late[-1]:.2f} s after it committed"
+
+
+def _stop_paced(tasks: list[int], stopped_at: dict[int, float]) -> None:
+    try:
+        for task_id in tasks:
+            task_request_stop(task_id=task_id, actor="test", dispatch=lambda ids: None)
+            stopped_at[task_id] = time.monotonic()
+            time.sleep(0.2)
+    finally:
+        connection.close()
