@@ -7,7 +7,8 @@ the container reach it directly.
 
 Environment: DATABASE_URL, CELERY_BROKER_URL, SECRET_KEY, ALLOWED_HOSTS, STOPDESK_ENV=production,
 OPENAI_API_KEY / OPENAI_BASE_URL; STOPDESK_BIND_HOST (127.0.0.1; the image sets 0.0.0.0), PORT (8000;
-`watch`: WATCH_PORT, 8001), WEB_CONCURRENCY (2), WORKER_CONCURRENCY (8).
+`watch`: WATCH_PORT, 8001), WEB_CONCURRENCY (2), WORKER_CONCURRENCY (8); STOPDESK_WATCH_URL (where
+agents reach `watch`: the web door sends every watch there at once).
 """
 
 from __future__ import annotations

@@ -138,6 +138,21 @@ def bind_host() -> str:
     return raw
 
 
+def watch_url() -> str:
+    """STOPDESK_WATCH_URL: the address agents reach the watch server at (`python -m stopdesk watch`),
+    e.g. http://stopdesk.example:8001. Set, the web door sends every watch there at once instead of
+    holding a thread for it; empty, the web door serves watches itself (one thread each)."""
+    raw = os.environ.get("STOPDESK_WATCH_URL", "").strip().rstrip("/")
+    if not raw:
+        return ""
+    parts = urlsplit(raw)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise ConfigError(
+            f"STOPDESK_WATCH_URL={raw!r} is not the watch server's address; use e.g. http://stopdesk.example:8001."
+        )
+    return raw.removesuffix("/api/v1")
+
+
 def networks(name: str) -> list[str]:
     """Comma-separated addresses or networks (10.0.0.0/8), each checked."""
     found = []

@@ -237,6 +237,10 @@ STOPDESK_MECHANISMS.setdefault("openai", {})["options"] = {
     "api_key": os.environ.get("OPENAI_API_KEY", ""),
 }
 
+# Where agents watch for Stop: the watch server (docs/OPERATIONS.md, "Where watches go"). Set, the
+# web door answers its watch path at once with this address; empty, it serves watches itself.
+STOPDESK_WATCH_URL = config.watch_url()
+
 # The ledger's own knobs.
 STOPDESK = {
     # A running item whose heartbeat is older than this is presumed lost and reconciled.

@@ -1,8 +1,9 @@
 """`manage.py up`: stopdesk on one machine, with nothing installed but Python.
 
 The launcher prepares the database (migrations, an admin with a fresh password, the demo cast),
-serves the sandbox's external parties from its own threads, and supervises two child processes:
-gunicorn (the web app, static files through whitenoise) and a Celery worker with beat embedded.
+serves the sandbox's external parties from its own threads, and supervises three child processes:
+gunicorn (the web app, static files through whitenoise), a Celery worker with beat embedded, and
+the watch server (uvicorn: agents' Stop watches, which the web door sends there at once).
 Each child runs in a session of its own, so a Ctrl-C in the terminal reaches only the launcher,
 which then stops the children in order, within a bound, and leaves no process behind:
 SIGTERM (graceful), then SIGQUIT (Celery's cold shutdown), then SIGKILL to the whole group.
@@ -103,6 +104,13 @@ class Child:
             return ""
 
 
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -148,6 +156,11 @@ class Launcher:
     stopping: threading.Event = field(default_factory=threading.Event)
     signal_name: str = ""
     metrics_token: str = ""
+    watch_port: int = 0  # 0: the first free port from the web port + 6 (past the sandbox's), else any
+
+    @property
+    def watch_url(self) -> str:
+        return self.url.rsplit(":", 1)[0] + f":{self.watch_port}"
 
     @property
     def data_dir(self) -> Path:
@@ -249,6 +262,8 @@ class Launcher:
             if name in USER_SETTINGS:
                 env[USER_SETTINGS[name]] = url
         env.update(STOPDESK_METRICS_TOKEN=self.metrics_token, STOPDESK_BASE_URL=self.url)
+        # The web door sends every watch to the watch server this launcher runs.
+        env["STOPDESK_WATCH_URL"] = self.watch_url
         if "openai" in self.sandbox.urls:
             env["OPENAI_API_KEY"] = env.get("STOPDESK_SANDBOX_OPENAI_KEY", "sk-sandbox")
         env.setdefault("LOG_LEVEL", "INFO")
@@ -279,32 +294,44 @@ class Launcher:
             ],
             logs / "worker.log",
         )  # fmt: skip
+        if not self.watch_port:
+            wanted = self.port + 6
+            self.watch_port = wanted if _port_free(self.host, wanted) else free_port(self.host)
+        watch = Child(
+            "watch",
+            [
+                python, "-m", "uvicorn", "stopdesk.asgi:application",
+                "--host", self.host, "--port", str(self.watch_port),
+                "--no-access-log", "--timeout-keep-alive", "75", "--log-level", "warning",
+            ],
+            logs / "watch.log",
+        )  # fmt: skip
         env = self.child_env()
-        for child in (web, worker):
+        for child in (web, worker, watch):
             child.start(env)
             self.children.append(child)
 
     def wait_ready(self, timeout_s: float = 90.0) -> bool:
-        """The web app answers /healthz and the worker has said it is ready."""
-        self.out("Starting the web server and the worker...")
+        """The web app and the watch server answer /healthz and the worker has said it is ready."""
+        self.out("Starting the web server, the worker and the watch server...")
         worker = self.children[1]
         deadline = time.monotonic() + timeout_s
-        web_ok = worker_ok = False
+        web_ok = worker_ok = watch_ok = False
         while time.monotonic() < deadline and not self.stopping.is_set():
             for child in self.children:
                 if child.exited is not None:
                     self.out(f"The {child.name} process exited (status {child.exited}) while starting:\n{child.tail()}")
                     return False
-            if not web_ok:
-                with contextlib.suppress(httpx.HTTPError):
-                    web_ok = httpx.get(f"{self.url}/healthz", timeout=2.0).status_code == 200
+            web_ok = web_ok or _healthy(self.url)
+            watch_ok = watch_ok or _healthy(self.watch_url)
             worker_ok = worker_ok or " ready." in worker.tail(200)
-            if web_ok and worker_ok:
+            if web_ok and worker_ok and watch_ok:
                 return True
             time.sleep(0.2)
         if not self.stopping.is_set():
             self.out(
-                f"Not ready within {timeout_s:.0f}s (web {web_ok}, worker {worker_ok}); see {self.data_dir / 'logs'}."
+                f"Not ready within {timeout_s:.0f}s (web {web_ok}, worker {worker_ok}, watch {watch_ok}); "
+                f"see {self.data_dir / 'logs'}."
             )
         return False
 
@@ -334,6 +361,7 @@ class Launcher:
                 f"             drafts now; MCP lookup at +{p:.0f}s; CRM record at +{2 * p:.0f}s; "
                 f"email at +{3 * p:.0f}s; done at about +{4.5 * p:.0f}s. Press Stop at any point.",
             ]
+        lines.append(f"  Watch      {self.watch_url}  (agents' Stop watches; the web door sends them here)")
         lines += self.systems_lines(urls)
         lines += [
             f"  Webhooks   {urls[RECEIVER]}  (signed notifications, verified there; GET lists them)",

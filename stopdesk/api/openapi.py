@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 from pydantic import TypeAdapter
 
@@ -106,7 +107,7 @@ def document() -> dict[str, Any]:
                 "content": {"application/json": {"schema": {"$ref": REF.format(model=op.body.__name__)}}},
             }
         paths.setdefault(op.path, {})[op.method.lower()] = operation
-    paths[watch.PATH] = {"get": _watch_operation()}
+    paths[watch.PATH] = {"get": _watch_operation(), **_watch_servers()}
     return {
         "openapi": "3.1.0",
         "info": {
@@ -129,6 +130,13 @@ def document() -> dict[str, Any]:
             },
         },
     }
+
+
+def _watch_servers() -> dict[str, Any]:
+    """Where the watch is served, when a watch server is configured (the web door answers 307)."""
+    if not settings.STOPDESK_WATCH_URL:
+        return {}
+    return {"servers": [{"url": f"{settings.STOPDESK_WATCH_URL}/api/v1", "description": "The watch server."}]}
 
 
 def _watch_operation() -> dict[str, Any]:
@@ -164,6 +172,11 @@ def _watch_operation() -> dict[str, Any]:
                 "content": {"application/json": {"schema": {"$ref": REF.format(model="StopWatchInfo")}}},
             },
             "401": {"description": ERROR_TEXT[401], **error},
+            "307": {
+                "description": "Served by the watch server, not here (`STOPDESK_WATCH_URL` is set): repeat the "
+                "request at `Location`; the body's `watch_url` names the server, for every later watch.",
+                **error,
+            },
             "404": {"description": ERROR_TEXT[404], **error},
             "422": {"description": "`timeout` is not a number of seconds in range (field `timeout`).", **error},
         },

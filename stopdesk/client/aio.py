@@ -10,8 +10,8 @@ import httpx
 from stopdesk.client import calls
 from stopdesk.client.calls import Call
 from stopdesk.client.calls import record_launched as launched_call
-from stopdesk.client.transport import api_base, backoff, headers_for, read_answer, should_retry
-from stopdesk.client.watch import POLL_S, watch_stop_async
+from stopdesk.client.transport import WATCH_LIMITS, api_base, backoff, headers_for, read_answer, should_retry
+from stopdesk.client.watch import POLL_S, WatchPools, watch_stop_async
 from stopdesk.protocol.action import AsyncExternalAction
 from stopdesk.protocol.spec import ItemSpec
 from stopdesk.protocol.types import (
@@ -44,6 +44,7 @@ class AsyncClient:
         backoff_seconds: float = 0.2,
         http: httpx.AsyncClient | None = None,
         watch_url: str | None = None,
+        watch_http: httpx.AsyncClient | None = None,
     ) -> None:
         self.worker = worker
         self.retries = retries
@@ -51,9 +52,17 @@ class AsyncClient:
         self._own_http = http is None
         self.http = http or httpx.AsyncClient(timeout=timeout)
         self.base = api_base(base_url)
-        # Where the stop watch is served, when an ASGI server apart from the web answers it.
+        # Where the stop watch is served. Unset, the web door's answer names the watch server (a
+        # 307, followed and remembered), or the web door serves the watch itself.
         self.watch_base = api_base(watch_url) if watch_url else self.base
         self.http.headers["Authorization"] = f"Bearer {token}"
+        # Watches wait on connections of their own, never on the pool the boundary passes use.
+        if watch_http is not None:
+            watch_http.headers["Authorization"] = f"Bearer {token}"
+        auth = {"Authorization": f"Bearer {token}"}
+        self.watch_pools = WatchPools(
+            lambda: httpx.AsyncClient(timeout=timeout, limits=WATCH_LIMITS, headers=auth), given=watch_http
+        )
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -64,6 +73,8 @@ class AsyncClient:
     async def aclose(self) -> None:
         if self._own_http:
             await self.http.aclose()
+        for pool in self.watch_pools.owned():
+            await pool.aclose()
 
     async def _run[T](self, call: Call[T]) -> T:
         attempt = 0

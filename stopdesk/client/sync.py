@@ -10,8 +10,8 @@ import httpx
 from stopdesk.client import calls
 from stopdesk.client.calls import Call
 from stopdesk.client.calls import record_launched as launched_call
-from stopdesk.client.transport import api_base, backoff, headers_for, read_answer, should_retry
-from stopdesk.client.watch import POLL_S, StopWatch
+from stopdesk.client.transport import WATCH_LIMITS, api_base, backoff, headers_for, read_answer, should_retry
+from stopdesk.client.watch import POLL_S, StopWatch, WatchPools
 from stopdesk.protocol.action import ExternalAction
 from stopdesk.protocol.spec import ItemSpec
 from stopdesk.protocol.types import HeartbeatInfo, ItemInfo, RecordInfo, StopInfo, TaskDetail, TaskInfo
@@ -36,6 +36,7 @@ class Client:
         backoff_seconds: float = 0.2,
         http: httpx.Client | None = None,
         watch_url: str | None = None,
+        watch_http: httpx.Client | None = None,
     ) -> None:
         self.worker = worker
         self.retries = retries
@@ -43,9 +44,17 @@ class Client:
         self._own_http = http is None
         self.http = http or httpx.Client(timeout=timeout)
         self.base = api_base(base_url)
-        # Where the stop watch is served, when an ASGI server apart from the web answers it.
+        # Where the stop watch is served. Unset, the web door's answer names the watch server (a
+        # 307, followed and remembered), or the web door serves the watch itself.
         self.watch_base = api_base(watch_url) if watch_url else self.base
         self.http.headers["Authorization"] = f"Bearer {token}"
+        # Watches wait on connections of their own, never on the pool the boundary passes use.
+        if watch_http is not None:
+            watch_http.headers["Authorization"] = f"Bearer {token}"
+        auth = {"Authorization": f"Bearer {token}"}
+        self.watch_pools = WatchPools(
+            lambda: httpx.Client(timeout=timeout, limits=WATCH_LIMITS, headers=auth), given=watch_http
+        )
 
     def __enter__(self) -> Client:
         return self
@@ -56,6 +65,8 @@ class Client:
     def close(self) -> None:
         if self._own_http:
             self.http.close()
+        for pool in self.watch_pools.owned():
+            pool.close()
 
     def _run[T](self, call: Call[T]) -> T:
         attempt = 0

@@ -17,6 +17,9 @@ except ImportError:  # pragma: no cover - exercised only where opentelemetry-api
 
 API_PREFIX = "/api/v1"
 RETRY_STATUSES = frozenset({502, 503, 504})
+# The watches' own pool: one long poll per watched task holds one connection for as long as it
+# waits, so they never share the (bounded) pool the boundary passes use, and none is turned away.
+WATCH_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=None)
 
 
 def api_base(base_url: str) -> str:

@@ -3,14 +3,19 @@ Stop commits (`stopped: true`), or after `timeout` seconds with `stopped: false`
 
 A waiting watcher is a future on the event loop, woken by the process's one listening connection
 (`stopdesk.push.hub`). The token check and the first read of the task run on a small,
-fixed pool of threads (so of database connections) shared by every watch. Under the ASGI server
+fixed pool of threads (so of database connections) shared by every watch, in batches: polls that
+arrive together share their queries (`_Reads`). Under the ASGI server
 (`python -m stopdesk watch`, uvicorn) `stopdesk.asgi` routes this path to `asgi_watch`, a plain
 ASGI handler outside Django's request cycle, which would otherwise hold a thread for every request
 in flight: a thousand watchers then cost no threads and no connections, and no query while a poll
 waits. Each poll does cost queries: the health check of its thread's connection, the token, the
-task (3). At the clients' poll of 25 s an idle watcher costs about 432 queries an hour (434 measured)
+task (3; fewer each when polls arrive together and share a batch). At the clients' poll of 25 s an
+idle watcher costs at most about 432 queries an hour (434 measured, polls apart)
 (`BENCH=watch_idle python -m bench`).
-The Django view (`watch_stop`) serves the same answers under WSGI, one thread per watcher.
+The Django view (`watch_stop`) is the web door's: with a watch server configured
+(`STOPDESK_WATCH_URL`) it answers at once with a 307 naming it (`elsewhere`), which the clients
+follow and remember, so no watch holds a page-serving thread; without one it serves the same
+answers itself under WSGI, one thread per watcher (tests, a single-process deployment).
 """
 
 from __future__ import annotations
@@ -20,11 +25,14 @@ import contextlib
 import json
 import logging
 import threading
+import weakref
+from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, quote
 
+from django.conf import settings
 from django.db import close_old_connections, connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -41,6 +49,7 @@ DEFAULT_TIMEOUT_S = 25.0
 MAX_TIMEOUT_S = 55.0  # under the usual 60 s idle timeout of proxies in front
 PATH = "/tasks/{task_id}/stop/watch"
 DB_THREADS = 4
+BATCH_MAX = 500  # first reads per query: a bound on one query's size, not on how many wait
 # The watches' database work (token, scope, first read): a few threads, so a few connections, for
 # any number of watchers.
 _db = ThreadPoolExecutor(max_workers=DB_THREADS, thread_name_prefix="stopdesk-watch-db")
@@ -64,6 +73,8 @@ async def answer(*, method: str, authorization: str, task_id: str, timeout: str 
 
 @csrf_exempt
 async def watch_stop(request: HttpRequest, task_id: str) -> JsonResponse:
+    if settings.STOPDESK_WATCH_URL and request.method == "GET":
+        return elsewhere(settings.STOPDESK_WATCH_URL, task_id, request.META.get("QUERY_STRING", ""))
     status, body = await answer(
         method=request.method or "",
         authorization=request.headers.get("Authorization", ""),
@@ -71,6 +82,22 @@ async def watch_stop(request: HttpRequest, task_id: str) -> JsonResponse:
         timeout=request.GET.get("timeout"),
     )
     return _json_response(status, body)
+
+
+def elsewhere(watch_url: str, task_id: str, query: str) -> JsonResponse:
+    """The web door's answer when a watch server is configured: at once, no database, no waiting.
+    A 307 to the same watch there; the body names the server, which the clients remember."""
+    location = f"{watch_url}/api/v1{PATH.format(task_id=quote(task_id, safe=''))}" + (f"?{query}" if query else "")
+    response = JsonResponse(
+        {
+            "error": "watch_elsewhere",
+            "detail": "Stop is watched at the watch server, not here: repeat this request at watch_url.",
+            "watch_url": watch_url,
+        },
+        status=307,
+    )
+    response["Location"] = location
+    return response
 
 
 async def asgi_watch(scope: dict[str, Any], receive: Any, send: Any, task_id: str) -> None:
@@ -117,7 +144,7 @@ async def _watch(authorization: str, task_id: int, timeout: float) -> StopWatchI
     # Watch first, then read: a Stop that commits in between is seen by one or the other.
     unwatch = stop_hub().watch(task_id, wake)
     try:
-        requested_at = await loop.run_in_executor(_db, _read, authorization, task_id)
+        requested_at = await _read(authorization, task_id)
         if requested_at is not None:
             return StopWatchInfo(task_id, True, requested_at)
         with contextlib.suppress(TimeoutError):
@@ -127,13 +154,84 @@ async def _watch(authorization: str, task_id: int, timeout: float) -> StopWatchI
         unwatch()
 
 
-def _read(authorization: str, task_id: int) -> Any:
+class _Reads:
+    """The watches' first reads (token, scope, stop state), gathered per event loop: whatever waits
+    when one of the DB_THREADS is free goes in one batch, so a thousand polls arriving at once (a
+    client's watches all re-polling together) cost a few queries and milliseconds, not three
+    queries each, one after another, while their Stop waits behind the queue."""
+
+    def __init__(self) -> None:
+        self.waiting: list[tuple[str, int, asyncio.Future[Any]]] = []
+        self.draining = 0
+
+    async def read(self, authorization: str, task_id: int) -> Any:
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.waiting.append((authorization, task_id, done))
+        if self.draining < DB_THREADS:
+            self.draining += 1
+            asyncio.get_running_loop().create_task(self._drain())
+        return await done
+
+    async def _drain(self) -> None:
+        try:
+            while self.waiting:
+                batch, self.waiting = self.waiting[:BATCH_MAX], self.waiting[BATCH_MAX:]
+                asks = [(authorization, task_id) for authorization, task_id, _ in batch]
+                try:
+                    answers = await asyncio.get_running_loop().run_in_executor(_db, _read_many, asks)
+                except Exception as exc:  # the database failed them all: each request answers 500
+                    answers = [exc] * len(batch)
+                for (_, _, done), answer in zip(batch, answers, strict=True):
+                    if done.done():
+                        continue  # its client left
+                    if isinstance(answer, BaseException):
+                        done.set_exception(answer)
+                    else:
+                        done.set_result(answer)
+        finally:
+            self.draining -= 1
+
+
+_reads: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Reads] = weakref.WeakKeyDictionary()
+
+
+def _read(authorization: str, task_id: int) -> Awaitable[Any]:
+    """The stop time of the task the token may watch (None: not stopped); raises like the API."""
+    loop = asyncio.get_running_loop()
+    reads = _reads.get(loop)
+    if reads is None:
+        reads = _reads[loop] = _Reads()
+    return reads.read(authorization, task_id)
+
+
+def _read_many(asks: list[tuple[str, int]]) -> list[Any]:
+    """One batch, on a DB thread: each distinct token once, the tasks in one query. Each answer is
+    the task's stop time, or the refusal that request gets."""
     close_old_connections()  # these threads see no request signals: check the connection here
-    runtime = runtime_for(authorization)
-    found = Task.objects.filter(pk=task_id, runtime=runtime).values_list("stop_requested_at", flat=True)
-    if not found:
-        raise NotFound(f"No task {task_id}.")
-    return found[0]
+    runtimes: dict[str, Any] = {}
+    for authorization in {authorization for authorization, _ in asks}:
+        try:
+            runtimes[authorization] = runtime_for(authorization).pk
+        except StopdeskError as exc:
+            runtimes[authorization] = exc
+    ids = {task_id for _, task_id in asks}
+    tasks = {
+        pk: (runtime_id, stopped)
+        for pk, runtime_id, stopped in Task.objects.filter(pk__in=ids).values_list(
+            "pk", "runtime_id", "stop_requested_at"
+        )
+    }
+    answers: list[Any] = []
+    for authorization, task_id in asks:
+        runtime = runtimes[authorization]
+        found = tasks.get(task_id)
+        if isinstance(runtime, StopdeskError):
+            answers.append(runtime)
+        elif found is None or found[0] != runtime:
+            answers.append(NotFound(f"No task {task_id}."))
+        else:
+            answers.append(found[1])
+    return answers
 
 
 def _timeout(raw: str | None) -> float:

@@ -12,6 +12,7 @@ import pytest
 from django.db import connection
 
 from stopdesk.client import AsyncClient, Client
+from stopdesk.protocol.errors import StopdeskError
 from stopdesk.push.hub import StopHub, stop_hub
 from stopdesk.services.items import task_create
 from stopdesk.services.runtimes import runtime_create
@@ -136,3 +137,38 @@ def test_local_runtime_watch_stop_is_set_by_push(runtime_token):
     stopper = _stop_later(task.id, 0.0)
     assert watch.wait(5) and watch.info is not None and watch.info.stopped
     stopper.join()
+
+
+def test_a_web_door_that_sends_watches_round_in_a_circle_ends_the_watch_with_the_reason(
+    live_server, runtime_token, settings
+):
+    runtime, token = runtime_token
+    task = task_create(title="Analyse invoices", actor="test", runtime=runtime)
+    settings.STOPDESK_WATCH_URL = live_server.url  # the web door names itself as the watch server
+    with Client(live_server.url, token) as sd:
+        watch = sd.watch_stop(task.pk, poll_s=20)
+        watch._thread.join(10)
+    assert not watch.is_set() and watch.error is not None and watch.error.code == "watch_redirect_loop"
+
+    async def main() -> None:
+        async with AsyncClient(live_server.url, token) as sd:
+            await asyncio.wait_for(sd.watch_stop(task.pk, poll_s=20), 10)
+
+    with pytest.raises(StopdeskError) as refused:
+        asyncio.run(main())
+    assert refused.value.code == "watch_redirect_loop"
+
+
+def test_the_api_document_names_the_watch_server_when_one_is_configured(settings):
+    from stopdesk.api.openapi import document
+
+    document.cache_clear()
+    try:
+        assert "servers" not in document()["paths"]["/tasks/{task_id}/stop/watch"]
+        document.cache_clear()
+        settings.STOPDESK_WATCH_URL = "http://watch.example:8001"
+        watch_path = document()["paths"]["/tasks/{task_id}/stop/watch"]
+    finally:
+        document.cache_clear()
+    assert watch_path["servers"][0]["url"] == "http://watch.example:8001/api/v1"
+    assert "307" in watch_path["get"]["responses"]

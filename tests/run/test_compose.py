@@ -58,6 +58,13 @@ def test_the_stop_watch_is_served_under_asgi_on_the_same_database(compose: dict[
     assert '"uvicorn", "stopdesk.asgi:application"' in main
 
 
+def test_the_web_service_sends_watches_to_the_watch_service(compose: dict[str, Any]) -> None:
+    web_env = compose["services"]["web"]["environment"]
+    published = compose["services"]["watch"]["ports"][0]
+    assert web_env["STOPDESK_WATCH_URL"] == "${STOPDESK_WATCH_URL:-http://localhost:8001}"
+    assert published.endswith(":8001") and "8001" in web_env["STOPDESK_WATCH_URL"]
+
+
 def test_worker_and_beat_health_checks_read_their_heartbeats(compose: dict[str, Any]) -> None:
     for name in ("worker", "beat"):
         assert compose["services"][name]["healthcheck"]["test"] == ["CMD", "python", "-m", "stopdesk", "ready", name]

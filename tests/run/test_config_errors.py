@@ -92,3 +92,10 @@ def test_a_good_configuration_says_so(env: dict[str, str]) -> None:
     result = run(["-m", "stopdesk", "check"], env)
     assert result.returncode == 0, result.stderr
     assert "configuration ok" in result.stdout
+
+
+@pytest.mark.parametrize("url", ["localhost:8001", "ftp://watch.example", "http://watch.example:8001/?x=1"])
+def test_a_bad_watch_url_names_stopdesk_watch_url(env: dict[str, str], url: str) -> None:
+    env["STOPDESK_WATCH_URL"] = url
+    line = one_line(run(["manage.py", "check"], env))
+    assert line.startswith(PREFIX + "STOPDESK_WATCH_URL") and "watch server's address" in line

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -98,6 +99,8 @@ def test_up_serves_the_login_page_runs_the_demo_task_and_stops_cleanly(up: Up) -
     health = httpx.get(f"{base}/healthz", timeout=10)
     assert health.status_code == 200 and health.json()["status"] == "ok"
     assert httpx.get(f"{base}/static/stopdesk/app.css", timeout=10).status_code == 200
+    watch_url = _watch_url(up.output)
+    _the_web_door_sends_watches_to_the_watch_server(base, watch_url)
 
     # The demo task exists and its agent is really running in the worker.
     assert up.query("SELECT title FROM stopdesk_task") == [("Invoice analysis: ACME batch 42",)]
@@ -133,6 +136,26 @@ def test_up_serves_the_login_page_runs_the_demo_task_and_stops_cleanly(up: Up) -
     assert processes_with(up.marker) == [], f"left behind after {took:.1f}s"
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{base}/healthz", timeout=2)
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{watch_url}/healthz", timeout=2)
+
+
+def _watch_url(output: str) -> str:
+    found = re.search(r"^  Watch      (http://\S+)  ", output, re.MULTILINE)
+    assert found is not None, output
+    return found[1]
+
+
+def _the_web_door_sends_watches_to_the_watch_server(base: str, watch_url: str) -> None:
+    """The watch path answers at once with the watch server's address, which serves watches."""
+    started = time.monotonic()
+    sent = httpx.get(f"{base}/api/v1/tasks/1/stop/watch", params={"timeout": 20}, timeout=10)
+    assert time.monotonic() - started < 5
+    assert sent.status_code == 307 and sent.json()["watch_url"] == watch_url
+    assert sent.headers["location"] == f"{watch_url}/api/v1/tasks/1/stop/watch?timeout=20"
+    assert httpx.get(f"{watch_url}/healthz", timeout=10).status_code == 200
+    # Without a token the watch server refuses: it is the watch endpoint itself, not a page.
+    assert httpx.get(sent.headers["location"], timeout=10).status_code == 401
 
 
 @pytest.mark.parametrize("up", [True], indirect=True, ids=["data-dir-flag"])
