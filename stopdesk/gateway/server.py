@@ -1,0 +1,170 @@
+"""One MCP server per configured upstream, served at `/mcp/<name>` over Streamable HTTP.
+
+The SDK's server side speaks both revisions to clients (2026-07-28, and 2025-11-25 with its
+`initialize` handshake and `Mcp-Session-Id`); upstream calls go through `open_client`, in the
+revision the upstream offers. `tools/list` is forwarded as it is. Every `tools/call` is first
+registered as an item of the caller's task (`sessions.py`), then made by `mcp_call_tool`, which
+records the upstream, tool, revision and annotations, passes the boundary before anything is
+sent, and cancels the upstream call the way its revision means it when Stop comes. A call Stop
+refused or ended is answered with an MCP error saying who stopped it and why."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import mcp_types as types
+from mcp.server import Server
+from mcp.server.context import ServerRequestContext
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS
+from starlette.applications import Starlette
+from starlette.routing import BaseRoute
+
+from reconcile.mechanisms.mcp.agent import mcp_call_tool
+from reconcile.mechanisms.mcp.servers import ServerSpec, configured_servers, open_client
+from reconcile.mechanisms.registry import mechanism_settings
+from stopdesk.agent.aio import in_thread
+from stopdesk.gateway.sessions import ACTOR, TASK_HEADER, Caller, SessionTasks, UnknownTask, stopped_words
+from stopdesk.services.errors import LedgerError, TaskStopped
+from stopdesk.services.items import item_register
+from stopdesk.states import ItemState, Kind
+
+PATH = "/mcp/{name}"
+# A JSON-RPC server error of our own: the call was refused or ended by a Stop.
+STOPPED = -32090
+CLIENT_INFO_META_KEY = "io.modelcontextprotocol/clientInfo"
+
+
+class UpstreamGateway:
+    """The gateway in front of one upstream MCP server."""
+
+    def __init__(self, spec: ServerSpec, tasks: SessionTasks, *, poll_s: float, timeout_s: float) -> None:
+        self.spec = spec
+        self.tasks = tasks
+        self.poll_s = poll_s
+        self.timeout_s = timeout_s
+
+    def build_server(self) -> Server[Any]:
+        return Server(
+            f"stopdesk-gateway-{self.spec.name}",
+            version="1.0",
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+        )
+
+    async def _list_tools(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        async with open_client(self.spec, timeout_s=self.timeout_s) as conn:
+            return await conn.client.list_tools(cursor=params.cursor if params else None)
+
+    async def _call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Any:
+        arguments = dict(params.arguments or {})
+        try:
+            task_id = await in_thread(self.tasks.task_for, caller=caller_of(ctx, self.spec.name))
+            item = await in_thread(
+                item_register,
+                task=task_id,
+                kind=Kind.REMOTE_TOOL,
+                noun=f"{self.spec.name}: {params.name}",
+                actor=ACTOR,
+                mechanism="mcp",
+                detail={"gateway": self._call_facts(ctx, params.name, arguments)},
+            )
+        except UnknownTask as exc:
+            raise MCPError(code=INVALID_PARAMS, message=str(exc)) from exc
+        except LedgerError as exc:  # a closed task, a tool not ready: nothing was sent
+            raise MCPError(code=STOPPED, message=str(exc)) from exc
+        if item.state == ItemState.CANCELLED:  # registered after Stop: the upstream is never contacted
+            raise await _stopped(task_id)
+        try:
+            result = await mcp_call_tool(
+                item_id=item.pk,
+                tool=params.name,
+                actor=ACTOR,
+                server=self.spec,
+                arguments=arguments,
+                poll_s=self.poll_s,
+                timeout_s=self.timeout_s,
+            )
+        except TaskStopped:
+            raise await _stopped(task_id) from None
+        except LookupError as exc:  # the upstream has no such tool
+            raise MCPError(code=INVALID_PARAMS, message=str(exc)) from exc
+        if result is None:  # Stop cancelled it upstream; the item says cancelled or uncertain
+            raise await _stopped(task_id)
+        return result
+
+    def _call_facts(self, ctx: ServerRequestContext[Any], tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """What the gateway knows of the call before it goes anywhere. The upstream's annotations
+        (recorded by `mcp_call_tool`) are hints the upstream gives about itself, not promises."""
+        return {
+            "upstream": self.spec.name,
+            "tool": tool,
+            "client_request_id": ctx.request_id,
+            "client_revision": ctx.protocol_version,
+            "arguments_sha256": arguments_hash(arguments),
+            "annotations_trusted": False,
+        }
+
+
+async def _stopped(task_id: int) -> MCPError:
+    return MCPError(code=STOPPED, message=await in_thread(stopped_words, task_id=task_id))
+
+
+def arguments_hash(arguments: Mapping[str, Any]) -> str:
+    """The same arguments hash the same whatever their order: a repeated call is recognisable."""
+    canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def caller_of(ctx: ServerRequestContext[Any], upstream: str) -> Caller:
+    """The client as it named itself: in `initialize` (2025-11-25) or in each request's `_meta`
+    (2026-07-28); its session id and the task header from the HTTP request."""
+    info: Any = None
+    params = ctx.session.client_params
+    if params is not None:
+        info = params.client_info
+    elif isinstance(ctx.meta, Mapping):
+        info = ctx.meta.get(CLIENT_INFO_META_KEY)
+    name, version = _name_and_version(info)
+    headers = getattr(ctx.request, "headers", None) or {}
+    return Caller(
+        client_name=name,
+        client_version=version,
+        upstream=upstream,
+        session_id=headers.get("mcp-session-id"),
+        task_header=headers.get(TASK_HEADER),
+    )
+
+
+def _name_and_version(info: Any) -> tuple[str, str]:
+    if isinstance(info, Mapping):
+        return str(info.get("name") or ""), str(info.get("version") or "")
+    return str(getattr(info, "name", "") or ""), str(getattr(info, "version", "") or "")
+
+
+def gateway_app(*, host: str = "127.0.0.1", poll_s: float = 0.1, timeout_s: float = 300.0) -> Starlette:
+    """One Starlette app: `/mcp/<name>` for every configured MCP server, one session manager each."""
+    tasks = SessionTasks()
+    specs = configured_servers(mechanism_settings("mcp").options)
+    routes: list[BaseRoute] = []
+    managers = []
+    for name, spec in sorted(specs.items()):
+        server = UpstreamGateway(spec, tasks, poll_s=poll_s, timeout_s=timeout_s).build_server()
+        app = server.streamable_http_app(streamable_http_path=PATH.format(name=name), host=host)
+        routes.extend(app.routes)
+        managers.append(server.session_manager)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            for manager in managers:
+                await stack.enter_async_context(manager.run())
+            yield
+
+    return Starlette(routes=routes, lifespan=lifespan)
