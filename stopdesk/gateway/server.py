@@ -6,7 +6,9 @@ revision the upstream offers. `tools/list` is forwarded as it is. Every `tools/c
 registered as an item of the caller's task (`sessions.py`), then made by `mcp_call_tool`, which
 records the upstream, tool, revision and annotations, passes the boundary before anything is
 sent, and cancels the upstream call the way its revision means it when Stop comes. A call Stop
-refused or ended is answered with an MCP error saying who stopped it and why."""
+refused or ended is answered with an MCP error saying who stopped it and why; a call the client
+cancels is cancelled upstream and recorded (`client_cancel.py`); a call identical to one whose
+outcome is still unknown is held (`retry_gate.py`)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
+import anyio
 import mcp_types as types
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
@@ -28,14 +31,17 @@ from reconcile.mechanisms.mcp.agent import mcp_call_tool
 from reconcile.mechanisms.mcp.servers import ServerSpec, configured_servers, open_client
 from reconcile.mechanisms.registry import mechanism_settings
 from stopdesk.agent.aio import in_thread
+from stopdesk.gateway.client_cancel import record_client_cancel
+from stopdesk.gateway.retry_gate import earlier_unsettled, held_words
 from stopdesk.gateway.sessions import ACTOR, TASK_HEADER, Caller, SessionTasks, UnknownTask, stopped_words
 from stopdesk.services.errors import LedgerError, TaskStopped
 from stopdesk.services.items import item_register
 from stopdesk.states import ItemState, Kind
 
 PATH = "/mcp/{name}"
-# A JSON-RPC server error of our own: the call was refused or ended by a Stop.
+# JSON-RPC server errors of our own: the call was refused or ended by a Stop; the retry gate held it.
 STOPPED = -32090
+HELD = -32091
 CLIENT_INFO_META_KEY = "io.modelcontextprotocol/clientInfo"
 
 
@@ -64,8 +70,18 @@ class UpstreamGateway:
 
     async def _call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Any:
         arguments = dict(params.arguments or {})
+        facts = self._call_facts(ctx, params.name, arguments)
         try:
             task_id = await in_thread(self.tasks.task_for, caller=caller_of(ctx, self.spec.name))
+            earlier = await in_thread(
+                earlier_unsettled,
+                task_id=task_id,
+                upstream=self.spec.name,
+                tool=params.name,
+                arguments_sha256=facts["arguments_sha256"],
+            )
+            if earlier is not None:
+                raise MCPError(code=HELD, message=held_words(earlier))
             item = await in_thread(
                 item_register,
                 task=task_id,
@@ -73,7 +89,7 @@ class UpstreamGateway:
                 noun=f"{self.spec.name}: {params.name}",
                 actor=ACTOR,
                 mechanism="mcp",
-                detail={"gateway": self._call_facts(ctx, params.name, arguments)},
+                detail={"gateway": facts},
             )
         except UnknownTask as exc:
             raise MCPError(code=INVALID_PARAMS, message=str(exc)) from exc
@@ -81,16 +97,24 @@ class UpstreamGateway:
             raise MCPError(code=STOPPED, message=str(exc)) from exc
         if item.state == ItemState.CANCELLED:  # registered after Stop: the upstream is never contacted
             raise await _stopped(task_id)
+        return await self._forward(task_id, item.pk, params.name, arguments)
+
+    async def _forward(self, task_id: int, item_id: int, tool: str, arguments: dict[str, Any]) -> Any:
+        """The call upstream, watching for Stop; the client's own cancel ends it too."""
         try:
             result = await mcp_call_tool(
-                item_id=item.pk,
-                tool=params.name,
+                item_id=item_id,
+                tool=tool,
                 actor=ACTOR,
                 server=self.spec,
                 arguments=arguments,
                 poll_s=self.poll_s,
                 timeout_s=self.timeout_s,
             )
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):  # the record is written even as the handler ends
+                await in_thread(record_client_cancel, item_id=item_id)
+            raise
         except TaskStopped:
             raise await _stopped(task_id) from None
         except LookupError as exc:  # the upstream has no such tool

@@ -18,6 +18,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import Implementation
 
 from reconcile.mechanisms.mcp import sandbox as tools
+from stopdesk.agent.aio import in_thread
 from stopdesk.gateway.server import STOPPED, arguments_hash
 from stopdesk.models import Task, WorkItem
 from stopdesk.services.stop import task_request_stop
@@ -181,7 +182,8 @@ def test_a_read_only_call_stopped_in_flight_ends_cancelled(gateway):
 def test_a_call_after_stop_is_refused_and_never_reaches_the_upstream(gateway, mode):
     async def call_stop_call(client: Client) -> Any:
         await client.call_tool(tools.READ_VALUE, {"key": "k"})
-        await anyio.to_thread.run_sync(lambda: stop(Task.objects.get().pk, reason="enough"))
+        task_id = await in_thread(lambda: Task.objects.get().pk)
+        await anyio.to_thread.run_sync(lambda: stop(task_id, reason="enough"))
         return await client.call_tool(tools.SLOW_WRITE, {"key": "k", "value": "v", "seconds": 0.05})
 
     with pytest.raises(MCPError, match=r"^stopped by user:operator: enough$"):
