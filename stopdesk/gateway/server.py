@@ -110,6 +110,7 @@ class UpstreamGateway:
                 arguments=arguments,
                 poll_s=self.poll_s,
                 timeout_s=self.timeout_s,
+                stop_push=True,
             )
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):  # the record is written even as the handler ends
@@ -172,8 +173,10 @@ def _name_and_version(info: Any) -> tuple[str, str]:
     return str(getattr(info, "name", "") or ""), str(getattr(info, "version", "") or "")
 
 
-def gateway_app(*, host: str = "127.0.0.1", poll_s: float = 0.1, timeout_s: float = 300.0) -> Starlette:
-    """One Starlette app: `/mcp/<name>` for every configured MCP server, one session manager each."""
+def gateway_app(*, host: str = "127.0.0.1", poll_s: float = 5.0, timeout_s: float = 300.0) -> Starlette:
+    """One Starlette app: `/mcp/<name>` for every configured MCP server, one session manager each.
+    Stop reaches a call through the process's StopHub at once; `poll_s` paces each call's lease
+    (and is the longest a Stop waits should the hub's notification be lost)."""
     tasks = SessionTasks()
     specs = configured_servers(mechanism_settings("mcp").options)
     routes: list[BaseRoute] = []

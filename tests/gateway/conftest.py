@@ -20,6 +20,10 @@ __all__ = ["clock"]  # the reconciler's controllable clock, for sweeps
 CHECK = {"tool": READ_VALUE, "arguments": {"key": "{key}"}, "completed_if_contains": "{key}={value}"}
 
 
+# Long, so a Stop seen within a second was pushed (StopHub), not polled.
+POLL_S = 5.0
+
+
 @dataclass
 class Gateway:
     party: MCPToolServer  # the upstream: the sandbox MCP server
@@ -46,5 +50,5 @@ def gateway(fast, settings) -> Iterator[Gateway]:  # type: ignore[no-untyped-def
         configure_mcp_server(
             settings, "sandbox", url=upstream.url + "/mcp", tools={SLOW_WRITE: {"status_check": CHECK}}
         )
-        with BackgroundServer(lambda: gateway_app(poll_s=0.05), name="gateway") as front:
+        with BackgroundServer(lambda: gateway_app(poll_s=POLL_S), name="gateway") as front:
             yield Gateway(party=party, url=front.url + "/mcp/sandbox")
