@@ -25,7 +25,9 @@ from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 from starlette.applications import Starlette
-from starlette.routing import BaseRoute
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import BaseRoute, Route
 
 from reconcile.mechanisms.mcp.agent import mcp_call_tool
 from reconcile.mechanisms.mcp.servers import ServerSpec, configured_servers, open_client
@@ -194,4 +196,7 @@ def gateway_app(*, host: str = "127.0.0.1", poll_s: float = 5.0, timeout_s: floa
                 await stack.enter_async_context(manager.run())
             yield
 
-    return Starlette(routes=routes, lifespan=lifespan)
+    async def healthz(request: Request) -> JSONResponse:
+        return JSONResponse({"ok": True, "servers": sorted(specs)})
+
+    return Starlette(routes=[Route("/healthz", healthz, methods=["GET"]), *routes], lifespan=lifespan)

@@ -102,6 +102,11 @@ def test_a_call_passes_and_is_recorded_as_an_item_of_the_session_task(gateway, m
     assert len(gateway.party.wire("tools/call")) == 1
 
 
+def test_the_health_check_names_the_servers_it_fronts(gateway):
+    answer = httpx2.get(gateway.url.removesuffix("/mcp/sandbox") + "/healthz")
+    assert (answer.status_code, answer.json()) == (200, {"ok": True, "servers": ["sandbox"]})
+
+
 def test_tools_list_is_forwarded(gateway):
     listing = through_gateway(gateway.url, lambda c: c.list_tools(), mode="auto")
     names = {t.name for t in listing.tools}

@@ -58,6 +58,17 @@ def test_the_stop_watch_is_served_under_asgi_on_the_same_database(compose: dict[
     assert '"uvicorn", "stopdesk.asgi:application"' in main
 
 
+def test_the_mcp_gateway_runs_its_command_on_the_same_database_and_checks_its_health(compose: dict[str, Any]) -> None:
+    gateway = compose["services"]["mcp-gateway"]
+    assert gateway["command"] == ["mcp-gateway"]
+    assert gateway["environment"]["DATABASE_URL"] == compose["services"]["web"]["environment"]["DATABASE_URL"]
+    assert (
+        gateway["environment"]["STOPDESK_CONFIG_FILE"]
+        == compose["services"]["web"]["environment"]["STOPDESK_CONFIG_FILE"]
+    )
+    assert "8002/healthz" in " ".join(gateway["healthcheck"]["test"])
+
+
 def test_worker_and_beat_health_checks_read_their_heartbeats(compose: dict[str, Any]) -> None:
     for name in ("worker", "beat"):
         assert compose["services"][name]["healthcheck"]["test"] == ["CMD", "python", "-m", "stopdesk", "ready", name]
