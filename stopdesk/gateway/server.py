@@ -8,7 +8,8 @@ records the upstream, tool, revision and annotations, passes the boundary before
 sent, and cancels the upstream call the way its revision means it when Stop comes. A call Stop
 refused or ended is answered with an MCP error saying who stopped it and why; a call the client
 cancels is cancelled upstream and recorded (`client_cancel.py`); a call identical to one whose
-outcome is still unknown is held (`retry_gate.py`)."""
+outcome is still unknown is held (`retry_gate.py`); under readiness `enforce`, tools that are not
+ready are left out of `tools/list` and refused (`readiness.py`)."""
 
 from __future__ import annotations
 
@@ -30,10 +31,11 @@ from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
 from reconcile.mechanisms.mcp.agent import mcp_call_tool
-from reconcile.mechanisms.mcp.servers import ServerSpec, configured_servers, open_client
+from reconcile.mechanisms.mcp.servers import ServerConfigError, ServerSpec, configured_servers, open_client
 from reconcile.mechanisms.registry import mechanism_settings
 from stopdesk.agent.aio import in_thread
 from stopdesk.gateway.client_cancel import record_client_cancel
+from stopdesk.gateway.readiness import enforced, not_ready_because, ready_tools
 from stopdesk.gateway.retry_gate import earlier_unsettled, held_words
 from stopdesk.gateway.sessions import ACTOR, TASK_HEADER, Caller, SessionTasks, UnknownTask, stopped_words
 from stopdesk.services.errors import LedgerError, TaskStopped
@@ -44,6 +46,7 @@ PATH = "/mcp/{name}"
 # JSON-RPC server errors of our own: the call was refused or ended by a Stop; the retry gate held it.
 STOPPED = -32090
 HELD = -32091
+NOT_READY = -32092  # readiness `enforce` refused the tool
 CLIENT_INFO_META_KEY = "io.modelcontextprotocol/clientInfo"
 
 
@@ -55,6 +58,7 @@ class UpstreamGateway:
         self.tasks = tasks
         self.poll_s = poll_s
         self.timeout_s = timeout_s
+        self.known_tools: dict[str, types.Tool] = {}  # the upstream's tools, as last listed
 
     def build_server(self) -> Server[Any]:
         return Server(
@@ -67,12 +71,33 @@ class UpstreamGateway:
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
+        listing = await self._upstream_tools(params.cursor if params else None)
+        if not await in_thread(enforced):
+            return listing
+        ready = await in_thread(ready_tools, upstream=self.spec.name, tools=listing.tools)
+        return listing.model_copy(update={"tools": ready})
+
+    async def _upstream_tools(self, cursor: str | None = None) -> types.ListToolsResult:
         async with open_client(self.spec, timeout_s=self.timeout_s) as conn:
-            return await conn.client.list_tools(cursor=params.cursor if params else None)
+            listing = await conn.client.list_tools(cursor=cursor)
+        self.known_tools.update({tool.name: tool for tool in listing.tools})
+        return listing
+
+    async def _refuse_if_not_ready(self, name: str) -> None:
+        """Under readiness `enforce`, before anything is recorded or sent. The tool's annotations
+        come from the client's last `tools/list` (asked of the upstream only if it never listed)."""
+        if not await in_thread(enforced):
+            return
+        if name not in self.known_tools:
+            await self._upstream_tools()
+        tool = self.known_tools.get(name)
+        if tool is not None and (reason := await in_thread(not_ready_because, upstream=self.spec.name, tool=tool)):
+            raise MCPError(code=NOT_READY, message=reason)
 
     async def _call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Any:
         arguments = dict(params.arguments or {})
         facts = self._call_facts(ctx, params.name, arguments)
+        await self._refuse_if_not_ready(params.name)
         try:
             task_id = await in_thread(self.tasks.task_for, caller=caller_of(ctx, self.spec.name))
             earlier = await in_thread(
@@ -120,7 +145,7 @@ class UpstreamGateway:
             raise
         except TaskStopped:
             raise await _stopped(task_id) from None
-        except LookupError as exc:  # the upstream has no such tool
+        except (LookupError, ServerConfigError) as exc:  # no such tool; arguments its status check needs
             raise MCPError(code=INVALID_PARAMS, message=str(exc)) from exc
         if result is None:  # Stop cancelled it upstream; the item says cancelled or uncertain
             raise await _stopped(task_id)

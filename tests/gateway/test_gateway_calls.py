@@ -15,7 +15,7 @@ from django.db import connection
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from mcp_types import Implementation
+from mcp_types import INVALID_PARAMS, Implementation
 
 from reconcile.mechanisms.mcp import sandbox as tools
 from stopdesk.agent.aio import in_thread
@@ -117,6 +117,14 @@ def test_a_header_names_an_existing_task(gateway):
     task = make_task()
     through_gateway(gateway.url, lambda c: c.call_tool(tools.READ_VALUE, {"key": "k"}), mode="auto", task_id=task.pk)
     assert list(WorkItem.objects.values_list("task_id", flat=True)) == [task.pk]
+
+
+def test_arguments_the_status_check_needs_are_asked_for_and_nothing_is_sent(gateway):
+    with pytest.raises(MCPError, match="the call has no argument 'value'") as raised:
+        through_gateway(gateway.url, lambda c: c.call_tool(tools.SLOW_WRITE, {"key": "k"}), mode="auto")
+    assert raised.value.error.code == INVALID_PARAMS
+    assert gateway.party.wire("tools/call") == []
+    assert WorkItem.objects.get().state == S.FAILED
 
 
 def test_a_header_naming_no_task_is_refused_and_nothing_is_sent(gateway):
