@@ -151,6 +151,10 @@ def test_stop_during_a_long_write_answers_the_client_cancels_upstream_and_leaves
     # Not read-only, cancelled with no answer: the outcome is unknown, and the record says so.
     assert item.state == S.UNCERTAIN
     assert item.evidence["cancel"]["sent"] == "response stream closed"  # 2026-07-28 upstream over HTTP
+    # Both ids: the client's (to the gateway) and the upstream's (whose stream the gateway closed).
+    assert item.detail["gateway"]["client_request_id"] is not None
+    (upstream_call,) = gateway.party.wire("tools/call")
+    assert item.evidence["cancel"]["request_id"] == upstream_call["id"] and upstream_call["stream_closed"]
     # The upstream saw its call end before the write did: interrupted, no effect.
     events = [e["event"] for e in gateway.party.journal(tools.SLOW_WRITE)]
     assert events[0] == "started" and "interrupted" in events

@@ -107,7 +107,7 @@ async def mcp_call_tool(
                     if stop_seen is not None:
                         stop_seen.unwatch()
                 if result is None:
-                    await _record_cancelled(item_id, actor, facts)
+                    await _record_cancelled(item_id, actor, facts, conn.sent_ids.get("tools/call"))
                     # Keep the session: progress after the cancel is evidence, and a stdio server
                     # is not killed in the middle of what it may still be doing.
                     await anyio.sleep(linger)
@@ -189,7 +189,7 @@ async def _record_result(item_id: int, actor: str, result: types.CallToolResult)
     await in_thread(item_finish, item_id=item_id, succeeded=not result.is_error, actor=actor, outcome=text or "done")
 
 
-async def _record_cancelled(item_id: int, actor: str, facts: dict[str, Any]) -> None:
+async def _record_cancelled(item_id: int, actor: str, facts: dict[str, Any], request_id: Any) -> None:
 
     read_only = facts["annotations"]["readOnlyHint"]
     wire = str(facts.get("cancel_wire") or mcp_servers.NOTIFICATION)
@@ -197,6 +197,8 @@ async def _record_cancelled(item_id: int, actor: str, facts: dict[str, Any]) -> 
         "annotations": facts["annotations"],
         "cancel": {"revision": facts.get("revision"), "transport": facts.get("transport"), "sent": wire},
     }
+    if request_id is not None:  # the server's id of the call (Streamable HTTP), which its cancel names
+        evidence["cancel"]["request_id"] = request_id
     if read_only:
         to_state, outcome, extra = ItemState.CANCELLED, "cancelled; read-only tool", {}
     else:
