@@ -38,6 +38,7 @@ from stopdesk.gateway.client_cancel import record_client_cancel
 from stopdesk.gateway.readiness import enforced, not_ready_because, ready_tools
 from stopdesk.gateway.retry_gate import earlier_unsettled, held_words
 from stopdesk.gateway.sessions import ACTOR, TASK_HEADER, Caller, SessionTasks, UnknownTask, stopped_words
+from stopdesk.models import WorkItem
 from stopdesk.services.errors import LedgerError, TaskStopped
 from stopdesk.services.items import item_register
 from stopdesk.states import ItemState, Kind
@@ -72,7 +73,7 @@ class UpstreamGateway:
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
         listing = await self._upstream_tools(params.cursor if params else None)
-        if not await in_thread(enforced):
+        if not enforced():
             return listing
         ready = await in_thread(ready_tools, upstream=self.spec.name, tools=listing.tools)
         return listing.model_copy(update={"tools": ready})
@@ -86,7 +87,7 @@ class UpstreamGateway:
     async def _refuse_if_not_ready(self, name: str) -> None:
         """Under readiness `enforce`, before anything is recorded or sent. The tool's annotations
         come from the client's last `tools/list` (asked of the upstream only if it never listed)."""
-        if not await in_thread(enforced):
+        if not enforced():
             return
         if name not in self.known_tools:
             await self._upstream_tools()
@@ -99,25 +100,8 @@ class UpstreamGateway:
         facts = self._call_facts(ctx, params.name, arguments)
         await self._refuse_if_not_ready(params.name)
         try:
-            task_id = await in_thread(self.tasks.task_for, caller=caller_of(ctx, self.spec.name))
-            earlier = await in_thread(
-                earlier_unsettled,
-                task_id=task_id,
-                upstream=self.spec.name,
-                tool=params.name,
-                arguments_sha256=facts["arguments_sha256"],
-            )
-            if earlier is not None:
-                raise MCPError(code=HELD, message=held_words(earlier))
-            item = await in_thread(
-                item_register,
-                task=task_id,
-                kind=Kind.REMOTE_TOOL,
-                noun=f"{self.spec.name}: {params.name}",
-                actor=ACTOR,
-                mechanism="mcp",
-                detail={"gateway": facts},
-            )
+            # One trip to the ledger (one thread, one connection) for the task, the gate and the item.
+            task_id, item = await in_thread(self._register, caller=caller_of(ctx, self.spec.name), facts=facts)
         except UnknownTask as exc:
             raise MCPError(code=INVALID_PARAMS, message=str(exc)) from exc
         except LedgerError as exc:  # a closed task, a tool not ready: nothing was sent
@@ -125,6 +109,23 @@ class UpstreamGateway:
         if item.state == ItemState.CANCELLED:  # registered after Stop: the upstream is never contacted
             raise await _stopped(task_id)
         return await self._forward(task_id, item.pk, params.name, arguments)
+
+    def _register(self, *, caller: Caller, facts: dict[str, Any]) -> tuple[int, WorkItem]:
+        task_id = self.tasks.task_for(caller)
+        earlier = earlier_unsettled(
+            task_id=task_id, upstream=self.spec.name, tool=facts["tool"], arguments_sha256=facts["arguments_sha256"]
+        )
+        if earlier is not None:
+            raise MCPError(code=HELD, message=held_words(earlier))
+        item = item_register(
+            task=task_id,
+            kind=Kind.REMOTE_TOOL,
+            noun=f"{self.spec.name}: {facts['tool']}",
+            actor=ACTOR,
+            mechanism="mcp",
+            detail={"gateway": facts},
+        )
+        return task_id, item
 
     async def _forward(self, task_id: int, item_id: int, tool: str, arguments: dict[str, Any]) -> Any:
         """The call upstream, watching for Stop; the client's own cancel ends it too."""
