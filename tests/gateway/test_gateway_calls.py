@@ -161,6 +161,27 @@ def test_stop_during_a_long_write_answers_the_client_cancels_upstream_and_leaves
     assert gateway.party.effects(tools.SLOW_WRITE) == []
 
 
+def test_stop_cancels_a_2025_11_25_upstream_call_with_a_notification_naming_its_id(gateway):
+    gateway.party.configure(revisions="2025-11-25")  # like server-everything: no 2026-07-28
+    task = make_task()
+    presser = stop_once_started(gateway.party, tools.SLOW_WRITE, task.pk)
+    with pytest.raises(MCPError, match="stopped by user:operator"):
+        through_gateway(
+            gateway.url,
+            lambda c: c.call_tool(tools.SLOW_WRITE, {"key": "k", "value": "v", "seconds": 5}),
+            mode="auto",
+            task_id=task.pk,
+        )
+    presser.join()
+    item = WorkItem.objects.get(task=task)
+    assert item.detail["mcp"]["revision"] == "2025-11-25"
+    assert item.evidence["cancel"]["sent"] == "notifications/cancelled with the request id"
+    (upstream_call,) = gateway.party.wire("tools/call")
+    (cancel,) = gateway.party.wire("notifications/cancelled")
+    assert cancel["request_id"] == upstream_call["id"] == item.evidence["cancel"]["request_id"]
+    assert item.state == S.UNCERTAIN
+
+
 def test_a_stopped_write_that_landed_anyway_is_settled_by_its_status_check(gateway, clock):
     """The upstream ignores the cancel and the write lands: uncertain with a deadline, until the
     reconciler's status check (read_value on the upstream, declared in the gateway's
