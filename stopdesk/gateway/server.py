@@ -39,7 +39,7 @@ from stopdesk.gateway.readiness import enforced, not_ready_because, ready_tools
 from stopdesk.gateway.retry_gate import earlier_unsettled, held_words
 from stopdesk.gateway.sessions import ACTOR, TASK_HEADER, Caller, SessionTasks, UnknownTask, stopped_words
 from stopdesk.models import WorkItem
-from stopdesk.services.errors import LedgerError, TaskStopped
+from stopdesk.services.errors import LedgerError, TaskStopped, ToolNotReady
 from stopdesk.services.items import item_register
 from stopdesk.states import ItemState, Kind
 
@@ -48,6 +48,7 @@ PATH = "/mcp/{name}"
 STOPPED = -32090
 HELD = -32091
 NOT_READY = -32092  # readiness `enforce` refused the tool
+REFUSED = -32093  # the ledger refused the call otherwise (a closed task); nothing was sent
 CLIENT_INFO_META_KEY = "io.modelcontextprotocol/clientInfo"
 
 
@@ -104,8 +105,10 @@ class UpstreamGateway:
             task_id, item = await in_thread(self._register, caller=caller_of(ctx, self.spec.name), facts=facts)
         except UnknownTask as exc:
             raise MCPError(code=INVALID_PARAMS, message=str(exc)) from exc
-        except LedgerError as exc:  # a closed task, a tool not ready: nothing was sent
-            raise MCPError(code=STOPPED, message=str(exc)) from exc
+        except ToolNotReady as exc:  # the registration's own readiness check
+            raise MCPError(code=NOT_READY, message=str(exc)) from exc
+        except LedgerError as exc:  # a closed task: nothing was sent
+            raise MCPError(code=REFUSED, message=str(exc)) from exc
         if item.state == ItemState.CANCELLED:  # registered after Stop: the upstream is never contacted
             raise await _stopped(task_id)
         return await self._forward(task_id, item.pk, params.name, arguments)
