@@ -1,14 +1,15 @@
-"""The production entry point: `python -m stopdesk {check,migrate,web,watch,worker,beat}`.
+"""The production entry point: `python -m stopdesk {check,migrate,web,watch,worker,beat,mcp-gateway}`.
 
 Each command first checks the configuration and that the database and the broker answer, and
 exits with one readable line when they do not; then it replaces itself with the real server
-(gunicorn, uvicorn for the stop watch endpoint, `celery worker`, `celery beat`), so signals from
+(gunicorn, uvicorn for the stop watch endpoint and for the MCP Stop gateway, `celery worker`,
+`celery beat`), so signals from
 the container reach it directly.
 
 Environment: DATABASE_URL, CELERY_BROKER_URL, SECRET_KEY, ALLOWED_HOSTS, STOPDESK_ENV=production,
 OPENAI_API_KEY / OPENAI_BASE_URL; STOPDESK_BIND_HOST (127.0.0.1; the image sets 0.0.0.0), PORT (8000;
-`watch`: WATCH_PORT, 8001), WEB_CONCURRENCY (2), WORKER_CONCURRENCY (8); STOPDESK_WATCH_URL (where
-agents reach `watch`: the web door sends every watch there at once).
+`watch`: WATCH_PORT, 8001; `mcp-gateway`: GATEWAY_PORT, 8002), WEB_CONCURRENCY (2), WORKER_CONCURRENCY (8);
+STOPDESK_WATCH_URL (where agents reach `watch`: the web door sends every watch there at once).
 """
 
 from __future__ import annotations
@@ -19,9 +20,12 @@ import sys
 from stopdesk import config
 
 USAGE = (
-    "usage: python -m stopdesk {check,migrate,web,watch,worker,beat} [extra arguments for the server]\n"
+    "usage: python -m stopdesk {check,migrate,web,watch,worker,beat,mcp-gateway} [extra arguments for the server]\n"
     "       python -m stopdesk ready {worker,beat}   (exit 0 when its heartbeat is recent: health checks)"
 )
+
+
+COMMANDS = ("check", "migrate", "web", "watch", "worker", "beat", "mcp-gateway")
 
 
 def _exec(argv: list[str]) -> None:
@@ -48,7 +52,7 @@ def main(argv: list[str]) -> None:
             raise SystemExit(2)
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "stopdesk.settings")
         ready(argv[1])
-    if not argv or argv[0] not in ("check", "migrate", "web", "watch", "worker", "beat"):
+    if not argv or argv[0] not in COMMANDS:
         print(USAGE, file=sys.stderr)
         raise SystemExit(2)
     command, extra = argv[0], argv[1:]
@@ -60,6 +64,7 @@ def main(argv: list[str]) -> None:
     # Checked for every command, so `check` finds a bad number before `web` or `worker` would.
     port = config.integer("PORT", 8000, maximum=65535)
     watch_port = config.integer("WATCH_PORT", 8001, maximum=65535)
+    gateway_port = config.integer("GATEWAY_PORT", 8002, maximum=65535)
     host = config.bind_host()
     web_processes = config.integer("WEB_CONCURRENCY", 2)
     worker_processes = config.integer("WORKER_CONCURRENCY", 8)
@@ -67,8 +72,8 @@ def main(argv: list[str]) -> None:
 
     if problems := timing_problems():
         raise config.ConfigError(problems[0])
-    # The watch server only reads: it needs the database, not the broker.
-    config.preflight(broker=command not in ("migrate", "watch"), create=command == "migrate")
+    # The watch server only reads, and the gateway writes the ledger itself: neither needs the broker.
+    config.preflight(broker=command not in ("migrate", "watch", "mcp-gateway"), create=command == "migrate")
     python = sys.executable
     if command == "check":
         print("stopdesk: configuration ok; the database and the broker answer.")
@@ -87,6 +92,13 @@ def main(argv: list[str]) -> None:
         _exec([
             python, "-m", "uvicorn", "stopdesk.asgi:application",
             "--host", host, "--port", str(watch_port),
+            "--no-access-log", "--timeout-keep-alive", "75", *extra,
+        ])  # fmt: skip
+    elif command == "mcp-gateway":
+        # One event loop holds every client's call in flight; `/mcp/<name>` per configured MCP server.
+        _exec([
+            python, "-m", "uvicorn", "stopdesk.gateway.asgi:application", "--factory",
+            "--host", host, "--port", str(gateway_port),
             "--no-access-log", "--timeout-keep-alive", "75", *extra,
         ])  # fmt: skip
     elif command == "worker":

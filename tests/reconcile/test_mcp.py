@@ -199,6 +199,8 @@ def test_cancelled_write_ends_uncertain_because_no_answer_follows(fast, speaking
         "revision": revision,
         "transport": "streamable_http",
         "sent": CANCEL_WIRE[revision],
+        # The server's id of the call: the one its cancel named (2025-11-25) or whose stream closed.
+        "request_id": party.wire("tools/call")[-1]["id"],
     }
     assert cancel_seen_at_the_server(party, revision) == EXPECTED_CANCEL[revision]
     if revision == mcp_servers.MODERN:

@@ -65,6 +65,17 @@ def test_the_web_service_sends_watches_to_the_watch_service(compose: dict[str, A
     assert published.endswith(":8001") and "8001" in web_env["STOPDESK_WATCH_URL"]
 
 
+def test_the_mcp_gateway_runs_its_command_on_the_same_database_and_checks_its_health(compose: dict[str, Any]) -> None:
+    gateway = compose["services"]["mcp-gateway"]
+    assert gateway["command"] == ["mcp-gateway"]
+    assert gateway["environment"]["DATABASE_URL"] == compose["services"]["web"]["environment"]["DATABASE_URL"]
+    assert (
+        gateway["environment"]["STOPDESK_CONFIG_FILE"]
+        == compose["services"]["web"]["environment"]["STOPDESK_CONFIG_FILE"]
+    )
+    assert "8002/healthz" in " ".join(gateway["healthcheck"]["test"])
+
+
 def test_worker_and_beat_health_checks_read_their_heartbeats(compose: dict[str, Any]) -> None:
     for name in ("worker", "beat"):
         assert compose["services"][name]["healthcheck"]["test"] == ["CMD", "python", "-m", "stopdesk", "ready", name]

@@ -23,6 +23,7 @@ never recorded (`ServerSpec.public()` is what the ledger gets) and never logged.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -283,6 +284,9 @@ class Connection:
     requested: str = AUTO
     session_id: str | None = None
     chosen_because: str = ""  # why an older revision was chosen over one the server offered
+    # The JSON-RPC id of the last request sent per method (Streamable HTTP only): the upstream's id
+    # of a call, which its cancel names, for the record.
+    sent_ids: dict[str, Any] = field(default_factory=dict)
 
     @property
     def revision(self) -> str:
@@ -329,13 +333,17 @@ async def open_client(
         if sid and conn_box:
             conn_box[0].session_id = sid
 
+    async def remember_request_id(request: httpx2.Request) -> None:
+        if conn_box and request.method == "POST":
+            _note_request_id(conn_box[0], request)
+
     transport: Any
     http: httpx2.AsyncClient | None = None
     if spec.transport == HTTP:
         http = httpx2.AsyncClient(
             headers=spec.http_headers(),
             timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT),
-            event_hooks={"response": [remember_session]},
+            event_hooks={"request": [remember_request_id], "response": [remember_session]},
         )
         transport = streamable_http_client(spec.url, http_client=http, terminate_on_close=terminate_on_close)
     else:
@@ -354,3 +362,12 @@ async def open_client(
     finally:
         if http is not None:
             await http.aclose()
+
+
+def _note_request_id(conn: Connection, request: httpx2.Request) -> None:
+    try:
+        message = json.loads(request.content)
+    except (httpx2.RequestNotRead, ValueError):
+        return  # a body we do not read (streamed) or not JSON: nothing to note
+    if isinstance(message, dict) and "id" in message and isinstance(message.get("method"), str):
+        conn.sent_ids[message["method"]] = message["id"]

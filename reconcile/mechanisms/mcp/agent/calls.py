@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -22,8 +24,9 @@ from reconcile.mechanisms.mcp.agent.common import (
 from reconcile.mechanisms.mcp.servers import Connection
 from reconcile.mechanisms.registry import mechanism_settings
 from stopdesk.agent.aio import in_thread
+from stopdesk.push.hub import stop_hub
 from stopdesk.services.errors import IllegalTransition, TaskStopped
-from stopdesk.services.items import item_finish, item_heartbeat, item_note_evidence
+from stopdesk.services.items import item_finish, item_heartbeat, item_note_evidence, item_task_id
 from stopdesk.services.transitions import item_transition
 from stopdesk.states import ItemState
 
@@ -70,11 +73,14 @@ async def mcp_call_tool(
     poll_s: float = 0.5,
     timeout_s: float = 300.0,
     after_cancel_s: float | None = None,
+    stop_push: bool = False,
 ) -> types.CallToolResult | None:
     """Record server, tool, protocol version and annotations; pass the boundary; call the tool
     while watching the ledger; cancel the call on Stop. Returns the result, or None when the call
     was cancelled (the item is then recorded cancelled or uncertain). `server` is a configured
-    server's name, a URL, or `StdioServerParameters`; `url` is the older spelling of a URL."""
+    server's name, a URL, or `StdioServerParameters`; `url` is the older spelling of a URL.
+    With `stop_push` the process's StopHub wakes the watch the moment the task's Stop commits
+    (a long-lived process holding many calls, the gateway); `poll_s` then only paces the lease."""
 
     ref = server if server is not None else url
     if ref is None:
@@ -94,9 +100,14 @@ async def mcp_call_tool(
             except TaskStopped as exc:  # raised after the session closes, not wrapped in its task group
                 refused = exc
             if refused is None:
-                result = await _call_watching(conn, item_id, tool, arguments, poll_s, progress)
+                stop_seen = await _stop_pushed(item_id) if stop_push else None
+                try:
+                    result = await _call_watching(conn, item_id, tool, arguments, poll_s, progress, stop_seen)
+                finally:
+                    if stop_seen is not None:
+                        stop_seen.unwatch()
                 if result is None:
-                    await _record_cancelled(item_id, actor, facts)
+                    await _record_cancelled(item_id, actor, facts, conn.sent_ids.get("tools/call"))
                     # Keep the session: progress after the cancel is evidence, and a stdio server
                     # is not killed in the middle of what it may still be doing.
                     await anyio.sleep(linger)
@@ -116,8 +127,33 @@ def _after_cancel_s() -> float:
     return float(mechanism_settings("mcp").options.get("after_cancel_s", 2.0))
 
 
+@dataclass
+class StopPushed:
+    """Set from the StopHub's thread when the task's Stop commits."""
+
+    event: asyncio.Event
+    unwatch: Callable[[], None]
+
+
+async def _stop_pushed(item_id: int) -> StopPushed:
+    loop = asyncio.get_running_loop()
+    event = asyncio.Event()
+    task_id = await in_thread(item_task_id, item_id=item_id)
+    # Watched, then read once: a Stop that committed since the boundary was passed is seen too.
+    unwatch = await in_thread(
+        stop_hub().watch_checked, task_id=task_id, callback=lambda _task, _at: loop.call_soon_threadsafe(event.set)
+    )
+    return StopPushed(event=event, unwatch=unwatch)
+
+
 async def _call_watching(
-    conn: Connection, item_id: int, tool: str, arguments: dict[str, Any], poll_s: float, progress: ProgressSeen
+    conn: Connection,
+    item_id: int,
+    tool: str,
+    arguments: dict[str, Any],
+    poll_s: float,
+    progress: ProgressSeen,
+    stop_seen: StopPushed | None = None,
 ) -> types.CallToolResult | None:
 
     result: list[types.CallToolResult] = []
@@ -131,7 +167,11 @@ async def _call_watching(
 
     async def watch(scope: anyio.CancelScope) -> None:
         while True:
-            await anyio.sleep(poll_s)
+            if stop_seen is None:
+                await anyio.sleep(poll_s)
+            else:
+                with anyio.move_on_after(poll_s):
+                    await stop_seen.event.wait()
             if await in_thread(item_heartbeat, item_id=item_id):
                 progress.cancelled_at = time.monotonic()
                 scope.cancel()  # the SDK cancels the way the revision means it (see cancel_wire)
@@ -149,7 +189,7 @@ async def _record_result(item_id: int, actor: str, result: types.CallToolResult)
     await in_thread(item_finish, item_id=item_id, succeeded=not result.is_error, actor=actor, outcome=text or "done")
 
 
-async def _record_cancelled(item_id: int, actor: str, facts: dict[str, Any]) -> None:
+async def _record_cancelled(item_id: int, actor: str, facts: dict[str, Any], request_id: Any) -> None:
 
     read_only = facts["annotations"]["readOnlyHint"]
     wire = str(facts.get("cancel_wire") or mcp_servers.NOTIFICATION)
@@ -157,6 +197,8 @@ async def _record_cancelled(item_id: int, actor: str, facts: dict[str, Any]) -> 
         "annotations": facts["annotations"],
         "cancel": {"revision": facts.get("revision"), "transport": facts.get("transport"), "sent": wire},
     }
+    if request_id is not None:  # the server's id of the call (Streamable HTTP), which its cancel names
+        evidence["cancel"]["request_id"] = request_id
     if read_only:
         to_state, outcome, extra = ItemState.CANCELLED, "cancelled; read-only tool", {}
     else:

@@ -1,0 +1,136 @@
+"""The MCP Stop gateway: what it adds to a `tools/call`, and how soon Stop reaches the upstream.
+
+- `gateway.added_ms.p50/p99`: a `read_value` call through the gateway minus the same call made
+  directly to the upstream (the sandbox MCP server), both from the SDK client over one session,
+  percentile against percentile.
+- `gateway.stop_to_upstream_cancel_ms.p50/p99`: SESSIONS clients, each on its own task with a
+  `slow_lookup` in flight; each task is stopped in turn, and the time runs from the Stop's commit
+  to the upstream seeing its call interrupted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import statistics
+import threading
+import time
+from typing import Any
+
+import anyio
+import httpx2
+
+from bench.harness import Figure
+
+CALLS = 60
+SESSIONS = 20
+
+
+def run() -> list[Figure]:
+    from django.conf import settings
+    from django.db import connections
+
+    from reconcile.mechanisms import registry
+    from reconcile.mechanisms.mcp.sandbox import MCPToolServer
+    from stopdesk.gateway.server import gateway_app
+    from stopdesk.push.hub import stop_hub_close
+    from stopdrill.sandbox.server import BackgroundServer
+
+    saved = settings.STOPDESK_MECHANISMS
+    party = MCPToolServer(default_seconds=10.0)
+    try:
+        with BackgroundServer(party.app, name="mcp") as upstream:
+            mechanisms = copy.deepcopy(saved)
+            options = mechanisms.setdefault("mcp", {}).setdefault("options", {})
+            options["servers"] = {"sandbox": {"url": upstream.url + "/mcp"}}
+            options["after_cancel_s"] = 0.0
+            settings.STOPDESK_MECHANISMS = mechanisms
+            registry.reset()
+            with BackgroundServer(gateway_app, name="gateway") as front:
+                direct = _call_times(upstream.url + "/mcp")
+                through = _call_times(front.url + "/mcp/sandbox")
+                stops = _stop_to_cancel(party, front.url + "/mcp/sandbox")
+    finally:
+        settings.STOPDESK_MECHANISMS = saved
+        registry.reset()
+        stop_hub_close()  # before the scratch database is dropped under its listener
+        connections.close_all()
+    return [
+        Figure("gateway.added_ms.p50", statistics.median(through) - statistics.median(direct), "ms", target=2.0),
+        Figure("gateway.added_ms.p99", _p99(through) - _p99(direct), "ms", target=10.0),
+        Figure("gateway.call_ms.direct.p50", statistics.median(direct), "ms"),
+        Figure("gateway.call_ms.through.p50", statistics.median(through), "ms"),
+        Figure("gateway.stop_to_upstream_cancel_ms.p50", statistics.median(stops), "ms"),
+        Figure("gateway.stop_to_upstream_cancel_ms.p99", _p99(stops), "ms", target=50.0),
+    ]
+
+
+def _p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+
+
+def _call_times(url: str) -> list[float]:
+    from mcp import Client
+
+    timings: list[float] = []
+
+    async def main() -> None:
+        async with Client(url) as client:
+            for n in range(CALLS + 5):
+                started = time.perf_counter()
+                await client.call_tool("read_value", {"key": "k"})
+                if n >= 5:  # after a warm-up
+                    timings.append((time.perf_counter() - started) * 1000)
+
+    anyio.run(main)
+    return timings
+
+
+def _stop_to_cancel(party: Any, url: str) -> list[float]:
+    from django.db import connection
+
+    from stopdesk.services.items import task_create
+    from stopdesk.services.stop import task_request_stop
+
+    task_ids = [task_create(title=f"bench gateway {n}", actor="bench").pk for n in range(SESSIONS)]
+    connection.close()
+    callers = threading.Thread(target=anyio.run, args=(_calls_in_flight, url, task_ids))
+    callers.start()
+    _wait(lambda: sum(e["event"] == "started" for e in party.journal("slow_lookup")) == SESSIONS)
+    pressed: dict[str, float] = {}
+    for task_id in task_ids:
+        pressed[f"q{task_id}"] = time.time()
+        task_request_stop(task_id=task_id, actor="user:bench", reason="bench", dispatch=lambda ids: None)
+    connection.close()
+    _wait(lambda: sum(e["event"] == "interrupted" for e in party.journal("slow_lookup")) == SESSIONS)
+    callers.join()
+    ended = {e["call"]: e["at"] for e in party.journal("slow_lookup") if e["event"] == "interrupted"}
+    return [(ended[call] - at) * 1000 for call, at in pressed.items()]
+
+
+async def _calls_in_flight(url: str, task_ids: list[int]) -> None:
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared.exceptions import MCPError
+
+    async def one(task_id: int) -> None:
+        headers = {"X-Stopdesk-Task": str(task_id)}
+        async with httpx2.AsyncClient(headers=headers, timeout=60) as http:
+            transport = streamable_http_client(url, http_client=http)
+            # Answered "stopped by user:bench: bench", as expected.
+            async with Client(transport) as client:  # type: ignore[arg-type]
+                with contextlib.suppress(MCPError):
+                    await client.call_tool("slow_lookup", {"query": f"q{task_id}", "seconds": 10})
+
+    async with anyio.create_task_group() as tg:
+        for task_id in task_ids:
+            tg.start_soon(one, task_id)
+
+
+def _wait(condition: Any, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the gateway bench waited too long")
+        time.sleep(0.01)

@@ -1,0 +1,231 @@
+"""One MCP server per configured upstream, served at `/mcp/<name>` over Streamable HTTP.
+
+The SDK's server side speaks both revisions to clients (2026-07-28, and 2025-11-25 with its
+`initialize` handshake and `Mcp-Session-Id`); upstream calls go through `open_client`, in the
+revision the upstream offers. `tools/list` is forwarded as it is. Every `tools/call` is first
+registered as an item of the caller's task (`sessions.py`), then made by `mcp_call_tool`, which
+records the upstream, tool, revision and annotations, passes the boundary before anything is
+sent, and cancels the upstream call the way its revision means it when Stop comes. A call Stop
+refused or ended is answered with an MCP error saying who stopped it and why; a call the client
+cancels is cancelled upstream and recorded (`client_cancel.py`); a call identical to one whose
+outcome is still unknown is held (`retry_gate.py`); under readiness `enforce`, tools that are not
+ready are left out of `tools/list` and refused (`readiness.py`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp.server import Server
+from mcp.server.context import ServerRequestContext
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import BaseRoute, Route
+
+from reconcile.mechanisms.mcp.agent import mcp_call_tool
+from reconcile.mechanisms.mcp.servers import ServerConfigError, ServerSpec, configured_servers, open_client
+from reconcile.mechanisms.registry import mechanism_settings
+from stopdesk.agent.aio import in_thread
+from stopdesk.gateway.client_cancel import record_client_cancel
+from stopdesk.gateway.readiness import enforced, not_ready_because, ready_tools
+from stopdesk.gateway.retry_gate import earlier_unsettled, held_words
+from stopdesk.gateway.sessions import ACTOR, TASK_HEADER, Caller, SessionTasks, UnknownTask, stopped_words
+from stopdesk.models import WorkItem
+from stopdesk.services.errors import LedgerError, TaskStopped, ToolNotReady
+from stopdesk.services.items import item_register
+from stopdesk.states import ItemState, Kind
+
+PATH = "/mcp/{name}"
+# JSON-RPC server errors of our own: the call was refused or ended by a Stop; the retry gate held it.
+STOPPED = -32090
+HELD = -32091
+NOT_READY = -32092  # readiness `enforce` refused the tool
+REFUSED = -32093  # the ledger refused the call otherwise (a closed task); nothing was sent
+CLIENT_INFO_META_KEY = "io.modelcontextprotocol/clientInfo"
+
+
+class UpstreamGateway:
+    """The gateway in front of one upstream MCP server."""
+
+    def __init__(self, spec: ServerSpec, tasks: SessionTasks, *, poll_s: float, timeout_s: float) -> None:
+        self.spec = spec
+        self.tasks = tasks
+        self.poll_s = poll_s
+        self.timeout_s = timeout_s
+        self.known_tools: dict[str, types.Tool] = {}  # the upstream's tools, as last listed
+
+    def build_server(self) -> Server[Any]:
+        return Server(
+            f"stopdesk-gateway-{self.spec.name}",
+            version="1.0",
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+        )
+
+    async def _list_tools(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        listing = await self._upstream_tools(params.cursor if params else None)
+        if not enforced():
+            return listing
+        ready = await in_thread(ready_tools, upstream=self.spec.name, tools=listing.tools)
+        return listing.model_copy(update={"tools": ready})
+
+    async def _upstream_tools(self, cursor: str | None = None) -> types.ListToolsResult:
+        async with open_client(self.spec, timeout_s=self.timeout_s) as conn:
+            listing = await conn.client.list_tools(cursor=cursor)
+        self.known_tools.update({tool.name: tool for tool in listing.tools})
+        return listing
+
+    async def _refuse_if_not_ready(self, name: str) -> None:
+        """Under readiness `enforce`, before anything is recorded or sent. The tool's annotations
+        come from the client's last `tools/list` (asked of the upstream only if it never listed)."""
+        if not enforced():
+            return
+        if name not in self.known_tools:
+            await self._upstream_tools()
+        tool = self.known_tools.get(name)
+        if tool is not None and (reason := await in_thread(not_ready_because, upstream=self.spec.name, tool=tool)):
+            raise MCPError(code=NOT_READY, message=reason)
+
+    async def _call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Any:
+        arguments = dict(params.arguments or {})
+        facts = self._call_facts(ctx, params.name, arguments)
+        await self._refuse_if_not_ready(params.name)
+        try:
+            # One trip to the ledger (one thread, one connection) for the task, the gate and the item.
+            task_id, item = await in_thread(self._register, caller=caller_of(ctx, self.spec.name), facts=facts)
+        except UnknownTask as exc:
+            raise MCPError(code=INVALID_PARAMS, message=str(exc)) from exc
+        except ToolNotReady as exc:  # the registration's own readiness check
+            raise MCPError(code=NOT_READY, message=str(exc)) from exc
+        except LedgerError as exc:  # a closed task: nothing was sent
+            raise MCPError(code=REFUSED, message=str(exc)) from exc
+        if item.state == ItemState.CANCELLED:  # registered after Stop: the upstream is never contacted
+            raise await _stopped(task_id)
+        return await self._forward(task_id, item.pk, params.name, arguments)
+
+    def _register(self, *, caller: Caller, facts: dict[str, Any]) -> tuple[int, WorkItem]:
+        task_id = self.tasks.task_for(caller)
+        earlier = earlier_unsettled(
+            task_id=task_id, upstream=self.spec.name, tool=facts["tool"], arguments_sha256=facts["arguments_sha256"]
+        )
+        if earlier is not None:
+            raise MCPError(code=HELD, message=held_words(earlier))
+        item = item_register(
+            task=task_id,
+            kind=Kind.REMOTE_TOOL,
+            noun=f"{self.spec.name}: {facts['tool']}",
+            actor=ACTOR,
+            mechanism="mcp",
+            detail={"gateway": facts},
+        )
+        return task_id, item
+
+    async def _forward(self, task_id: int, item_id: int, tool: str, arguments: dict[str, Any]) -> Any:
+        """The call upstream, watching for Stop; the client's own cancel ends it too."""
+        try:
+            result = await mcp_call_tool(
+                item_id=item_id,
+                tool=tool,
+                actor=ACTOR,
+                server=self.spec,
+                arguments=arguments,
+                poll_s=self.poll_s,
+                timeout_s=self.timeout_s,
+                stop_push=True,
+            )
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):  # the record is written even as the handler ends
+                await in_thread(record_client_cancel, item_id=item_id)
+            raise
+        except TaskStopped:
+            raise await _stopped(task_id) from None
+        except (LookupError, ServerConfigError) as exc:  # no such tool; arguments its status check needs
+            raise MCPError(code=INVALID_PARAMS, message=str(exc)) from exc
+        if result is None:  # Stop cancelled it upstream; the item says cancelled or uncertain
+            raise await _stopped(task_id)
+        return result
+
+    def _call_facts(self, ctx: ServerRequestContext[Any], tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """What the gateway knows of the call before it goes anywhere. The upstream's annotations
+        (recorded by `mcp_call_tool`) are hints the upstream gives about itself, not promises."""
+        return {
+            "upstream": self.spec.name,
+            "tool": tool,
+            "client_request_id": ctx.request_id,
+            "client_revision": ctx.protocol_version,
+            "arguments_sha256": arguments_hash(arguments),
+            "annotations_trusted": False,
+        }
+
+
+async def _stopped(task_id: int) -> MCPError:
+    return MCPError(code=STOPPED, message=await in_thread(stopped_words, task_id=task_id))
+
+
+def arguments_hash(arguments: Mapping[str, Any]) -> str:
+    """The same arguments hash the same whatever their order: a repeated call is recognisable."""
+    canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def caller_of(ctx: ServerRequestContext[Any], upstream: str) -> Caller:
+    """The client as it named itself: in `initialize` (2025-11-25) or in each request's `_meta`
+    (2026-07-28); its session id and the task header from the HTTP request."""
+    info: Any = None
+    params = ctx.session.client_params
+    if params is not None:
+        info = params.client_info
+    elif isinstance(ctx.meta, Mapping):
+        info = ctx.meta.get(CLIENT_INFO_META_KEY)
+    name, version = _name_and_version(info)
+    headers = getattr(ctx.request, "headers", None) or {}
+    return Caller(
+        client_name=name,
+        client_version=version,
+        upstream=upstream,
+        session_id=headers.get("mcp-session-id"),
+        task_header=headers.get(TASK_HEADER),
+    )
+
+
+def _name_and_version(info: Any) -> tuple[str, str]:
+    if isinstance(info, Mapping):
+        return str(info.get("name") or ""), str(info.get("version") or "")
+    return str(getattr(info, "name", "") or ""), str(getattr(info, "version", "") or "")
+
+
+def gateway_app(*, host: str = "127.0.0.1", poll_s: float = 5.0, timeout_s: float = 300.0) -> Starlette:
+    """One Starlette app: `/mcp/<name>` for every configured MCP server, one session manager each.
+    Stop reaches a call through the process's StopHub at once; `poll_s` paces each call's lease
+    (and is the longest a Stop waits should the hub's notification be lost)."""
+    tasks = SessionTasks()
+    specs = configured_servers(mechanism_settings("mcp").options)
+    routes: list[BaseRoute] = []
+    managers = []
+    for name, spec in sorted(specs.items()):
+        server = UpstreamGateway(spec, tasks, poll_s=poll_s, timeout_s=timeout_s).build_server()
+        app = server.streamable_http_app(streamable_http_path=PATH.format(name=name), host=host)
+        routes.extend(app.routes)
+        managers.append(server.session_manager)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            for manager in managers:
+                await stack.enter_async_context(manager.run())
+            yield
+
+    async def healthz(request: Request) -> JSONResponse:
+        return JSONResponse({"ok": True, "servers": sorted(specs)})
+
+    return Starlette(routes=[Route("/healthz", healthz, methods=["GET"]), *routes], lifespan=lifespan)

@@ -1,0 +1,74 @@
+"""Which stopdesk task a gateway session's calls belong to, and what a stopped client is told.
+
+A client names an existing task with the `X-Stopdesk-Task` header (so a framework run and its MCP
+calls share one task). Otherwise the gateway opens one task per client session: per
+`Mcp-Session-Id` in 2025-11-25; in 2026-07-28, which has no sessions, per client (`clientInfo`
+name and version) and upstream in this gateway process. The task is named after both."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from stopdesk.models import StopRequest, Task
+from stopdesk.services.items import task_create
+
+TASK_HEADER = "x-stopdesk-task"
+ACTOR = "gateway:mcp"
+
+
+class UnknownTask(LookupError):
+    """The `X-Stopdesk-Task` header names no task."""
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is calling through the gateway, as the client said it."""
+
+    client_name: str
+    client_version: str
+    upstream: str
+    session_id: str | None = None
+    task_header: str | None = None
+
+    def key(self) -> tuple[str, ...]:
+        if self.session_id:
+            return ("session", self.upstream, self.session_id)
+        return ("client", self.upstream, self.client_name, self.client_version)
+
+    def title(self) -> str:
+        client = f"{self.client_name} {self.client_version}".strip() or "an MCP client"
+        return f"MCP: {client} via {self.upstream}"
+
+
+class SessionTasks:
+    """The task of each gateway session, remembered for the life of this process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tasks: dict[tuple[str, ...], int] = {}
+
+    def task_for(self, caller: Caller) -> int:
+        if caller.task_header is not None:
+            return _named_task(caller.task_header)
+        with self._lock:  # one task per session even when its first calls arrive together
+            task_id = self._tasks.get(caller.key())
+            if task_id is None:
+                task_id = task_create(title=caller.title(), actor=ACTOR).pk
+                self._tasks[caller.key()] = task_id
+            return task_id
+
+
+def _named_task(raw: str) -> int:
+    if not raw.strip().isdigit() or not Task.objects.filter(pk=int(raw)).exists():
+        raise UnknownTask(f"{TASK_HEADER}: no task {raw.strip()!r}")
+    return int(raw)
+
+
+def stopped_words(task_id: int) -> str:
+    """ "stopped by <person>: <reason>", what a client is told when Stop refused or ended its call."""
+    stop = StopRequest.objects.select_related("requested_by").filter(task_id=task_id).first()
+    if stop is None:
+        return f"task {task_id} was stopped"
+    person = stop.requested_by.get_username() if stop.requested_by else stop.actor
+    return f"stopped by {person}: {stop.reason or 'no reason given'}"

@@ -1,0 +1,122 @@
+"""A client gives up on a write (its stream closes, as a dropped connection's would) and calls it
+again: the first call is cancelled upstream and recorded uncertain, and the gateway holds the
+identical retry until the first is settled, naming it and its review link."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+import pytest
+from django.contrib.auth.models import Group
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+
+from reconcile.mechanisms.mcp import sandbox as tools
+from reconcile.services.review import item_resolve
+from stopdesk.agent.aio import in_thread  # closes the thread's connection after the call
+from stopdesk.gateway.server import HELD
+from stopdesk.models import WorkItem
+from stopdesk.permissions import roles_ensure
+from stopdesk.states import ItemState
+from tests.gateway.test_gateway_calls import MODES, started, through_gateway
+
+S = ItemState
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
+WRITE = {"key": "k9", "value": "v9", "seconds": 1.5}  # long enough to be cancelled once started
+
+
+@pytest.fixture
+def reviewer(cast):  # type: ignore[no-untyped-def]
+    roles_ensure()
+    cast["reviewer"].groups.add(Group.objects.get(name="reviewers"))
+    return cast["reviewer"]
+
+
+def give_up_once_started(party: tools.MCPToolServer):  # type: ignore[no-untyped-def]
+    """A client body: call the write, and cancel the call once the upstream has started it."""
+
+    async def body(client: Client) -> None:
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(client.call_tool, tools.SLOW_WRITE, WRITE)
+                while not started(party, tools.SLOW_WRITE):
+                    await anyio.sleep(0.02)
+                scope.cancel()
+
+    return body
+
+
+def settled_by_the_gateway(timeout_s: float = 5.0) -> WorkItem:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        item = WorkItem.objects.get()
+        if item.state != S.RUNNING:
+            return item
+        time.sleep(0.05)
+    raise AssertionError("the gateway never recorded the client's cancel")
+
+
+def call_twice(party: tools.MCPToolServer) -> Any:
+    async def body(client: Client) -> Any:
+        await give_up_once_started(party)(client)
+        await in_thread(settled_by_the_gateway)
+        return await client.call_tool(tools.SLOW_WRITE, WRITE)
+
+    return body
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_write_the_client_cancelled_is_cancelled_upstream_and_recorded_uncertain(gateway, mode):
+    through_gateway(gateway.url, give_up_once_started(gateway.party), mode=mode)
+    item = settled_by_the_gateway()
+    assert item.state == S.UNCERTAIN and item.investigate_by is not None
+    assert item.evidence["cancelled_by"] == "the client"
+    assert "the status check (read_value) will look" in item.evidence["uncertain_because"]
+    deadline = time.monotonic() + 5
+    while "interrupted" not in [e["event"] for e in gateway.party.journal(tools.SLOW_WRITE)]:
+        assert time.monotonic() < deadline, "the upstream never saw its call cancelled"
+        time.sleep(0.05)
+    assert gateway.party.effects(tools.SLOW_WRITE) == []
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_identical_retry_is_held_naming_the_earlier_call_and_its_review_link(gateway, mode):
+    with pytest.raises(MCPError) as raised:
+        through_gateway(gateway.url, call_twice(gateway.party), mode=mode)
+    earlier = WorkItem.objects.get()  # the retry was not registered, and not forwarded
+    assert raised.value.error.code == HELD
+    assert f"identical call (item {earlier.pk}, uncertain)" in raised.value.error.message
+    assert f"http://localhost:8000/items/{earlier.pk}/" in raised.value.error.message
+    assert len(gateway.party.wire("tools/call")) == 1
+
+
+def test_other_arguments_pass_the_gate(gateway):
+    async def body(client: Client) -> Any:
+        await give_up_once_started(gateway.party)(client)
+        await in_thread(settled_by_the_gateway)
+        return await client.call_tool(tools.SLOW_WRITE, {**WRITE, "value": "other"})
+
+    result = through_gateway(gateway.url, body, mode="auto")
+    assert not result.is_error
+    assert len(gateway.party.wire("tools/call")) == 2
+
+
+def test_a_reviewer_settling_the_earlier_call_releases_the_retry(gateway, reviewer):
+    async def body(client: Client) -> Any:
+        await give_up_once_started(gateway.party)(client)
+        earlier = await in_thread(settled_by_the_gateway)
+        await in_thread(
+            item_resolve,
+            item_id=earlier.pk,
+            outcome=S.FAILED,
+            note="not sent",
+            evidence="no k9 in the store",
+            by=reviewer,
+        )
+        return await client.call_tool(tools.SLOW_WRITE, WRITE)  # the identical call
+
+    result = through_gateway(gateway.url, body, mode="auto")
+    assert not result.is_error
+    assert [i.state for i in WorkItem.objects.order_by("pk")] == [S.FAILED, S.COMPLETED]
