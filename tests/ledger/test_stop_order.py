@@ -8,7 +8,9 @@ of its item (S) and the stop's fan-out (F). C comes before P and F (the push and
 the commit); S goes anywhere, including into a race for the item's row with F, either one queued
 first behind a lock the test holds (PostgreSQL grants a row to its waiters in the order they came).
 Real threads and connections against PostgreSQL; the HTTP door is a live server; the framework
-door is the integrations' own `StopdeskRun` hearing Stop by push.
+door is the integrations' own `StopdeskRun` hearing Stop by push; the Celery door is `LedgerTask`
+running a task body. (The asyncio supervisor is not a door here: it settles its children itself
+the moment the push reaches it, so its settle cannot be placed apart from the push.)
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -28,8 +30,12 @@ from django.db import connections, transaction
 from reconcile.mechanisms import registry
 from stopdesk.agent.frameworks.core import RunStopped, StopdeskRun
 from stopdesk.agent.runtime import LocalRuntime
+from stopdesk.agent.workers import LedgerTask
+from stopdesk.celery import app as celery_app
 from stopdesk.client import Client
 from stopdesk.models import Event, StopRequest, WorkItem
+from stopdesk.protocol.errors import StopRequested
+from stopdesk.services.items import item_register, task_create
 from stopdesk.services.runtimes import runtime_create
 from stopdesk.services.stop import _commit_stop_request, stop_fanout
 from stopdesk.states import SETTLED
@@ -130,13 +136,59 @@ def _framework() -> Door:
     return Door(task_id, opened[0], lambda: ended.is_set() or heard.wait(WITHIN_S), settle)
 
 
-@pytest.fixture(params=["in-process", "http", "framework"])
+@dataclass
+class _Control:
+    began: threading.Event = field(default_factory=threading.Event)
+    heard: threading.Event = field(default_factory=threading.Event)
+    ending: queue.Queue[str] = field(default_factory=queue.Queue)
+
+
+CELERY_RUNS: dict[int, _Control] = {}
+
+
+@celery_app.task(base=LedgerTask, bind=True, name="tests.stop_order_step")
+def _celery_step(self: LedgerTask, *, item_id: int) -> str:
+    """A Celery worker's body: it has passed the boundary (LedgerTask did), hears Stop through the
+    flag LedgerTask's push sets, and ends as the test tells it."""
+    control = CELERY_RUNS[item_id]
+    flag = self._beat()
+    assert flag is not None
+    threading.Thread(target=lambda: flag.stopped.wait(WITHIN_S) and control.heard.set(), daemon=True).start()
+    control.began.set()
+    if control.ending.get(timeout=WITHIN_S) == "stopped":
+        raise StopRequested("stopped between steps", item=item_id)
+    return "done"
+
+
+def _celery() -> Door:
+    """A Celery task's item, run by the real LedgerTask (`apply`: the worker's code path, in a
+    thread of this process), settled by LedgerTask when the body ends."""
+    task = task_create(title="race", actor="test")
+    item = item_register(task=task, actor="test", kind="local_worker", noun="step", mechanism="celery")
+    control = CELERY_RUNS[item.pk] = _Control()
+    errors: list[BaseException] = []
+    ended = threading.Event()
+    worker = _thread(lambda: _celery_step.apply(kwargs={"item_id": item.pk}).get(), errors, done=ended)
+    assert control.began.wait(WITHIN_S), errors
+
+    def settle(how: str) -> None:
+        control.ending.put(how)
+        assert ended.wait(WITHIN_S), "the task body never ended"
+        worker.join(WITHIN_S)
+        assert not errors, errors
+
+    return Door(task.pk, item.pk, lambda: ended.is_set() or control.heard.wait(WITHIN_S), settle)
+
+
+@pytest.fixture(params=["in-process", "http", "framework", "celery"])
 def door(request: pytest.FixtureRequest, transactional_db: Any) -> Iterator[Door]:
     registry.reset()
     if request.param == "http":
         yield _http(request.getfixturevalue("live_server").url)
     elif request.param == "framework":
         yield _framework()
+    elif request.param == "celery":
+        yield _celery()
     else:
         yield _in_process()
 
