@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -96,12 +96,12 @@ def item_transition(
     return item
 
 
-def _stop_met_in_flight(item: WorkItem, to_state: str, fields: dict[str, Any]) -> Any:
-    """When Stop committed, if this move settles an item that Stop met in flight and that carries
-    no stamp yet: the stamp then belongs to the move itself, so the record is complete whether the
-    fan-out or the item's own settle (an integration that heard the push, a worker, the supervisor,
-    the reconciler) got there first. Read after the item's lock, in a statement of its own, so a
-    stop that committed while this waited for the row is seen."""
+def _stop_met_in_flight(item: WorkItem, to_state: str, fields: dict[str, Any]) -> datetime | None:
+    """The task's stop time, when this move settles an item that Stop met in flight and that
+    carries no stamp yet (else None). The stamp then belongs to the move itself, so the record is
+    complete whether the fan-out or the item's own settle (an integration that heard the push, a
+    worker, the supervisor, the reconciler) got there first. Read after the item's lock, in a
+    statement of its own, so a stop that committed while this waited for the row is seen."""
     if item.cancel_requested_at is not None or "cancel_requested_at" in fields:
         return None
     if item.state not in IN_FLIGHT or to_state not in SETTLED:
