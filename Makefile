@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-sqlite bench lint format lock clean reference-servers fuzz-steering
+.PHONY: run test test-sqlite soak bench lint format lock clean reference-servers fuzz-steering
 
 $(STAMP): requirements.lock
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,12 @@ test-sqlite: $(STAMP)
 	@mkdir -p var
 	STOPDESK_REQUIRE_SERVICES=0 STOPDESK_EXPECT_DB=sqlite DATABASE_URL=sqlite:///$(CURDIR)/var/test-sqlite.sqlite3 \
 		$(PY) -m pytest tests/ledger tests/layers -m "not postgres and not redis" $(PYTEST_ARGS)
+
+## Nightly: the race and browser tests SOAK_N times (default 50), each run a fresh pytest; names
+## each test that failed and how often, prints the flake count, and fails unless it is 0.
+SOAK_N ?= 50
+soak: $(STAMP)
+	$(PY) -m tests.soak --runs $(SOAK_N) $(SOAK_TESTS)
 
 ## Benchmarks: one line per figure, `name value unit`, with the ratio to its target.
 bench: $(STAMP)

@@ -8,6 +8,9 @@ def lock_waiters() -> int:
     """Sessions of this database waiting for a heavyweight lock (a row's transaction, a relation,
     an advisory lock)."""
     with connection.cursor() as cursor:
+        # Inside a transaction PostgreSQL keeps serving the activity it read first; clear that
+        # snapshot, or a caller polling while it holds a lock never sees the waiter arrive.
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
         cursor.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
         )

@@ -297,3 +297,53 @@ def test_work_found_running_keeps_the_start_its_finder_knows():
     assert (launched.state, launched.started_at) == (S.RUNNING, began)
     with pytest.raises(IllegalTransition):
         item_observed_started(item_id=launched.pk, actor="t", started_at=began)  # only from queued
+
+
+def _stop_committed_not_fanned_out(task) -> None:  # type: ignore[no-untyped-def]
+    """The stop request committed; its fan-out has not run (a process between the two steps)."""
+    from stopdesk.services.stop import _commit_stop_request
+
+    _, created = _commit_stop_request(task_id=task.pk, actor="user:operator", by=None, reason="")
+    assert created
+
+
+@pytest.mark.django_db
+def test_a_settle_of_an_item_stop_met_in_flight_carries_stops_stamp_and_its_event():
+    task, other = make_task(), make_task()
+    met, untouched = make_item(task, state=S.RUNNING), make_item(other, state=S.RUNNING)
+    _stop_committed_not_fanned_out(task)
+    for item in (met, untouched):
+        item_transition(item_id=item.pk, to_state=S.CANCELLED, actor="agent", outcome="stopped between steps")
+    met.refresh_from_db()
+    task.refresh_from_db()
+    assert met.cancel_requested_at == task.stop_requested_at
+    assert WorkItem.objects.get(pk=untouched.pk).cancel_requested_at is None
+    kinds = list(Event.objects.filter(item=met).order_by("id").values_list("kind", flat=True))
+    assert kinds[-2:] == ["cancel_requested", "transition"]
+    assert not Event.objects.filter(item=untouched, kind="cancel_requested").exists()
+
+
+@pytest.mark.django_db
+def test_a_set_based_settle_of_items_stop_met_in_flight_carries_the_stamp_once():
+    task, other = make_task(), make_task()
+    met = [make_item(task, state=S.RUNNING) for _ in range(2)]
+    stamped = make_item(task, state=S.RUNNING)
+    untouched = make_item(other, state=S.RUNNING)
+    _stop_committed_not_fanned_out(task)
+    earlier = timezone.now() - timedelta(minutes=1)
+    WorkItem.objects.filter(pk=stamped.pk).update(cancel_requested_at=earlier)  # as the fan-out left it
+    items_move(
+        where=Q(task__in=[task.pk, other.pk]),
+        from_states=(S.RUNNING,),
+        to_state=S.CANCELLED,
+        actor="reconciler",
+        kind="reconciled",
+        message="cancelled",
+    )
+    task.refresh_from_db()
+    stamps = dict(WorkItem.objects.values_list("pk", "cancel_requested_at"))
+    assert [stamps[i.pk] for i in met] == [task.stop_requested_at] * 2
+    assert (stamps[stamped.pk], stamps[untouched.pk]) == (earlier, None)
+    events = Event.objects.filter(kind="cancel_requested")
+    assert sorted(events.values_list("item_id", flat=True)) == sorted(i.pk for i in met)
+    assert set(WorkItem.objects.values_list("state", flat=True)) == {S.CANCELLED}

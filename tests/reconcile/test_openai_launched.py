@@ -17,7 +17,7 @@ from reconcile.services.cancel import item_cancel, items_cancel
 from reconcile.services.launched import response_launched_record, responses_launched_record
 from reconcile.services.reconcile import sweep_once
 from reconcile.tasks import BATCH_ABOVE
-from stopdesk.models import CancellationAttempt, Event, WorkItem
+from stopdesk.models import CancellationAttempt, Event, Task, WorkItem
 from stopdesk.services.items import item_register
 from stopdesk.states import ItemState, Kind
 from stopdesk.summary import task_summary
@@ -142,12 +142,15 @@ def test_the_batched_canceller_records_what_each_response_launched(openai_party,
     child = WorkItem.objects.get(parent=items[0], label="crm.create_record")
     assert child.kind == Kind.REMOTE_TOOL and child.handle == "mcp_0_1"
     assert child.evidence["launched_by"] == WorkItem.objects.get(pk=items[0].pk).handle
-    # Registered and settled with their events, as the one-item path records them.
+    # Registered and settled with their events, as the one-item path records them: running at the
+    # provider when Stop committed, so their settle carries Stop's stamp with its event.
     assert list(Event.objects.filter(item=child).values_list("kind", "to_state")) == [
         ("item_registered", S.QUEUED),
         ("observed_started", S.RUNNING),
+        ("cancel_requested", S.RUNNING),
         ("reconciled", S.UNCERTAIN),
     ]
+    assert WorkItem.objects.get(pk=child.pk).cancel_requested_at == Task.objects.get(pk=task.pk).stop_requested_at
     assert "hosted tool calls with unknown outcome; review required." in task_summary(task)
 
     # The read-backs that watch a cancelled for a flip read the same output again.

@@ -16,17 +16,18 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Field, Q
+from django.db.models import Field, OuterRef, Q, Subquery
 from django.utils import timezone
 
-from stopdesk.models import Event, WorkItem
+from stopdesk.models import Event, Task, WorkItem
 from stopdesk.notify.outbox import MovedItem, notify_for_events
 from stopdesk.services.sql import is_postgres
 from stopdesk.services.transitions.settled import tasks_settle_after_move
-from stopdesk.services.transitions.single import check_fields
-from stopdesk.states import TERMINAL, can_move
+from stopdesk.services.transitions.single import STOP_MET_MESSAGE, check_fields
+from stopdesk.states import IN_FLIGHT, SETTLED, TERMINAL, can_move
 
 NOW = object()  # marks a column to be set to the database clock
+STOP_AT = object()  # marks a column to be set to the item's task's stop_requested_at
 
 
 @dataclass(frozen=True)
@@ -80,12 +81,43 @@ def items_move(
     # A move that notifies (items becoming uncertain, stopdesk/notify) writes its outbox rows in
     # the same transaction, and needs the ids for them; any other move stays one statement.
     notifies = MovedItem.notifies(kind=kind, from_state=from_states[0], to_state=to_state)
-    with transaction.atomic(savepoint=False) if notifies else contextlib.nullcontext():
+    stamps = _settles_in_flight(from_states, to_state, columns, rows)
+    with transaction.atomic(savepoint=False) if notifies or stamps else contextlib.nullcontext():
+        if stamps:
+            _stamp_stop_met(where=where, from_state=from_states[0], actor=actor, rows=rows)
         moved = move(selection, from_states, to_state, columns, actor, kind, message, return_ids or notifies, rows)
         if notifies:
             notify_for_events(MovedItem.many(moved, kind=kind, from_state=from_states[0], to_state=to_state))
     tasks_settle_after_move(where=where, to_state=to_state, ids=list(rows) if rows is not None else None)
     return len(moved) if notifies and not return_ids else moved
+
+
+def _settles_in_flight(from_states, to_state, columns, rows) -> bool:  # type: ignore[no-untyped-def]
+    """Whether this move settles in-flight items without setting Stop's stamp itself."""
+    given = set(columns) | {name for row in (rows or {}).values() for name in row.sets}
+    return from_states[0] in IN_FLIGHT and to_state in SETTLED and "cancel_requested_at" not in given
+
+
+def _stamp_stop_met(*, where: Q, from_state: str, actor: str, rows: Mapping[int, Row] | None) -> None:
+    """Items of a stopped task that this move settles from in flight, and that Stop's fan-out has
+    not stamped yet, get the stamp (the stop's own time) and its event first, in the same
+    transaction: the stamp is part of the settle, whoever gets there first (as in
+    `item_transition`). A statement of its own, so it sees a stop committed before it started."""
+    unstamped = where & Q(
+        cancel_requested_at__isnull=True,
+        task_id__in=Task.objects.filter(stop_requested_at__isnull=False).values("pk"),
+    )
+    if rows is not None:
+        unstamped &= Q(pk__in=list(rows))
+    items_move(
+        where=unstamped,
+        from_states=(from_state,),
+        to_state=None,
+        actor=actor,
+        kind="cancel_requested",
+        message=STOP_MET_MESSAGE,
+        sets={"cancel_requested_at": STOP_AT},
+    )
 
 
 def _move_postgres(selection, from_states, to_state, columns, actor, kind, message, return_ids, rows):  # type: ignore[no-untyped-def]
@@ -96,6 +128,10 @@ def _move_postgres(selection, from_states, to_state, columns, actor, kind, messa
     for name, value in columns.items():
         if value is NOW:
             assignments.append(f"{name} = clock_timestamp()")
+        elif value is STOP_AT:
+            assignments.append(
+                f"{name} = (SELECT t.stop_requested_at FROM stopdesk_task t WHERE t.id = stopdesk_workitem.task_id)"
+            )
         else:
             assignments.append(f"{name} = %s")
             params.append(value)
@@ -147,7 +183,8 @@ def _move_postgres(selection, from_states, to_state, columns, actor, kind, messa
 
 def _move_portable(selection, from_states, to_state, columns, actor, kind, message, return_ids, rows):  # type: ignore[no-untyped-def]
     now = timezone.now()
-    values = {k: (now if v is NOW else v) for k, v in columns.items()}
+    stop_at = Subquery(Task.objects.filter(pk=OuterRef("task_id")).values("stop_requested_at")[:1])
+    values = {k: (now if v is NOW else stop_at if v is STOP_AT else v) for k, v in columns.items()}
     if rows is not None:
         selection = selection.filter(pk__in=list(rows))
     with transaction.atomic():

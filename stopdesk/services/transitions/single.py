@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from stopdesk.models import WorkItem
+from stopdesk.models import Task, WorkItem
 from stopdesk.services.errors import IllegalTransition
 from stopdesk.services.events import event_record
 from stopdesk.services.sql import server_side_cursor
 from stopdesk.services.transitions.settled import UNSETTLED, task_settle_after_commit, tasks_settle
-from stopdesk.states import SETTLED, TERMINAL, ItemState, can_move
+from stopdesk.states import IN_FLIGHT, SETTLED, TERMINAL, ItemState, can_move
 
 S = ItemState
 
@@ -22,6 +22,9 @@ S = ItemState
 # else (the boundary's timestamps, the handle, the lease) has its own writer: a transition that
 # could set them could, say, start an item without passing the boundary.
 FIELDS = frozenset({"next_check_at", "investigate_by", "cancel_requested_at", "needs_review", "outcome"})
+
+# The event of an item Stop met in flight, when its own settle (not Stop's fan-out) records that.
+STOP_MET_MESSAGE = "Was in flight when Stop committed and settled after it: part of what Stop met."
 
 
 def check_fields(names: set[str] | frozenset[str]) -> None:
@@ -51,6 +54,7 @@ def item_transition(
         if not can_move(item.state, to_state) or (allowed_from is not None and item.state not in allowed_from):
             raise IllegalTransition(item.pk, item.state, to_state)
         before = item.state
+        stop_met_at = _stop_met_in_flight(item, to_state, fields)
         item.state = to_state
         item.updated_at = timezone.now()
         if to_state in TERMINAL:
@@ -66,7 +70,18 @@ def item_transition(
             item.evidence = {**item.evidence, "uncertain_because": message or outcome or "no reason was given"}
         for name, value in fields.items():
             setattr(item, name, value)
+        if stop_met_at is not None:
+            item.cancel_requested_at = stop_met_at
         item.save()
+        if stop_met_at is not None:
+            event_record(
+                kind="cancel_requested",
+                actor=actor,
+                item=item,
+                from_state=before,
+                to_state=before,
+                message=STOP_MET_MESSAGE,
+            )
         event_record(
             kind=kind,
             actor=actor,
@@ -79,6 +94,19 @@ def item_transition(
         if to_state in SETTLED:
             task_settle_after_commit(task_id=item.task_id)
     return item
+
+
+def _stop_met_in_flight(item: WorkItem, to_state: str, fields: dict[str, Any]) -> datetime | None:
+    """The task's stop time, when this move settles an item that Stop met in flight and that
+    carries no stamp yet (else None). The stamp then belongs to the move itself, so the record is
+    complete whether the fan-out or the item's own settle (an integration that heard the push, a
+    worker, the supervisor, the reconciler) got there first. Read after the item's lock, in a
+    statement of its own, so a stop that committed while this waited for the row is seen."""
+    if item.cancel_requested_at is not None or "cancel_requested_at" in fields:
+        return None
+    if item.state not in IN_FLIGHT or to_state not in SETTLED:
+        return None
+    return Task.objects.filter(pk=item.task_id).values_list("stop_requested_at", flat=True).first()
 
 
 def item_late_result(
@@ -116,7 +144,8 @@ def item_late_result_record(
 
 # A running item's result in one statement (PostgreSQL): the move and its event, under autocommit
 # one round trip. Only from running, which may move to either result; anything else (a late result,
-# an item Stop already settled) matches no row and the caller takes the general path. The same
+# an item Stop already settled, an item of a stopped task still without Stop's stamp, which
+# `item_transition` stamps with its event) matches no row and the caller takes the general path. The same
 # statement reads whether the item the caller holds open (`open_item`) is still unsettled: then the
 # task cannot settle with this result, and the settle check (a second round trip) is skipped.
 _CLOSE_RUNNING_SQL = """
@@ -124,6 +153,8 @@ WITH u AS (
     UPDATE stopdesk_workitem w SET state = %(to)s::text, updated_at = n.at, finished_at = n.at, outcome = %(outcome)s::text
     FROM (SELECT clock_timestamp() AS at) n
     WHERE w.id = %(item)s AND w.state = %(running)s::text
+      AND (w.cancel_requested_at IS NOT NULL
+           OR NOT EXISTS (SELECT 1 FROM stopdesk_task s WHERE s.id = w.task_id AND s.stop_requested_at IS NOT NULL))
       AND (%(runtime)s::bigint IS NULL
            OR EXISTS (SELECT 1 FROM stopdesk_task t WHERE t.id = w.task_id AND t.runtime_id = %(runtime)s::bigint))
     RETURNING w.id, w.task_id, w.updated_at
@@ -151,8 +182,9 @@ def item_close_running(
     open_item: int | None = None,
 ) -> bool:
     """Record the result of a running item (of the runtime `runtime_id`, when given) in one
-    statement. Returns False, having written nothing, when the item is not running (or not there):
-    the caller then reports through `item_finish`, which knows late results. PostgreSQL only.
+    statement. Returns False, having written nothing, when the item is not running (or not there),
+    or when its task stopped and Stop's stamp is not on it yet: the caller then reports through
+    `item_finish`, which knows late results and writes the stamp with its event. PostgreSQL only.
 
     `open_item`: an item of the same task that the caller holds open and settles itself later
     (through a move that checks whether the task settled), such as a framework's run around its
