@@ -123,7 +123,7 @@ def _forget_connections() -> None:
 def worker_on(pg_dsn: str, tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
     workers: list[Worker] = []
 
-    def start(broker: str, name: str = "fault@test") -> Worker:
+    def start(broker: str, name: str = "fault@test", extra_env: dict[str, str] | None = None) -> Worker:
         env = {
             **os.environ,
             "DATABASE_URL": pg_dsn,
@@ -131,6 +131,7 @@ def worker_on(pg_dsn: str, tmp_path: Path) -> Iterator:  # type: ignore[type-arg
             "STOPDESK_HEARTBEAT_SECONDS": "1",
             "STOPDESK_LEASE_SECONDS": "2",
             "PYTHONPATH": str(ROOT),
+            **(extra_env or {}),
         }
         env.pop("STOPDESK_TESTING", None)
         worker = Worker(name, env, tmp_path / f"{name.replace('@', '_')}-{len(workers)}.log")
