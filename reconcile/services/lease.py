@@ -86,9 +86,11 @@ class ClaimLease:
                 try:
                     self.renew()
                 except Exception:
-                    # The next renewal tries again; if none succeeds the lease runs out and the
-                    # items are due again, which is the safe side.
+                    # The next renewal tries again, on a new connection (this one may be the
+                    # one that failed); if none succeeds the lease runs out and the items are due
+                    # again, which is the safe side.
                     log.exception("renewing the claim on %d item(s) failed", len(self._held))
+                    connection.close()
         finally:
             connection.close()
 

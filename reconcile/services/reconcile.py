@@ -22,6 +22,7 @@ from reconcile import engine
 from reconcile.mechanisms import registry
 from reconcile.mechanisms.base import Capability, ItemRef, Mechanism, Observation, Seen
 from reconcile.services.launched import response_launched_record
+from reconcile.services.lease import ClaimLease, lease_seconds
 from stopdesk.models import CancellationAttempt, WorkItem
 from stopdesk.services.errors import IllegalTransition
 from stopdesk.services.items import item_attach_record, item_finish
@@ -118,12 +119,12 @@ RETURNING id
 """
 
 
-def items_claim_due(*, now: datetime | None = None, limit: int = 200) -> list[int]:
-    """Claim a bounded batch of due items. SKIP LOCKED lets concurrent sweeps take disjoint rows
-    instead of queueing behind each other; the pushed next_check_at keeps them disjoint after
-    commit."""
+def items_claim_due(*, now: datetime | None = None, limit: int = 200, hold_s: float | None = None) -> list[int]:
+    """Claim a bounded batch of due items for `hold_s` (default: the claim seconds). SKIP LOCKED
+    lets concurrent sweeps take disjoint rows instead of queueing behind each other; the pushed
+    next_check_at keeps them disjoint after commit."""
     now = now or timezone.now()
-    until = now + timedelta(seconds=claim_seconds())
+    until = now + timedelta(seconds=hold_s if hold_s is not None else claim_seconds())
     if is_postgres():
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(_CLAIM_SQL, {"until": until, "states": sorted(SWEPT), "now": now, "limit": limit})
@@ -419,10 +420,14 @@ def sweep_once(*, now: datetime | None = None, batch: int | None = None, concurr
     items. Tests call this directly; Celery beat calls it through `reconcile.sweep`."""
     now = now or timezone.now()
     cfg = settings.STOPDESK
-    ids = items_claim_due(now=now, limit=batch or int(cfg.get("SWEEP_BATCH", 200)))
-    results = items_reconcile_many(
-        item_ids=ids, concurrency=concurrency or int(cfg.get("SWEEP_CONCURRENCY", 8)), now=now, claimed=True
-    )
+    # A short lease, renewed while the pass works: a sweep that dies (its process killed, its
+    # database connection cut) leaves its items due again within one lease.
+    lease_s = lease_seconds()
+    ids = items_claim_due(now=now, limit=batch or int(cfg.get("SWEEP_BATCH", 200)), hold_s=lease_s)
+    with ClaimLease(item_ids=ids, now=now, until=now + timedelta(seconds=lease_s)):
+        results = items_reconcile_many(
+            item_ids=ids, concurrency=concurrency or int(cfg.get("SWEEP_CONCURRENCY", 8)), now=now, claimed=True
+        )
     errors = [r for r in results if r.action == "error"]
     for result in errors:
         # Let the item come back later rather than wait for the claim to run out.
