@@ -19,7 +19,13 @@ from stopdrill.sandbox.server import BackgroundServer
 from tests.factories import make_task
 from tests.reconcile.conftest import configure_openai
 
-pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.faults,
+    pytest.mark.postgres,
+    pytest.mark.redis,
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+]
 
 ITEMS = 120  # past the batch threshold: Stop would send them in one chunk to the batched canceller
 BOUND_S = 60.0

@@ -25,7 +25,13 @@ from tests.factories import make_task
 from tests.reconcile.conftest import configure_openai
 from tests.workers.conftest import wait_for
 
-pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.faults,
+    pytest.mark.postgres,
+    pytest.mark.redis,
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+]
 
 ITEMS = BATCH_ABOVE + 70  # enough for Stop to send them to the batched canceller in one chunk
 SWEEP_EVERY_S = 5.0  # as Celery beat runs reconcile.sweep (stopdesk/settings.py)

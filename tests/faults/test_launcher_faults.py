@@ -12,7 +12,7 @@ from stopdrill.launcher import free_port
 from tests.run.helpers import processes_with
 from tests.run.test_up import START_WITHIN_S, Up
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 # The guard's whole escalation (SIGTERM, SIGQUIT, SIGKILL graces: 9 s) and a margin.
 GONE_WITHIN_S = 15.0

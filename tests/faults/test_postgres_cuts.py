@@ -30,7 +30,7 @@ from tests.factories import make_task
 from tests.faults.proxy import TcpProxy
 from tests.reconcile.conftest import configure_openai
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.faults, pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 QUEUED = 10
 RUNNING = 10

@@ -23,7 +23,7 @@ from stopdesk.services.stop import task_request_stop
 from stopdrill.launcher import free_port
 from tests.run.helpers import PYTHON, ROOT, clean_env
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.faults, pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 WATCHERS = 200
 BOUND_S = 30.0
