@@ -77,7 +77,8 @@ def test_the_watch_server_killed_under_200_watchers_loses_no_stop(pg_dsn, tmp_pa
     tasks = [task_create(title=f"t{n}", actor="test", runtime=runtime).pk for n in range(WATCHERS)]
     stopped_while_down, stopped_after = tasks[: WATCHERS // 2], tasks[WATCHERS // 2 :]
     port = free_port()
-    server = WatchServer(clean_env(tmp_path, DATABASE_URL=pg_dsn, WATCH_PORT=str(port)), port)
+    env = clean_env(tmp_path, DATABASE_URL=pg_dsn, WATCH_PORT=str(port), STOPDESK_BIND_HOST="127.0.0.1")
+    server = WatchServer(env, port)
     server.start()
     url = f"http://127.0.0.1:{port}"
 
