@@ -46,12 +46,14 @@ def claim_seconds() -> float:
 # --- claiming: two sweeps (or a sweep and a cancel job) never work on one item at once ----------
 
 
-def item_claim(*, item_id: int, now: datetime | None = None) -> bool:
-    """Claim one item if it is due (or was never scheduled). A conditional UPDATE: exactly one
-    caller wins; the claim pushes next_check_at past the work, so nobody else picks it up."""
+def item_claim(*, item_id: int, now: datetime | None = None, hold_s: float | None = None) -> bool:
+    """Claim one item if it is due (or was never scheduled), for `hold_s` (default: the claim
+    seconds). A conditional UPDATE: exactly one caller wins; the claim pushes next_check_at past
+    the work, so nobody else picks it up."""
     now = now or timezone.now()
     won = WorkItem.objects.filter(_due(now), pk=item_id, state__in=SWEPT).update(
-        next_check_at=now + timedelta(seconds=claim_seconds()), check_count=F("check_count") + 1
+        next_check_at=now + timedelta(seconds=hold_s if hold_s is not None else claim_seconds()),
+        check_count=F("check_count") + 1,
     )
     return won == 1
 
@@ -154,9 +156,19 @@ def item_reconcile(*, item_id: int, actor: str = ACTOR, now: datetime | None = N
     """Cancel (when a stop asked for it and the cancel has not been answered yet) or inspect one
     item, and apply what the engine decides."""
     now = now or timezone.now()
-    if not claimed and not item_claim(item_id=item_id, now=now):
+    if claimed:
+        return _reconcile_claimed(item_id=item_id, actor=actor, now=now)
+    # As the sweep's and the batch's: a lease renewed while the call is out, so a cancel job whose
+    # worker dies leaves its item due again within one lease.
+    lease_s = lease_seconds()
+    if not item_claim(item_id=item_id, now=now, hold_s=lease_s):
         item = WorkItem.objects.get(pk=item_id)
         return Result(item_id, "skipped", "", item.state)
+    with ClaimLease(item_ids=[item_id], now=now, until=now + timedelta(seconds=lease_s)):
+        return _reconcile_claimed(item_id=item_id, actor=actor, now=now)
+
+
+def _reconcile_claimed(*, item_id: int, actor: str, now: datetime) -> Result:
     item = WorkItem.objects.get(pk=item_id)
     mechanism = registry.get(item.mechanism)
     if item.state in TERMINAL and item.state != S.CANCELLED:

@@ -92,8 +92,8 @@ def drill_settings(extra: dict[str, dict[str, Any]] | None = None) -> Iterator[N
     for name, values in getattr(settings, "STOPDESK_MECHANISMS", {}).items():
         if name in mechanisms and "options" in values:
             mechanisms[name].setdefault("options", values["options"])
-    # A claim whose holder died is free again after RECONCILE_CLAIM_SECONDS (one item's cancel
-    # job) or RECONCILE_LEASE_SECONDS (a sweep, a batch); short here too.
+    # A claim whose holder died is free again after RECONCILE_LEASE_SECONDS (a cancel job, a
+    # sweep, a batch; RECONCILE_CLAIM_SECONDS is the default hold of a bare claim); short here too.
     ledger = {
         **settings.STOPDESK,
         "HEARTBEAT_SECONDS": 1,
