@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-sqlite soak bench lint format lock clean reference-servers fuzz-steering
+.PHONY: run test test-faults test-sqlite soak bench lint format lock clean reference-servers fuzz-steering
 
 $(STAMP): requirements.lock
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,11 @@ run: $(STAMP)
 ## The whole test suite: PostgreSQL and Redis on 127.0.0.1 when they answer.
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+## Only the fault tests (also part of `make test`): real processes killed, PostgreSQL connections
+## cut through a proxy, a broker and a watch server of their own stopped; each under a minute.
+test-faults: $(STAMP)
+	$(PY) -m pytest tests/faults -m faults -p no:logging -s $(PYTEST_ARGS)
 
 ## The ledger's writes on SQLite (the zero-setup run's database): the portable twins of the
 ## PostgreSQL statements. Everything here also runs on PostgreSQL in `make test`.

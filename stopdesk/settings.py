@@ -246,6 +246,10 @@ STOPDESK = {
     # A running item whose heartbeat is older than this is presumed lost and reconciled.
     "LEASE_SECONDS": config.integer("STOPDESK_LEASE_SECONDS", 60),
     "HEARTBEAT_SECONDS": config.integer("STOPDESK_HEARTBEAT_SECONDS", 10),
+    # Stop's batched canceller holds its items for this long and renews the hold while it works,
+    # so the items of a canceller that dies are due to the sweep again within this time
+    # (reconcile/services/lease.py).
+    "RECONCILE_LEASE_SECONDS": config.integer("STOPDESK_RECONCILE_LEASE_SECONDS", 20),
     "INVESTIGATE_BY_HOURS": config.integer("STOPDESK_INVESTIGATE_BY_HOURS", 24),
     # An open task with no new work this long (settled that long ago, or no item since it was
     # created) is closed by the idle-close sweep; until then it keeps its Stop (services/closing.py).

@@ -6,7 +6,8 @@ gunicorn (the web app, static files through whitenoise), a Celery worker with be
 the watch server (uvicorn: agents' Stop watches, which the web door sends there at once).
 Each child runs in a session of its own, so a Ctrl-C in the terminal reaches only the launcher,
 which then stops the children in order, within a bound, and leaves no process behind:
-SIGTERM (graceful), then SIGQUIT (Celery's cold shutdown), then SIGKILL to the whole group.
+SIGTERM (graceful), then SIGQUIT (Celery's cold shutdown), then SIGKILL to the whole group. If the
+launcher itself is killed before it can, its guard process does the same (`stopdrill/guard.py`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from stopdesk.models import WorkItem
 from stopdesk.notify.models import WebhookEndpoint
 from stopdesk.states import ItemState, Kind
 from stopdrill.demo.start import demo_task_start
+from stopdrill.guard import Guard, group_stop
 from stopdrill.sandbox.server import LOOPBACK, Sandbox, start_all
 from stopdrill.sandbox.webhooks import DEMO_SECRET
 
@@ -46,9 +48,7 @@ USER_SETTINGS = {
 }
 LABELS = {"openai": "OpenAI", "mcp": "MCP", "crm": "CRM", "outbox": "Outbox"}
 RECEIVER = "webhooks"  # the sandbox's webhook receiver: not a system of the user's
-# How long each stop signal is given before the next, harder one.
 WEB_URL_FILE = "web.url"
-GRACE_S = {signal.SIGTERM: 4.0, signal.SIGQUIT: 3.0, signal.SIGKILL: 2.0}
 PACE_S = 15.0
 
 
@@ -77,22 +77,7 @@ class Child:
 
     def stop(self) -> list[str]:
         """Stop the child's whole process group; returns what it took (for the log line)."""
-        steps: list[str] = []
-        if self.proc is not None:
-            pgid = self.proc.pid
-            for sig, grace in GRACE_S.items():
-                if not _group_alive(pgid):
-                    break
-                steps.append(sig.name)
-                try:
-                    os.killpg(pgid, sig)
-                except ProcessLookupError:
-                    break
-                deadline = time.monotonic() + grace
-                while time.monotonic() < deadline and _group_alive(pgid):
-                    self.proc.poll()  # reap the leader, or its zombie keeps the group "alive"
-                    time.sleep(0.05)
-            self.proc.poll()
+        steps = group_stop(self.proc.pid, reap=self.proc.poll) if self.proc is not None else []
         if self.log is not None:
             self.log.close()
         return steps
@@ -109,16 +94,6 @@ def _healthy(url: str) -> bool:
         return httpx.get(f"{url}/healthz", timeout=2.0).status_code == 200
     except httpx.HTTPError:
         return False
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def own_systems(environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -153,6 +128,7 @@ class Launcher:
     out: Callable[[str], None] = print
     sandbox: Sandbox | None = None
     children: list[Child] = field(default_factory=list)
+    guard: Guard | None = None
     stopping: threading.Event = field(default_factory=threading.Event)
     signal_name: str = ""
     metrics_token: str = ""
@@ -307,9 +283,12 @@ class Launcher:
             logs / "watch.log",
         )  # fmt: skip
         env = self.child_env()
+        self.guard = Guard(logs / "guard.log")
         for child in (web, worker, watch):
             child.start(env)
             self.children.append(child)
+            assert child.proc is not None
+            self.guard.watch(child.proc.pid)  # its process group: the child leads a session of its own
 
     def wait_ready(self, timeout_s: float = 90.0) -> bool:
         """The web app and the watch server answer /healthz and the worker has said it is ready."""
@@ -402,7 +381,7 @@ class Launcher:
         return 0
 
     def shutdown(self) -> None:
-        if not self.children and self.sandbox is None:
+        if not self.children and self.sandbox is None and self.guard is None:
             return
         self.out(f"\nStopping{f' ({self.signal_name})' if self.signal_name else ''}...")
         # Signals during shutdown must not interrupt it halfway.
@@ -414,6 +393,9 @@ class Launcher:
         for thread in threads:
             thread.join()
         self.children.clear()
+        if self.guard is not None:
+            self.guard.close()
+            self.guard = None
         if self.sandbox is not None:
             self.sandbox.stop()
             self.sandbox = None

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict, deque
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -70,11 +71,17 @@ class _Work:
 
 
 def items_reconcile_batch(
-    *, item_ids: list[int], concurrency: int, actor: str = ACTOR, now: datetime | None = None
+    *,
+    item_ids: list[int],
+    concurrency: int,
+    actor: str = ACTOR,
+    now: datetime | None = None,
+    release: Callable[[Iterable[int]], None] = lambda ids: None,
 ) -> list[Result]:
     """Reconcile items the caller has claimed, at most `concurrency` remote calls at once. `now`
     fixes the clock for every decision (tests); by default each item is decided at the moment its
-    answer came back."""
+    answer came back. `release` is told the items whose work is recorded (the caller's lease on
+    them can end)."""
     items = list(WorkItem.objects.filter(pk__in=item_ids).order_by("pk"))
     results: list[Result] = []
     settled: list[int] = []
@@ -88,6 +95,7 @@ def items_reconcile_batch(
             work.append(_Work(item, mechanism, choose_action(item, mechanism)))
     if settled:
         WorkItem.objects.filter(pk__in=settled).update(next_check_at=None)
+        release(settled)
     if not work:
         return results
 
@@ -106,13 +114,15 @@ def items_reconcile_batch(
             _attempts_open(part, now)
             out.append((part, [pool.submit(call, w) for w in part]))
             if len(out) > 1:
-                results.extend(_answers_apply(*out.popleft(), actor=actor))
+                results.extend(_answers_apply(*out.popleft(), actor=actor, release=release))
         while out:
-            results.extend(_answers_apply(*out.popleft(), actor=actor))
+            results.extend(_answers_apply(*out.popleft(), actor=actor, release=release))
     return results
 
 
-def _answers_apply(part: list[_Work], calls: list[Future[None]], *, actor: str) -> list[Result]:
+def _answers_apply(
+    part: list[_Work], calls: list[Future[None]], *, actor: str, release: Callable[[Iterable[int]], None]
+) -> list[Result]:
     """Once a slice's calls are all back: its attempts closed, the engine's decisions, applied."""
     for future in calls:
         future.result()
@@ -127,7 +137,9 @@ def _answers_apply(part: list[_Work], calls: list[Future[None]], *, actor: str) 
             action=w.action,
             attempt_id=w.attempt_id,
         )
-    return _apply_all(part, actor)
+    results = _apply_all(part, actor)
+    release(w.item.pk for w in part)
+    return results
 
 
 # --- applying the plans --------------------------------------------------------------------------

@@ -4,13 +4,15 @@ batched canceller for many items in one process."""
 from __future__ import annotations
 
 import logging
-import math
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
+
+from django.utils import timezone
 
 from reconcile.mechanisms.registry import mechanism_settings
 from reconcile.services.batch import items_reconcile_batch
-from reconcile.services.reconcile import Result, claim_seconds, item_reconcile, items_claim, items_due
+from reconcile.services.lease import ClaimLease, lease_seconds
+from reconcile.services.reconcile import Result, item_reconcile, items_claim, items_due
 
 log = logging.getLogger(__name__)
 
@@ -45,13 +47,19 @@ def items_cancel(
     results: list[Result] = []
     left = list(item_ids)
     for attempt in range(1 + LOCKED_RETRIES):
-        # The claim must outlast the whole batch, or a sweep could take an item whose calls are
-        # still out: in the worst case every round of calls (cancel + read-back) runs into its
-        # timeout.
-        rounds = math.ceil(len(left) / concurrency)
-        claimed = items_claim(item_ids=left, now=now, hold_s=claim_seconds() + rounds * 2 * cfg.call_timeout_s)
+        # The claim must outlast the batch, or a sweep could take an item whose calls are still
+        # out; but if this process dies, its items must not wait for the longest a batch could
+        # take (every round of calls running into its timeout: minutes). So it holds one short
+        # lease, renewed while the batch works, and each slice's items leave the lease once
+        # their answers are recorded.
+        at = now or timezone.now()
+        until = at + timedelta(seconds=lease_seconds())
+        claimed = items_claim(item_ids=left, now=at, hold_s=lease_seconds())
         if claimed:
-            results += items_reconcile_batch(item_ids=claimed, concurrency=concurrency, actor=actor, now=now)
+            with ClaimLease(item_ids=claimed, now=at, until=until) as lease:
+                results += items_reconcile_batch(
+                    item_ids=claimed, concurrency=concurrency, actor=actor, now=now, release=lease.release
+                )
         # The claim skips a row another transaction holds (a worker writing the item, another
         # claim in progress) rather than wait for it. Nobody took such an item: it is still due.
         # Its cancel is this job's, so it is claimed again once the writer is done (a claim that

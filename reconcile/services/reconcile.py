@@ -22,6 +22,7 @@ from reconcile import engine
 from reconcile.mechanisms import registry
 from reconcile.mechanisms.base import Capability, ItemRef, Mechanism, Observation, Seen
 from reconcile.services.launched import response_launched_record
+from reconcile.services.lease import ClaimLease, lease_seconds
 from stopdesk.models import CancellationAttempt, WorkItem
 from stopdesk.services.errors import IllegalTransition
 from stopdesk.services.items import item_attach_record, item_finish
@@ -45,12 +46,14 @@ def claim_seconds() -> float:
 # --- claiming: two sweeps (or a sweep and a cancel job) never work on one item at once ----------
 
 
-def item_claim(*, item_id: int, now: datetime | None = None) -> bool:
-    """Claim one item if it is due (or was never scheduled). A conditional UPDATE: exactly one
-    caller wins; the claim pushes next_check_at past the work, so nobody else picks it up."""
+def item_claim(*, item_id: int, now: datetime | None = None, hold_s: float | None = None) -> bool:
+    """Claim one item if it is due (or was never scheduled), for `hold_s` (default: the claim
+    seconds). A conditional UPDATE: exactly one caller wins; the claim pushes next_check_at past
+    the work, so nobody else picks it up."""
     now = now or timezone.now()
     won = WorkItem.objects.filter(_due(now), pk=item_id, state__in=SWEPT).update(
-        next_check_at=now + timedelta(seconds=claim_seconds()), check_count=F("check_count") + 1
+        next_check_at=now + timedelta(seconds=hold_s if hold_s is not None else claim_seconds()),
+        check_count=F("check_count") + 1,
     )
     return won == 1
 
@@ -118,12 +121,12 @@ RETURNING id
 """
 
 
-def items_claim_due(*, now: datetime | None = None, limit: int = 200) -> list[int]:
-    """Claim a bounded batch of due items. SKIP LOCKED lets concurrent sweeps take disjoint rows
-    instead of queueing behind each other; the pushed next_check_at keeps them disjoint after
-    commit."""
+def items_claim_due(*, now: datetime | None = None, limit: int = 200, hold_s: float | None = None) -> list[int]:
+    """Claim a bounded batch of due items for `hold_s` (default: the claim seconds). SKIP LOCKED
+    lets concurrent sweeps take disjoint rows instead of queueing behind each other; the pushed
+    next_check_at keeps them disjoint after commit."""
     now = now or timezone.now()
-    until = now + timedelta(seconds=claim_seconds())
+    until = now + timedelta(seconds=hold_s if hold_s is not None else claim_seconds())
     if is_postgres():
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(_CLAIM_SQL, {"until": until, "states": sorted(SWEPT), "now": now, "limit": limit})
@@ -153,9 +156,19 @@ def item_reconcile(*, item_id: int, actor: str = ACTOR, now: datetime | None = N
     """Cancel (when a stop asked for it and the cancel has not been answered yet) or inspect one
     item, and apply what the engine decides."""
     now = now or timezone.now()
-    if not claimed and not item_claim(item_id=item_id, now=now):
+    if claimed:
+        return _reconcile_claimed(item_id=item_id, actor=actor, now=now)
+    # As the sweep's and the batch's: a lease renewed while the call is out, so a cancel job whose
+    # worker dies leaves its item due again within one lease.
+    lease_s = lease_seconds()
+    if not item_claim(item_id=item_id, now=now, hold_s=lease_s):
         item = WorkItem.objects.get(pk=item_id)
         return Result(item_id, "skipped", "", item.state)
+    with ClaimLease(item_ids=[item_id], now=now, until=now + timedelta(seconds=lease_s)):
+        return _reconcile_claimed(item_id=item_id, actor=actor, now=now)
+
+
+def _reconcile_claimed(*, item_id: int, actor: str, now: datetime) -> Result:
     item = WorkItem.objects.get(pk=item_id)
     mechanism = registry.get(item.mechanism)
     if item.state in TERMINAL and item.state != S.CANCELLED:
@@ -419,10 +432,14 @@ def sweep_once(*, now: datetime | None = None, batch: int | None = None, concurr
     items. Tests call this directly; Celery beat calls it through `reconcile.sweep`."""
     now = now or timezone.now()
     cfg = settings.STOPDESK
-    ids = items_claim_due(now=now, limit=batch or int(cfg.get("SWEEP_BATCH", 200)))
-    results = items_reconcile_many(
-        item_ids=ids, concurrency=concurrency or int(cfg.get("SWEEP_CONCURRENCY", 8)), now=now, claimed=True
-    )
+    # A short lease, renewed while the pass works: a sweep that dies (its process killed, its
+    # database connection cut) leaves its items due again within one lease.
+    lease_s = lease_seconds()
+    ids = items_claim_due(now=now, limit=batch or int(cfg.get("SWEEP_BATCH", 200)), hold_s=lease_s)
+    with ClaimLease(item_ids=ids, now=now, until=now + timedelta(seconds=lease_s)):
+        results = items_reconcile_many(
+            item_ids=ids, concurrency=concurrency or int(cfg.get("SWEEP_CONCURRENCY", 8)), now=now, claimed=True
+        )
     errors = [r for r in results if r.action == "error"]
     for result in errors:
         # Let the item come back later rather than wait for the claim to run out.

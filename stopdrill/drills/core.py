@@ -92,8 +92,15 @@ def drill_settings(extra: dict[str, dict[str, Any]] | None = None) -> Iterator[N
     for name, values in getattr(settings, "STOPDESK_MECHANISMS", {}).items():
         if name in mechanisms and "options" in values:
             mechanisms[name].setdefault("options", values["options"])
-    # A claim whose holder died is free again after RECONCILE_CLAIM_SECONDS; short here too.
-    ledger = {**settings.STOPDESK, "HEARTBEAT_SECONDS": 1, "LEASE_SECONDS": 2, "RECONCILE_CLAIM_SECONDS": 2}
+    # A claim whose holder died is free again after RECONCILE_LEASE_SECONDS (a cancel job, a
+    # sweep, a batch; RECONCILE_CLAIM_SECONDS is the default hold of a bare claim); short here too.
+    ledger = {
+        **settings.STOPDESK,
+        "HEARTBEAT_SECONDS": 1,
+        "LEASE_SECONDS": 2,
+        "RECONCILE_CLAIM_SECONDS": 2,
+        "RECONCILE_LEASE_SECONDS": 2,
+    }
     with override_settings(STOPDESK_MECHANISMS=mechanisms, STOPDESK=ledger):
         registry.reset()
         try:

@@ -39,6 +39,25 @@ FAULT_TESTS: list[tuple[str, str, str]] = [
     ("test_worker_faults.py",
      "test_a_child_slower_than_every_timeout_is_uncertain_and_submits_nothing_after_the_stop",
      "a job step slower than every timeout: uncertain; its next action is refused at the boundary"),
+    ("test_canceller_faults.py", "test_a_canceller_killed_mid_batch_frees_its_items_within_one_lease",
+     "Stop's batched canceller SIGKILLed mid-batch (120 items, every call out): the sweep cancels them all within "
+     "one lease of the kill, not after the claim's length"),
+    ("test_launcher_faults.py", "test_the_launcher_killed_with_sigkill_leaves_no_child_running",
+     "the `make run` launcher SIGKILLed with the demo running: its guard stops every child within seconds"),
+    ("test_postgres_cuts.py", "test_connections_cut_under_a_stop_lose_nothing[stop_commit_never_arrives]",
+     "PostgreSQL connections cut (a proxy) as the stop's COMMIT is sent: not committed, the caller is told, "
+     "nothing half-written; pressed again, every item known, none started after the boundary"),
+    ("test_postgres_cuts.py", "test_connections_cut_under_a_stop_lose_nothing[stop_commit_answer_lost]",
+     "PostgreSQL connections cut once the stop's COMMIT is in but before its answer: committed, the caller is "
+     "told it failed; pressed again, one stop, every item known"),
+    ("test_postgres_cuts.py", "test_connections_cut_under_a_stop_lose_nothing[fanout]",
+     "PostgreSQL connections cut during the stop's fan-out: the stop stands, the resumer finishes the fan-out"),
+    ("test_postgres_cuts.py", "test_connections_cut_during_a_reconcile_pass_lose_nothing",
+     "PostgreSQL connections cut during a reconcile pass: its items are due again within one lease"),
+    ("test_broker_faults.py", "test_the_broker_lost_during_the_fanout_and_back_empty_the_sweep_cancels_every_item",
+     "the broker stopped as Stop fans out 120 items and restarted empty: beat's sweep cancels every item"),
+    ("test_watch_faults.py", "test_the_watch_server_killed_under_200_watchers_loses_no_stop",
+     "the watch server SIGKILLed under 200 watchers, 100 stops pressed while it is down: every agent hears its Stop"),
 ]  # fmt: skip
 
 
@@ -67,9 +86,9 @@ def _faults_section(fault_results: Path | None) -> list[str]:
     lines = [
         "## Process-level fault tests (tests/faults)",
         "",
-        "Real processes and connections, not drills: run with `pytest tests/faults` (PostgreSQL and Redis on",
-        "127.0.0.1; the Redis restart uses a redis-server of the test's own), and by `make test` in CI",
-        "(`.ci/run`).",
+        "Real processes and connections, not drills: run with `make test-faults` (PostgreSQL and Redis on",
+        "127.0.0.1; PostgreSQL's connections are cut through a TCP proxy of the test's own, and the broker",
+        "restarted is a redis-server of the test's own), and by `make test` in CI (`.ci/run`).",
         "",
     ]
     results = read_junit(fault_results) if fault_results is not None else {}

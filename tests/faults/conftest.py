@@ -26,12 +26,12 @@ from tests.workers.conftest import Worker as _Worker
 class Worker(_Worker):
     """The worker tests' process wrapper, running the drills' agent code instead of theirs."""
 
-    def __init__(self, name: str, env: dict[str, str], log: Path) -> None:
+    def __init__(self, name: str, env: dict[str, str], log: Path, extra_args: tuple[str, ...] = ()) -> None:
         self.name = name
         self.log = log
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "stopdesk", "worker", "--pool=prefork", "-c", "2", "-n", name,
-             "--without-mingle", "--without-gossip", "-I", "stopdrill.drills.agent", "-l", "info"],
+             "--without-mingle", "--without-gossip", "-I", "stopdrill.drills.agent", "-l", "info", *extra_args],
             cwd=ROOT,
             env=env,
             stdout=log.open("ab"),
@@ -123,7 +123,9 @@ def _forget_connections() -> None:
 def worker_on(pg_dsn: str, tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
     workers: list[Worker] = []
 
-    def start(broker: str, name: str = "fault@test") -> Worker:
+    def start(
+        broker: str, name: str = "fault@test", extra_env: dict[str, str] | None = None, beat: bool = False
+    ) -> Worker:
         env = {
             **os.environ,
             "DATABASE_URL": pg_dsn,
@@ -131,9 +133,12 @@ def worker_on(pg_dsn: str, tmp_path: Path) -> Iterator:  # type: ignore[type-arg
             "STOPDESK_HEARTBEAT_SECONDS": "1",
             "STOPDESK_LEASE_SECONDS": "2",
             "PYTHONPATH": str(ROOT),
+            **(extra_env or {}),
         }
         env.pop("STOPDESK_TESTING", None)
-        worker = Worker(name, env, tmp_path / f"{name.replace('@', '_')}-{len(workers)}.log")
+        # With beat embedded, the worker also runs the periodic jobs (the sweep every 5 s).
+        extra = ("-B", "--schedule", str(tmp_path / f"beat-{len(workers)}")) if beat else ()
+        worker = Worker(name, env, tmp_path / f"{name.replace('@', '_')}-{len(workers)}.log", extra)
         workers.append(worker)
         worker.wait_ready()
         return worker

@@ -18,7 +18,7 @@ from stopdrill.drills.runner import run_drills
 from stopdrill.drills.table import table
 from tests.workers.conftest import wait_for
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.faults, pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture

@@ -18,7 +18,13 @@ from stopdrill.drills.checks import inspect_drill
 from tests.faults.conftest import fault_context
 from tests.workers.conftest import wait_for
 
-pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.faults,
+    pytest.mark.postgres,
+    pytest.mark.redis,
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+]
 
 
 def start_job(ctx, *, steps: int = 60, step_s: float = 0.15, slow_s: float = 0.0) -> WorkItem:  # type: ignore[no-untyped-def]
