@@ -3,12 +3,13 @@ cancellation job per item that had crossed the boundary."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -23,6 +24,7 @@ from stopdesk.states import IN_FLIGHT, SETTLED, ItemState
 from stopdesk.tracing import tracer
 
 S = ItemState
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,9 @@ class StopOutcome:
     stop_request: StopRequest
     created: bool
     dispatched: tuple[int, ...] = ()
+    # The stop committed but its fan-out did not (the database went away between the two): new
+    # work is already refused at the boundary, and the beat's resumer finishes the fan-out.
+    fanout_pending: bool = False
 
 
 def task_request_stop(
@@ -50,7 +55,15 @@ def task_request_stop(
         stop_request, created = _commit_stop_request(task_id=task_id, actor=actor, by=by, reason=reason)
         if not created:
             return StopOutcome(stop_request, created=False)
-        ids = stop_fanout(stop_request_id=stop_request.pk, actor=actor, dispatch=dispatch)
+        try:
+            ids = stop_fanout(stop_request_id=stop_request.pk, actor=actor, dispatch=dispatch)
+        except DatabaseError:
+            if connection.in_atomic_block:
+                raise  # the caller's transaction holds the stop too: it did not commit
+            # The stop is committed and in force; telling the person it failed would be untrue.
+            log.exception("stop %s committed; its fan-out failed and is left to the resumer", stop_request.pk)
+            connection.close_if_unusable_or_obsolete()
+            return StopOutcome(stop_request, created=True, fanout_pending=True)
         stop_request.refresh_from_db()
         return StopOutcome(stop_request, created=True, dispatched=tuple(ids))
 
