@@ -145,6 +145,7 @@ class _Scale:
         from stopdesk.agent.frameworks.core import RunStopped, StopdeskRun
 
         await asyncio.sleep(random.uniform(0, THINK_S))
+
         async def watch() -> None:
             await sd.watch_stop(task_id)
             self.answered_at[task_id] = time.time()
