@@ -19,7 +19,10 @@ scale.stop_to_cancelled_ms.paced p50/p99    from a stop request's recorded time 
     (100) tasks stopped one at a time, 100 ms apart, by another process, while the rest run on
 scale.stop_to_cancelled_ms.at_once p50/p99  the same for all the other runs, stopped as fast as 4
     processes can: the client's loop then hears hundreds of Stops at once and settles each run
+scale.stop_to_watch_answered_ms.<phase>     of that, until the run's watch answer was read here
 scale.runs_cancelled                        runs whose agent received CancelledError (of N)
+
+BENCH_SCALE_PROFILE=<file> writes a cProfile of this process while the runs hear Stop at once.
 
     targets: Stop -> CancelledError p99 <= 100 ms; get_task while watching p99 <= 200 ms
 """
