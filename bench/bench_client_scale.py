@@ -19,7 +19,10 @@ scale.stop_to_cancelled_ms.paced p50/p99    from a stop request's recorded time 
     (100) tasks stopped one at a time, 100 ms apart, by another process, while the rest run on
 scale.stop_to_cancelled_ms.at_once p50/p99  the same for all the other runs, stopped as fast as 4
     processes can: the client's loop then hears hundreds of Stops at once and settles each run
+scale.stop_to_watch_answered_ms.<phase>     of that, until the run's watch answer was read here
 scale.runs_cancelled                        runs whose agent received CancelledError (of N)
+
+BENCH_SCALE_PROFILE=<file> writes a cProfile of this process while the runs hear Stop at once.
 
     targets: Stop -> CancelledError p99 <= 100 ms; get_task while watching p99 <= 200 ms
 """
@@ -72,6 +75,9 @@ def run() -> list[Figure]:
     def heard(share: list[int]) -> list[float]:
         return [(bench.cancelled_at[t] - stopped_at[t]) * 1000 for t in share if t in bench.cancelled_at]
 
+    def answered(share: list[int]) -> list[float]:
+        return [(bench.answered_at[t] - stopped_at[t]) * 1000 for t in share if t in bench.answered_at]
+
     return [
         *p50_p99("scale.get_task_ms.no_watches", bench.get_task["none"]),
         *p50_p99(f"scale.get_task_ms.{RUNS}_watches", bench.get_task["watches"], target_p99=GET_TASK_TARGET_MS),
@@ -79,6 +85,8 @@ def run() -> list[Figure]:
         *p50_p99("scale.boundary_pass_ms", bench.boundary),
         *p50_p99("scale.stop_to_cancelled_ms.paced", heard(tasks[:STOPS]), target_p99=STOP_TARGET_MS),
         *p50_p99("scale.stop_to_cancelled_ms.at_once", heard(tasks[STOPS:]), target_p99=STOP_TARGET_MS),
+        *p50_p99("scale.stop_to_watch_answered_ms.paced", answered(tasks[:STOPS])),
+        *p50_p99("scale.stop_to_watch_answered_ms.at_once", answered(tasks[STOPS:])),
         Figure("scale.runs_cancelled", len(heard(tasks)), f"of {RUNS}", target=RUNS, higher_is_better=True),
     ]
 
@@ -90,6 +98,7 @@ class _Scale:
         self.boundary: list[float] = []
         self.measuring = False
         self.cancelled_at: dict[int, float] = {}
+        self.answered_at: dict[int, float] = {}  # when each run's watch answered "stopped", here
 
     async def main(self) -> None:
         from stopdesk.client import AsyncClient
@@ -112,8 +121,10 @@ class _Scale:
             self.measuring = False
             paced, at_once = self.tasks[:STOPS], self.tasks[STOPS:]
             await asyncio.to_thread(_stop, [paced], PACE_S)
+            profile = _profiling()
             await asyncio.to_thread(_stop, [at_once[n::STOPPERS] for n in range(STOPPERS)], 0.0)
             await asyncio.wait(runs, timeout=120)
+            _profiled(profile)
 
     async def _get_task(self, sd: Any, spread_s: float = 0.0) -> list[float]:
         took = []
@@ -137,7 +148,12 @@ class _Scale:
         from stopdesk.agent.frameworks.core import RunStopped, StopdeskRun
 
         await asyncio.sleep(random.uniform(0, THINK_S))
-        async with StopdeskRun(sd, task_id, framework="bench", agent="scale") as run:
+
+        async def watch() -> None:
+            await sd.watch_stop(task_id)
+            self.answered_at[task_id] = time.time()
+
+        async with StopdeskRun(sd, task_id, framework="bench", agent="scale", watch=watch) as run:
             with contextlib.suppress(RunStopped):
                 await run.run(self._agent(run, task_id))
 
@@ -163,6 +179,23 @@ class _Scale:
             return "done"
 
         return body
+
+
+def _profiling() -> Any:
+    """cProfile of the bench process while the runs hear Stop at once, when BENCH_SCALE_PROFILE names a file."""
+    if not os.environ.get("BENCH_SCALE_PROFILE"):
+        return None
+    import cProfile
+
+    profile = cProfile.Profile()
+    profile.enable()
+    return profile
+
+
+def _profiled(profile: Any) -> None:
+    if profile is not None:
+        profile.disable()
+        profile.dump_stats(os.environ["BENCH_SCALE_PROFILE"])
 
 
 def _stop_requested_at(tasks: list[int]) -> dict[int, float]:

@@ -10,7 +10,16 @@ import httpx
 from stopdesk.client import calls
 from stopdesk.client.calls import Call
 from stopdesk.client.calls import record_launched as launched_call
-from stopdesk.client.transport import WATCH_LIMITS, api_base, backoff, headers_for, read_answer, should_retry
+from stopdesk.client.transport import (
+    CALL_LIMITS,
+    CALLS_IN_FLIGHT,
+    WATCH_LIMITS,
+    api_base,
+    backoff,
+    headers_for,
+    read_answer,
+    should_retry,
+)
 from stopdesk.client.watch import POLL_S, WatchPools, watch_stop_async
 from stopdesk.protocol.action import AsyncExternalAction
 from stopdesk.protocol.spec import ItemSpec
@@ -50,7 +59,10 @@ class AsyncClient:
         self.retries = retries
         self.backoff_seconds = backoff_seconds
         self._own_http = http is None
-        self.http = http or httpx.AsyncClient(timeout=timeout)
+        self.http = http or httpx.AsyncClient(timeout=timeout, limits=CALL_LIMITS)
+        # Calls beyond this wait here, where a waiter costs nothing, not in httpcore's queue (see
+        # CALLS_IN_FLIGHT); a pool of your own (`http`) gets the same bound.
+        self._in_flight = asyncio.Semaphore(CALLS_IN_FLIGHT)
         self.base = api_base(base_url)
         # Where the stop watch is served. Unset, the web door's answer names the watch server (a
         # 307, followed and remembered), or the web door serves the watch itself.
@@ -80,9 +92,10 @@ class AsyncClient:
         attempt = 0
         while True:
             try:
-                response = await self.http.request(
-                    call.method, self.base + call.path, json=call.body, headers=headers_for(call)
-                )
+                async with self._in_flight:
+                    response = await self.http.request(
+                        call.method, self.base + call.path, json=call.body, headers=headers_for(call)
+                    )
             except httpx.TransportError as exc:
                 if not should_retry(call, attempt, self.retries, error=exc):
                     raise

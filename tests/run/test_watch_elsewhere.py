@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import re
 import signal
 import subprocess
@@ -245,3 +246,59 @@ def _stop_paced(tasks: list[int], stopped_at: dict[int, float]) -> None:
             time.sleep(0.2)
     finally:
         connection.close()
+
+
+SETTLING_RUNS = 200  # past httpx's default pool of 100, as in the issue
+THINK_S = 4.0
+
+
+def test_hundreds_of_runs_on_one_async_client_hear_stop_at_once_promptly(deployed: tuple[str, str]) -> None:
+    """Stopped together, every run settles through the client's pool (its run's item, its tool
+    call's result) while the others' Stops are still arriving: those must not wait behind that.
+    (Before: 9.9 s for the slowest, median 1.7 s. The event loop spent seconds in httpx's pool
+    matching hundreds of queued requests to connections, and a run stopped mid-tool received its
+    CancelledError only after its call's record was written, behind every other run's report.)"""
+    from stopdesk.agent.frameworks.core import RunStopped, StopdeskRun
+
+    web_url, _ = deployed
+    runtime, token = runtime_create(name="settling-runs", actor="test")
+    tasks = [task_create(title=f"run {n}", actor="test", runtime=runtime).pk for n in range(SETTLING_RUNS)]
+    connection.close()
+    cancelled_at: dict[int, float] = {}
+    stopped_at: dict[int, float] = {}
+    running: set[int] = set()
+
+    async def agent(run: StopdeskRun, task_id: int) -> None:
+        async def tool() -> str:
+            await asyncio.sleep(0.05)
+            return "done"
+
+        try:
+            for step in range(1000):
+                await asyncio.sleep(random.uniform(0, THINK_S))
+                await run.tool_call(call_id=f"call-{step}", name="work", arguments={"step": step}, body=tool)
+                running.add(task_id)
+        except asyncio.CancelledError:
+            cancelled_at[task_id] = time.monotonic()
+            raise
+
+    async def one_run(sd: AsyncClient, task_id: int) -> None:
+        async with StopdeskRun(sd, task_id, framework="test", agent="many") as run:
+            with contextlib.suppress(RunStopped):
+                await run.run(agent(run, task_id))
+
+    async def main() -> None:
+        async with AsyncClient(web_url, token) as sd:
+            runs = [asyncio.create_task(one_run(sd, t)) for t in tasks]
+            deadline = time.monotonic() + 30
+            while len(running) < SETTLING_RUNS and time.monotonic() < deadline:
+                await asyncio.sleep(0.5)  # every run has passed the boundary at least once
+            await asyncio.to_thread(_stop_all, tasks, stopped_at)
+            await asyncio.wait_for(asyncio.gather(*runs), 30)
+
+    asyncio.run(main())
+    assert set(cancelled_at) == set(tasks), f"{len(tasks) - len(cancelled_at)} runs never received CancelledError"
+    late = sorted(cancelled_at[t] - stopped_at[t] for t in tasks)
+    assert late[-1] < PROMPT_S, (
+        f"the slowest run heard Stop {late[-1]:.2f} s after it committed (median {late[len(late) // 2]:.2f} s)"
+    )

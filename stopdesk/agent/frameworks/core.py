@@ -435,11 +435,11 @@ class StopdeskRun:
                     # The await ended, the thread did not: recorded as it is, settled as it ends.
                     self._outlive(flight)
                     raise
-                # Shielded, and tracked: the cancellation that interrupted the body must not also lose
-                # its record, and a framework that does not wait for its cancelled tool tasks still
-                # has the run wait for the write (flush) before it ends.
-                settle = self._later(self._settle_interrupted(flight, "interrupted by Stop"), name)
-                await _shielded(settle, self.cleanup_s)
+                # Tracked, not awaited: the record is written apart from the cancellation (which must
+                # not lose it), and the run waits for it (flush) before it ends. Awaiting it here
+                # would hold the cancellation back by a round trip, behind every other run's report
+                # when hundreds are stopped at once.
+                self._later(self._settle_interrupted(flight, "interrupted by Stop"), name)
             raise
         except ToolStopped as exc:
             self._in_flight.pop(call_id, None)
@@ -674,12 +674,6 @@ def current_run() -> StopdeskRun:
 
 def _reason(error: BaseException | None) -> str:
     return f"{type(error).__name__}: {error}"[:200]
-
-
-async def _shielded(work: Awaitable[Any], timeout: float) -> None:
-    task = asyncio.ensure_future(work)
-    with contextlib.suppress(BaseException):
-        await asyncio.wait_for(asyncio.shield(task), timeout=timeout)
 
 
 def _clip(value: Any, limit: int = 2000) -> Any:
