@@ -21,13 +21,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
+import threading
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from django.conf import settings
-from django.db import connection
+from django.db import close_old_connections, connection
 from django.utils import timezone
 
 from stopdesk.protocol.errors import StopRequested
@@ -49,7 +53,11 @@ def item_start_for_task(*, item_id: int, actor: str) -> int:
 
 
 async def in_thread[T](fn: Callable[..., T], /, **kwargs: Any) -> T:
-    """Run a ledger call in a worker thread, and close that thread's connection after it."""
+    """Run a ledger call in a worker thread. Inside `ledger_threads` it runs on that pool, whose
+    threads keep their connection; elsewhere on a fresh thread whose connection is closed after."""
+    pool = _ledger_pool.get()
+    if pool is not None:
+        return await pool.run(fn, **kwargs)
 
     def call() -> T:
         try:
@@ -58,6 +66,56 @@ async def in_thread[T](fn: Callable[..., T], /, **kwargs: Any) -> T:
             connection.close()
 
     return await asyncio.to_thread(call)
+
+
+class LedgerThreads:
+    """A few threads that each keep one database connection across ledger calls: a long-lived
+    process making many small calls (the gateway) then pays no connection set-up per call."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._executor = ThreadPoolExecutor(max_workers=size, thread_name_prefix="stopdesk-ledger")
+
+    async def run[T](self, fn: Callable[..., T], /, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(_on_kept_connection, fn, kwargs))
+
+    def close(self) -> None:
+        """Close every thread's connection on that thread (a connection belongs to its thread),
+        then the threads. The barrier makes each of the `size` threads take one close."""
+        barrier = threading.Barrier(self.size, timeout=10.0)
+
+        def close_mine() -> None:
+            connection.close()
+            with contextlib.suppress(threading.BrokenBarrierError):
+                barrier.wait()
+
+        for _ in range(self.size):
+            self._executor.submit(close_mine)
+        self._executor.shutdown(wait=True)
+
+
+def _on_kept_connection[T](fn: Callable[..., T], kwargs: dict[str, Any]) -> T:
+    # Drop the connection first if it broke or outlived CONN_MAX_AGE (as Django does per request).
+    close_old_connections()
+    try:
+        return fn(**kwargs)
+    finally:
+        if connection.in_atomic_block:  # never hand the next call an open transaction
+            connection.close()
+
+
+_ledger_pool: ContextVar[LedgerThreads | None] = ContextVar("stopdesk_ledger_pool", default=None)
+
+
+@contextlib.contextmanager
+def ledger_threads(pool: LedgerThreads) -> Iterator[None]:
+    """`in_thread` calls made in this context (and the tasks it starts) use `pool`."""
+    token = _ledger_pool.set(pool)
+    try:
+        yield
+    finally:
+        _ledger_pool.reset(token)
 
 
 @dataclass

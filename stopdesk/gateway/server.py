@@ -33,11 +33,12 @@ from starlette.routing import BaseRoute, Route
 from reconcile.mechanisms.mcp.agent import mcp_call_tool
 from reconcile.mechanisms.mcp.servers import ServerConfigError, ServerSpec, configured_servers, open_client
 from reconcile.mechanisms.registry import mechanism_settings
-from stopdesk.agent.aio import in_thread
+from stopdesk.agent.aio import LedgerThreads, in_thread, ledger_threads
 from stopdesk.gateway.client_cancel import record_client_cancel
 from stopdesk.gateway.readiness import enforced, not_ready_because, ready_tools
 from stopdesk.gateway.retry_gate import earlier_unsettled, held_words
 from stopdesk.gateway.sessions import ACTOR, TASK_HEADER, Caller, SessionTasks, UnknownTask, stopped_words
+from stopdesk.gateway.upstreams import UpstreamConnections
 from stopdesk.models import WorkItem
 from stopdesk.services.errors import LedgerError, TaskStopped, ToolNotReady
 from stopdesk.services.items import item_register
@@ -50,17 +51,23 @@ HELD = -32091
 NOT_READY = -32092  # readiness `enforce` refused the tool
 REFUSED = -32093  # the ledger refused the call otherwise (a closed task); nothing was sent
 CLIENT_INFO_META_KEY = "io.modelcontextprotocol/clientInfo"
+# Threads (each with its database connection) for the ledger calls of all calls in flight.
+LEDGER_THREADS = 8
 
 
 class UpstreamGateway:
     """The gateway in front of one upstream MCP server."""
 
-    def __init__(self, spec: ServerSpec, tasks: SessionTasks, *, poll_s: float, timeout_s: float) -> None:
+    def __init__(
+        self, spec: ServerSpec, tasks: SessionTasks, ledger: LedgerThreads, *, poll_s: float, timeout_s: float
+    ) -> None:
         self.spec = spec
         self.tasks = tasks
+        self.ledger = ledger  # the gateway's ledger calls run on these threads, on kept connections
         self.poll_s = poll_s
         self.timeout_s = timeout_s
         self.known_tools: dict[str, types.Tool] = {}  # the upstream's tools, as last listed
+        self.upstream = UpstreamConnections(spec, timeout_s=timeout_s)
 
     def build_server(self) -> Server[Any]:
         return Server(
@@ -73,6 +80,10 @@ class UpstreamGateway:
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
+        with ledger_threads(self.ledger):
+            return await self._listing(params)
+
+    async def _listing(self, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         listing = await self._upstream_tools(params.cursor if params else None)
         if not enforced():
             return listing
@@ -97,6 +108,10 @@ class UpstreamGateway:
             raise MCPError(code=NOT_READY, message=reason)
 
     async def _call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Any:
+        with ledger_threads(self.ledger):
+            return await self._call(ctx, params)
+
+    async def _call(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Any:
         arguments = dict(params.arguments or {})
         facts = self._call_facts(ctx, params.name, arguments)
         await self._refuse_if_not_ready(params.name)
@@ -142,16 +157,19 @@ class UpstreamGateway:
                 poll_s=self.poll_s,
                 timeout_s=self.timeout_s,
                 stop_push=True,
+                connect=lambda: self.upstream.lend(task_id),
             )
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):  # the record is written even as the handler ends
                 await in_thread(record_client_cancel, item_id=item_id)
             raise
         except TaskStopped:
+            self.upstream.close_task(task_id)
             raise await _stopped(task_id) from None
         except (LookupError, ServerConfigError) as exc:  # no such tool; arguments its status check needs
             raise MCPError(code=INVALID_PARAMS, message=str(exc)) from exc
         if result is None:  # Stop cancelled it upstream; the item says cancelled or uncertain
+            self.upstream.close_task(task_id)
             raise await _stopped(task_id)
         return result
 
@@ -209,18 +227,25 @@ def gateway_app(*, host: str = "127.0.0.1", poll_s: float = 5.0, timeout_s: floa
     Stop reaches a call through the process's StopHub at once; `poll_s` paces each call's lease
     (and is the longest a Stop waits should the hub's notification be lost)."""
     tasks = SessionTasks()
+    ledger = LedgerThreads(LEDGER_THREADS)
     specs = configured_servers(mechanism_settings("mcp").options)
     routes: list[BaseRoute] = []
     managers = []
+    upstreams = []
     for name, spec in sorted(specs.items()):
-        server = UpstreamGateway(spec, tasks, poll_s=poll_s, timeout_s=timeout_s).build_server()
+        gateway = UpstreamGateway(spec, tasks, ledger, poll_s=poll_s, timeout_s=timeout_s)
+        server = gateway.build_server()
         app = server.streamable_http_app(streamable_http_path=PATH.format(name=name), host=host)
         routes.extend(app.routes)
         managers.append(server.session_manager)
+        upstreams.append(gateway.upstream)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
+            stack.callback(ledger.close)  # last: the calls below may still write as they end
+            for upstream in upstreams:
+                await stack.enter_async_context(upstream.running())
             for manager in managers:
                 await stack.enter_async_context(manager.run())
             yield

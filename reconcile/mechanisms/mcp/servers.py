@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import httpx2
+import mcp_types as types
 from mcp import Client, StdioServerParameters
 from mcp.client.extension import ClientExtension
 from mcp.client.stdio import stdio_client
@@ -287,6 +288,22 @@ class Connection:
     # The JSON-RPC id of the last request sent per method (Streamable HTTP only): the upstream's id
     # of a call, which its cancel names, for the record.
     sent_ids: dict[str, Any] = field(default_factory=dict)
+    # Who hears the server's notifications (a call's progress watcher), and its tool list as last
+    # listed: a connection kept across calls (the gateway's) asks for it once, and again only
+    # after the server says its tools changed.
+    listeners: set[Callable[..., Any]] = field(default_factory=set)
+    tools: types.ListToolsResult | None = None
+
+    async def hear(self, message: Any) -> None:
+        if isinstance(getattr(message, "root", message), types.ToolListChangedNotification):
+            self.tools = None
+        for listener in list(self.listeners):
+            await listener(message)
+
+    async def list_tools(self) -> types.ListToolsResult:
+        if self.tools is None:
+            self.tools = await self.client.list_tools()
+        return self.tools
 
     @property
     def revision(self) -> str:
@@ -333,6 +350,10 @@ async def open_client(
         if sid and conn_box:
             conn_box[0].session_id = sid
 
+    async def hear(message: Any) -> None:
+        if conn_box:
+            await conn_box[0].hear(message)
+
     async def remember_request_id(request: httpx2.Request) -> None:
         if conn_box and request.method == "POST":
             _note_request_id(conn_box[0], request)
@@ -351,10 +372,10 @@ async def open_client(
         params = StdioServerParameters(command=command, args=list(spec.args), env=spec.env or None, cwd=spec.cwd)
         transport = stdio_client(params, errlog=_errlog())
     mode = "legacy" if requested == LEGACY else requested
-    client = Client(
-        transport, mode=mode, read_timeout_seconds=timeout_s, message_handler=message_handler, extensions=extensions
-    )
+    client = Client(transport, mode=mode, read_timeout_seconds=timeout_s, message_handler=hear, extensions=extensions)
     conn = Connection(client=client, spec=spec, requested=requested)
+    if message_handler is not None:
+        conn.listeners.add(message_handler)
     conn_box.append(conn)
     try:
         async with client:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -74,13 +75,16 @@ async def mcp_call_tool(
     timeout_s: float = 300.0,
     after_cancel_s: float | None = None,
     stop_push: bool = False,
+    connect: Callable[[], AbstractAsyncContextManager[Connection]] | None = None,
 ) -> types.CallToolResult | None:
     """Record server, tool, protocol version and annotations; pass the boundary; call the tool
     while watching the ledger; cancel the call on Stop. Returns the result, or None when the call
     was cancelled (the item is then recorded cancelled or uncertain). `server` is a configured
     server's name, a URL, or `StdioServerParameters`; `url` is the older spelling of a URL.
     With `stop_push` the process's StopHub wakes the watch the moment the task's Stop commits
-    (a long-lived process holding many calls, the gateway); `poll_s` then only paces the lease."""
+    (a long-lived process holding many calls, the gateway); `poll_s` then only paces the lease.
+    `connect` lends a connection kept across calls (the gateway's, one call at a time on it);
+    by default the call opens its own and closes it after."""
 
     ref = server if server is not None else url
     if ref is None:
@@ -93,7 +97,8 @@ async def mcp_call_tool(
         spec = mcp_servers.resolve(ref, mechanism_settings("mcp").options)
         progress = ProgressSeen(token=f"stopdesk-item-{item_id}")
         linger = _after_cancel_s() if after_cancel_s is None else after_cancel_s
-        async with mcp_servers.open_client(spec, timeout_s=timeout_s, message_handler=progress.handle) as conn:
+        opened = connect() if connect is not None else mcp_servers.open_client(spec, timeout_s=timeout_s)
+        async with opened as conn, _listening(conn, progress.handle):
             facts = await describe(conn, tool, arguments)
             try:
                 await pass_boundary(item_id, actor, facts)
@@ -122,6 +127,15 @@ async def mcp_call_tool(
     return result
 
 
+@asynccontextmanager
+async def _listening(conn: Connection, listener: Callable[..., Any]) -> AsyncIterator[None]:
+    conn.listeners.add(listener)
+    try:
+        yield
+    finally:
+        conn.listeners.discard(listener)
+
+
 def _after_cancel_s() -> float:
 
     return float(mechanism_settings("mcp").options.get("after_cancel_s", 2.0))
@@ -138,12 +152,13 @@ class StopPushed:
 async def _stop_pushed(item_id: int) -> StopPushed:
     loop = asyncio.get_running_loop()
     event = asyncio.Event()
-    task_id = await in_thread(item_task_id, item_id=item_id)
-    # Watched, then read once: a Stop that committed since the boundary was passed is seen too.
-    unwatch = await in_thread(
-        stop_hub().watch_checked, task_id=task_id, callback=lambda _task, _at: loop.call_soon_threadsafe(event.set)
-    )
+    unwatch = await in_thread(_watch_checked, item_id=item_id, callback=lambda: loop.call_soon_threadsafe(event.set))
     return StopPushed(event=event, unwatch=unwatch)
+
+
+def _watch_checked(*, item_id: int, callback: Callable[[], Any]) -> Callable[[], None]:
+    # Watched, then read once: a Stop that committed since the boundary was passed is seen too.
+    return stop_hub().watch_checked(item_task_id(item_id=item_id), lambda _task, _at: callback())
 
 
 async def _call_watching(

@@ -25,8 +25,10 @@ async def describe(conn: Connection, tool: str, arguments: dict[str, Any]) -> di
     """The facts recorded on the item before the call: the server (never its secrets), the tool,
     the revision and transport used (and how a cancel travels on them), the tool's annotations, and its status check with arguments filled in."""
     client = conn.client
-    listing = await client.list_tools()
-    found = next((t for t in listing.tools if t.name == tool), None)
+    found = _tool_named(await conn.list_tools(), tool)
+    if found is None:  # a list kept from earlier may predate the tool: ask again once
+        conn.tools = None
+        found = _tool_named(await conn.list_tools(), tool)
     if found is None:
         raise LookupError(f"MCP server {conn.spec.name} has no tool {tool!r}")
     caps = client.server_capabilities
@@ -45,6 +47,10 @@ async def describe(conn: Connection, tool: str, arguments: dict[str, Any]) -> di
     return facts
 
 
+def _tool_named(listing: Any, tool: str) -> Any:
+    return next((t for t in listing.tools if t.name == tool), None)
+
+
 def offers_tasks(caps: Any) -> bool:
     """Tasks in the core capabilities (2025-11-25), or the tasks extension (2026-07-28)."""
     extensions = getattr(caps, "extensions", None) or {}
@@ -52,13 +58,17 @@ def offers_tasks(caps: Any) -> bool:
 
 
 async def pass_boundary(item_id: int, actor: str, facts: dict[str, Any]) -> None:
+    await in_thread(_record_and_pass, item_id=item_id, actor=actor, facts=facts)
 
-    await in_thread(item_record_detail, item_id=item_id, detail={"mcp": facts}, actor=actor)
+
+def _record_and_pass(*, item_id: int, actor: str, facts: dict[str, Any]) -> None:
+    # One trip to the ledger: the facts first, then the boundary (which raises TaskStopped).
+    item_record_detail(item_id=item_id, detail={"mcp": facts}, actor=actor)
     if facts["annotations"]["readOnlyHint"]:
-        await in_thread(item_start, item_id=item_id, actor=actor, worker="mcp")
+        item_start(item_id=item_id, actor=actor, worker="mcp")
     else:
         # A call that may change the world is an external action: submitted_at marks it.
-        await in_thread(item_submit, item_id=item_id, idempotency_key=f"mcp-item-{item_id}", actor=actor, worker="mcp")
+        item_submit(item_id=item_id, idempotency_key=f"mcp-item-{item_id}", actor=actor, worker="mcp")
 
 
 async def record_failure(item_id: int, actor: str, exc: BaseException, facts: dict[str, Any] | None) -> None:

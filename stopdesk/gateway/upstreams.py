@@ -1,0 +1,109 @@
+"""The gateway's connections to one upstream, kept open across calls.
+
+Opening an MCP connection costs a handshake (and, before the first call, a `tools/list`); paid
+per call it was most of what the gateway added. Each gateway task (a client session) keeps the
+connections its calls opened and lends an idle one to its next call, one call at a time on each
+(so a connection's last request id and progress are that call's). A connection is closed when a
+Stop of its task ended or refused a call, when a call on it failed or was cancelled, and when the
+gateway shuts down. Each connection is held open by a task of its own in the gateway's task group
+(an SDK client must be entered and left in one task)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import anyio
+from anyio.abc import TaskGroup
+
+from reconcile.mechanisms.mcp.servers import Connection, ServerSpec, open_client
+
+
+@dataclass(eq=False)
+class Kept:
+    """One open connection and the task that holds it open."""
+
+    task_id: int
+    conn: Connection | None = None
+    error: Exception | None = None
+    closing: anyio.Event = field(default_factory=anyio.Event)
+    closed: bool = False
+
+    def close(self) -> None:
+        self.closed = True
+        self.closing.set()
+
+
+class UpstreamConnections:
+    def __init__(self, spec: ServerSpec, *, timeout_s: float) -> None:
+        self.spec = spec
+        self.timeout_s = timeout_s
+        self._idle: dict[int, list[Kept]] = {}
+        self._lent: dict[int, set[Kept]] = {}
+        self._holders: TaskGroup | None = None
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """For the gateway's lifetime; every connection is closed as it ends."""
+        async with anyio.create_task_group() as holders:
+            self._holders = holders
+            try:
+                yield
+            finally:
+                self._holders = None
+                holders.cancel_scope.cancel()
+
+    @asynccontextmanager
+    async def lend(self, task_id: int) -> AsyncIterator[Connection]:
+        """An idle connection of the task's, or a new one; kept for the task's next call if the
+        call ended normally, closed otherwise (a failed or cancelled call may leave it broken)."""
+        kept = self._take_idle(task_id) or await self._open(task_id)
+        self._lent.setdefault(task_id, set()).add(kept)
+        ended_normally = False
+        try:
+            assert kept.conn is not None
+            yield kept.conn
+            ended_normally = True
+        finally:
+            self._lent[task_id].discard(kept)
+            if ended_normally and not kept.closed:
+                self._idle.setdefault(task_id, []).append(kept)
+            else:
+                kept.close()
+
+    def close_task(self, task_id: int) -> None:
+        """The task was stopped: close its connections (those lent out as their calls end)."""
+        for kept in [*self._idle.pop(task_id, []), *self._lent.get(task_id, ())]:
+            kept.close()
+
+    def _take_idle(self, task_id: int) -> Kept | None:
+        idle = self._idle.get(task_id, [])
+        while idle:
+            kept = idle.pop()
+            if not kept.closed:
+                return kept
+        return None
+
+    async def _open(self, task_id: int) -> Kept:
+        if self._holders is None:
+            raise RuntimeError("the gateway's upstream connections are not running")
+        kept = Kept(task_id=task_id)
+        ready = anyio.Event()
+        self._holders.start_soon(self._hold, kept, ready)
+        await ready.wait()
+        if kept.error is not None:
+            raise kept.error
+        return kept
+
+    async def _hold(self, kept: Kept, ready: anyio.Event) -> None:
+        try:
+            async with open_client(self.spec, timeout_s=self.timeout_s) as conn:
+                kept.conn = conn
+                ready.set()
+                await kept.closing.wait()
+        except Exception as exc:  # the caller's to record (not sent), not the task group's
+            kept.error = exc
+        finally:
+            kept.closed = True  # also when the connection broke by itself: never lent again
+            ready.set()
