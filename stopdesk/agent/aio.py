@@ -24,6 +24,7 @@ import contextlib
 import functools
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
@@ -95,12 +96,20 @@ class LedgerThreads:
         self._executor.shutdown(wait=True)
 
 
+# A connection idle longer than this is checked before use (Django's health check, one ping);
+# one in steady use is not pinged before every call (it would double the round trips).
+CHECK_AFTER_IDLE_S = 1.0
+_last_used = threading.local()
+
+
 def _on_kept_connection[T](fn: Callable[..., T], kwargs: dict[str, Any]) -> T:
-    # Drop the connection first if it broke or outlived CONN_MAX_AGE (as Django does per request).
-    close_old_connections()
+    if connection.errors_occurred or time.monotonic() - getattr(_last_used, "at", 0.0) > CHECK_AFTER_IDLE_S:
+        # Drop it if it broke or outlived CONN_MAX_AGE, as Django does per request.
+        close_old_connections()
     try:
         return fn(**kwargs)
     finally:
+        _last_used.at = time.monotonic()
         if connection.in_atomic_block:  # never hand the next call an open transaction
             connection.close()
 

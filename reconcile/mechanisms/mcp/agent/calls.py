@@ -19,6 +19,7 @@ from reconcile.mechanisms.mcp.agent.common import (
     describe,
     look_later,
     pass_boundary,
+    record_and_pass,
     record_failure,
     unwrap,
 )
@@ -100,12 +101,15 @@ async def mcp_call_tool(
         opened = connect() if connect is not None else mcp_servers.open_client(spec, timeout_s=timeout_s)
         async with opened as conn, _listening(conn, progress.handle):
             facts = await describe(conn, tool, arguments)
+            stop_seen: StopPushed | None = None
             try:
-                await pass_boundary(item_id, actor, facts)
+                if stop_push:
+                    stop_seen = await _pass_boundary_watching(item_id, actor, facts)
+                else:
+                    await pass_boundary(item_id, actor, facts)
             except TaskStopped as exc:  # raised after the session closes, not wrapped in its task group
                 refused = exc
             if refused is None:
-                stop_seen = await _stop_pushed(item_id) if stop_push else None
                 try:
                     result = await _call_watching(conn, item_id, tool, arguments, poll_s, progress, stop_seen)
                 finally:
@@ -149,14 +153,24 @@ class StopPushed:
     unwatch: Callable[[], None]
 
 
-async def _stop_pushed(item_id: int) -> StopPushed:
+async def _pass_boundary_watching(item_id: int, actor: str, facts: dict[str, Any]) -> StopPushed:
+    """The boundary, then the task's Stop watched, in one trip to the ledger."""
     loop = asyncio.get_running_loop()
     event = asyncio.Event()
-    unwatch = await in_thread(_watch_checked, item_id=item_id, callback=lambda: loop.call_soon_threadsafe(event.set))
+    unwatch = await in_thread(
+        _pass_and_watch,
+        item_id=item_id,
+        actor=actor,
+        facts=facts,
+        callback=lambda: loop.call_soon_threadsafe(event.set),
+    )
     return StopPushed(event=event, unwatch=unwatch)
 
 
-def _watch_checked(*, item_id: int, callback: Callable[[], Any]) -> Callable[[], None]:
+def _pass_and_watch(
+    *, item_id: int, actor: str, facts: dict[str, Any], callback: Callable[[], Any]
+) -> Callable[[], None]:
+    record_and_pass(item_id=item_id, actor=actor, facts=facts)
     # Watched, then read once: a Stop that committed since the boundary was passed is seen too.
     return stop_hub().watch_checked(item_task_id(item_id=item_id), lambda _task, _at: callback())
 

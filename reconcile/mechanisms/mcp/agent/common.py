@@ -58,10 +58,10 @@ def offers_tasks(caps: Any) -> bool:
 
 
 async def pass_boundary(item_id: int, actor: str, facts: dict[str, Any]) -> None:
-    await in_thread(_record_and_pass, item_id=item_id, actor=actor, facts=facts)
+    await in_thread(record_and_pass, item_id=item_id, actor=actor, facts=facts)
 
 
-def _record_and_pass(*, item_id: int, actor: str, facts: dict[str, Any]) -> None:
+def record_and_pass(*, item_id: int, actor: str, facts: dict[str, Any]) -> None:
     # One trip to the ledger: the facts first, then the boundary (which raises TaskStopped).
     item_record_detail(item_id=item_id, detail={"mcp": facts}, actor=actor)
     if facts["annotations"]["readOnlyHint"]:
