@@ -75,7 +75,15 @@ class UpstreamGateway:
             version="1.0",
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
+            get_tool_input_schema=self._input_schema,
         )
+
+    def _input_schema(self, name: str) -> Mapping[str, Any] | None:
+        """For the SDK's `Mcp-Param-*` header check on 2026-07-28 calls: the tool's schema as the
+        upstream last listed it. Without this the SDK lists the tools before every call (an upstream
+        round trip); a tool not listed yet is left to the upstream, which checks its own headers."""
+        tool = self.known_tools.get(name)
+        return tool.input_schema if tool is not None else None
 
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
