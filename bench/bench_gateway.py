@@ -6,6 +6,9 @@
 - `gateway.stop_to_upstream_cancel_ms.p50/p99`: SESSIONS clients, each on its own task with a
   `slow_lookup` in flight; each task is stopped in turn, and the time runs from the Stop's commit
   to the upstream seeing its call interrupted.
+- `gateway.idle_queries_per_s`: the bench database's transactions (counted by PostgreSQL, as in
+  `bench_watch_idle`) while the gateway sits idle after the calls above, holding their kept
+  upstream connections and its ledger threads' connections.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ def run() -> list[Figure]:
             with BackgroundServer(gateway_app, name="gateway") as front:
                 direct = _call_times(upstream.url + "/mcp")
                 through = _call_times(front.url + "/mcp/sandbox")
+                idle = _idle_queries_per_s(connections["default"].settings_dict["NAME"])
                 stops = _stop_to_cancel(party, front.url + "/mcp/sandbox")
     finally:
         settings.STOPDESK_MECHANISMS = saved
@@ -62,12 +66,21 @@ def run() -> list[Figure]:
         Figure("gateway.call_ms.through.p50", statistics.median(through), "ms"),
         Figure("gateway.stop_to_upstream_cancel_ms.p50", statistics.median(stops), "ms"),
         Figure("gateway.stop_to_upstream_cancel_ms.p99", _p99(stops), "ms", target=50.0),
+        Figure("gateway.idle_queries_per_s", idle, "queries/s", target=0.0),
     ]
 
 
 def _p99(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+
+
+def _idle_queries_per_s(database: str) -> float:
+    from bench.bench_watch_idle import _Transactions
+
+    with _Transactions(database) as count:  # each read waits for late statistics to land first
+        before, opened = count(), count.at
+        return (count() - before) / (count.at - opened)
 
 
 def _call_times(url: str) -> list[float]:
