@@ -1,0 +1,75 @@
+"""The gateway keeps a session's upstream connection across its calls: one handshake and one
+`tools/list` for many calls, and a call that Stop ends runs on it like any other."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+
+from reconcile.mechanisms.mcp import sandbox as tools
+from stopdesk.gateway.server import STOPPED
+from stopdesk.models import WorkItem
+from stopdesk.states import ItemState
+from tests.factories import make_task
+from tests.gateway.test_gateway_calls import stop_once_started, through_gateway
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
+HANDSHAKES = ("server/discover", "initialize")  # how a new upstream connection begins, per revision
+
+
+def handshakes(party: tools.MCPToolServer) -> int:
+    return sum(len(party.wire(method)) for method in HANDSHAKES)
+
+
+def listing_first(tool: str, arguments: dict[str, Any]) -> Callable[[Client], Awaitable[Any]]:
+    async def body(client: Client) -> Any:
+        await client.list_tools()
+        return await client.call_tool(tool, arguments)
+
+    return body
+
+
+async def list_then_call_three_times(client: Client) -> list[Any]:
+    await client.list_tools()  # so the client does not list again after its first call
+    return [await client.call_tool(tools.READ_VALUE, {"key": f"k{n}"}) for n in range(3)]
+
+
+def test_a_sessions_calls_share_one_upstream_connection(gateway):
+    task = make_task()
+    results = through_gateway(gateway.url, list_then_call_three_times, mode="auto", task_id=task.pk)
+    assert [r.is_error for r in results] == [False, False, False]
+    assert len(gateway.party.wire("tools/call")) == 3
+    # The client's tools/list is forwarded on a connection of its own; the three calls share one,
+    # which listed the tools once. Opened per call, it would have been four of each.
+    assert handshakes(gateway.party) == 2
+    assert len(gateway.party.wire("tools/list")) == 2
+    assert set(WorkItem.objects.values_list("state", flat=True)) == {ItemState.COMPLETED}
+
+
+def test_a_call_stop_ends_runs_on_the_kept_connection_and_nothing_follows_it(gateway):
+    task = make_task()
+    read = listing_first(tools.READ_VALUE, {"key": "k"})
+    through_gateway(gateway.url, read, mode="auto", task_id=task.pk)
+    assert handshakes(gateway.party) == 2  # the client's listing's, and the session's kept one
+    pressing = stop_once_started(gateway.party, tools.SLOW_LOOKUP, task.pk)
+    with pytest.raises(MCPError) as raised:
+        through_gateway(
+            gateway.url,
+            listing_first(tools.SLOW_LOOKUP, {"query": "q", "seconds": 5}),
+            mode="auto",
+            task_id=task.pk,
+        )
+    pressing.join()
+    assert raised.value.error.code == STOPPED
+    assert handshakes(gateway.party) == 3  # the listing's; the stopped call ran on the kept one
+    # After the Stop the task's calls are refused as they are registered, before any upstream
+    # connection is taken: only the client's own listing reaches the upstream.
+    with pytest.raises(MCPError) as refused:
+        through_gateway(gateway.url, read, mode="auto", task_id=task.pk)
+    assert refused.value.error.code == STOPPED
+    assert handshakes(gateway.party) == 4
+    assert len(gateway.party.wire("tools/call")) == 2
