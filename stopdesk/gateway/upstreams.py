@@ -4,12 +4,14 @@ Opening an MCP connection costs a handshake (and, before the first call, a `tool
 per call it was most of what the gateway added. Each gateway task (a client session) keeps the
 connections its calls opened and lends an idle one to its next call, one call at a time on each
 (so a connection's last request id and progress are that call's). A connection is closed when a
-Stop of its task ended or refused a call, when a call on it failed or was cancelled, and when the
+Stop of its task ended or refused a call, when a call on it failed or was cancelled, when it sat
+idle for `idle_close_s` (a session the client ended says nothing to the gateway), and when the
 gateway shuts down. Each connection is held open by a task of its own in the gateway's task group
 (an SDK client must be entered and left in one task)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -18,6 +20,8 @@ import anyio
 from anyio.abc import TaskGroup
 
 from reconcile.mechanisms.mcp.servers import Connection, ServerSpec, open_client
+
+IDLE_CLOSE_S = 60.0
 
 
 @dataclass(eq=False)
@@ -29,6 +33,7 @@ class Kept:
     error: Exception | None = None
     closing: anyio.Event = field(default_factory=anyio.Event)
     closed: bool = False
+    idle_since: float | None = None  # monotonic time it was given back, while nobody holds it
 
     def close(self) -> None:
         self.closed = True
@@ -36,9 +41,10 @@ class Kept:
 
 
 class UpstreamConnections:
-    def __init__(self, spec: ServerSpec, *, timeout_s: float) -> None:
+    def __init__(self, spec: ServerSpec, *, timeout_s: float, idle_close_s: float = IDLE_CLOSE_S) -> None:
         self.spec = spec
         self.timeout_s = timeout_s
+        self.idle_close_s = idle_close_s
         self._idle: dict[int, list[Kept]] = {}
         self._lent: dict[int, set[Kept]] = {}
         self._holders: TaskGroup | None = None
@@ -68,6 +74,7 @@ class UpstreamConnections:
         finally:
             self._lent[task_id].discard(kept)
             if ended_normally and not kept.closed:
+                kept.idle_since = time.monotonic()
                 self._idle.setdefault(task_id, []).append(kept)
             else:
                 kept.close()
@@ -82,7 +89,9 @@ class UpstreamConnections:
         while idle:
             kept = idle.pop()
             if not kept.closed:
+                kept.idle_since = None
                 return kept
+        self._idle.pop(task_id, None)
         return None
 
     async def _open(self, task_id: int) -> Kept:
@@ -101,9 +110,24 @@ class UpstreamConnections:
             async with open_client(self.spec, timeout_s=self.timeout_s) as conn:
                 kept.conn = conn
                 ready.set()
-                await kept.closing.wait()
+                await self._until_closed_or_idle(kept)
         except Exception as exc:  # the caller's to record (not sent), not the task group's
             kept.error = exc
         finally:
             kept.closed = True  # also when the connection broke by itself: never lent again
             ready.set()
+            self._forget(kept)
+
+    async def _until_closed_or_idle(self, kept: Kept) -> None:
+        while not kept.closing.is_set():
+            with anyio.move_on_after(self.idle_close_s):
+                await kept.closing.wait()
+            if kept.idle_since is not None and time.monotonic() - kept.idle_since >= self.idle_close_s:
+                kept.close()
+
+    def _forget(self, kept: Kept) -> None:
+        idle = self._idle.get(kept.task_id)
+        if idle is not None and kept in idle:
+            idle.remove(kept)
+        if not idle:
+            self._idle.pop(kept.task_id, None)

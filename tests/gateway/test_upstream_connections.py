@@ -1,19 +1,24 @@
 """The gateway keeps a session's upstream connection across its calls: one handshake and one
-`tools/list` for many calls, and a call that Stop ends runs on it like any other."""
+`tools/list` for many calls, and a call that Stop ends runs on it like any other. A connection
+left idle is closed."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio
 import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
 from reconcile.mechanisms.mcp import sandbox as tools
+from reconcile.mechanisms.mcp.servers import resolve
 from stopdesk.gateway.server import STOPPED
+from stopdesk.gateway.upstreams import UpstreamConnections
 from stopdesk.models import WorkItem
 from stopdesk.states import ItemState
+from stopdrill.sandbox.server import BackgroundServer
 from tests.factories import make_task
 from tests.gateway.test_gateway_calls import stop_once_started, through_gateway
 
@@ -73,3 +78,25 @@ def test_a_call_stop_ends_runs_on_the_kept_connection_and_nothing_follows_it(gat
     assert refused.value.error.code == STOPPED
     assert handshakes(gateway.party) == 4
     assert len(gateway.party.wire("tools/call")) == 2
+
+
+def test_a_connection_left_idle_is_closed_and_the_next_call_opens_another():
+    party = tools.MCPToolServer()
+    with BackgroundServer(party.app, name="mcp") as upstream:
+        spec = resolve(upstream.url + "/mcp", {})
+        connections = UpstreamConnections(spec, timeout_s=10.0, idle_close_s=0.2)
+
+        async def lend_twice_with_a_pause() -> tuple[bool, bool]:
+            async with connections.running():
+                async with connections.lend(1) as first:
+                    await first.list_tools()
+                async with connections.lend(1) as again:  # given back just now: the same one
+                    same = again is first
+                await anyio.sleep(0.6)  # longer than idle_close_s (and its check's period)
+                async with connections.lend(1) as later:
+                    await later.list_tools()
+                    return same, later is first
+
+        same, reused_after_idle = anyio.run(lend_twice_with_a_pause)
+    assert same and not reused_after_idle
+    assert handshakes(party) == 2
