@@ -109,8 +109,7 @@ def test_a_watch_of_many_is_a_post(live_server, runtime_token):
     assert answer.status_code == 405 and answer.headers["Allow"] == "POST"
 
 
-def test_the_web_door_sends_a_watch_of_many_to_the_watch_server(live_server, runtime_token, settings):
-    _, token = runtime_token
+def test_the_web_door_sends_a_watch_of_many_to_the_watch_server(live_server, settings):
     settings.STOPDESK_WATCH_URL = "http://watch.example:8001"
     answer = httpx.post(live_server.url + "/api/v1/watch", json={"tasks": [1]}, headers={"Authorization": "Bearer x"})
     assert answer.status_code == 307
