@@ -239,8 +239,9 @@ class AsyncWatches:
         self.offered = True
         self._client = client
         self._waiting: dict[int, list[tuple[asyncio.Future[StopWatchInfo], float]]] = {}
-        self._added: asyncio.Event | None = None
+        self._changed: asyncio.Event | None = None
         self._poller: asyncio.Task[None] | None = None
+        self.polling = 0  # tasks in the poll in flight (diagnostics, the bench)
 
     async def watch(self, task_id: int, poll_s: float) -> StopWatchInfo:
         if not self.offered or (task_id not in self._waiting and len(self._waiting) >= MANY_MAX):
@@ -258,10 +259,10 @@ class AsyncWatches:
     def _wake(self) -> None:
         loop = asyncio.get_running_loop()
         if self._poller is None or self._poller.done() or self._poller.get_loop() is not loop:
-            self._added = asyncio.Event()
+            self._changed = asyncio.Event()
             self._poller = loop.create_task(self._poll_while_waited())
-        assert self._added is not None
-        self._added.set()
+        assert self._changed is not None
+        self._changed.set()
 
     def _forget(self, task_id: int, entry: tuple[asyncio.Future[StopWatchInfo], float]) -> None:
         entries = self._waiting.get(task_id, [])
@@ -269,6 +270,8 @@ class AsyncWatches:
             entries.remove(entry)
         if not entries:
             self._waiting.pop(task_id, None)  # still in the poll under way: harmless, gone at the next
+        if not self._waiting and self._changed is not None:
+            self._changed.set()  # nothing left to wait on: end the poll now, not at its timeout
 
     async def _poll_while_waited(self) -> None:
         try:
@@ -281,15 +284,15 @@ class AsyncWatches:
     async def _poll_loop(self, http: httpx.AsyncClient) -> None:
         attempt = hops = 0
         while self._waiting and self.offered:
-            assert self._added is not None
+            assert self._changed is not None
             await asyncio.sleep(COALESCE_S)
-            self._added.clear()
+            self._changed.clear()
             tasks = list(self._waiting)
             poll_s = min(poll_s for entries in self._waiting.values() for _, poll_s in entries)
             try:
-                response = await self._poll_until_added(http, tasks, poll_s)
+                response = await self._poll_until_changed(http, tasks, poll_s)
                 if response is None:
-                    continue  # a task was added: ask again with it
+                    continue  # a task was added (ask again with it), or none is left
                 if follow(self._client, response, hops):
                     hops += 1
                     continue
@@ -302,17 +305,19 @@ class AsyncWatches:
                 self._fail(tasks, exc)
             attempt = hops = 0
 
-    async def _poll_until_added(
+    async def _poll_until_changed(
         self, http: httpx.AsyncClient, tasks: list[int], poll_s: float
     ) -> httpx.Response | None:
-        assert self._added is not None
+        assert self._changed is not None
         body = {"tasks": tasks, "timeout": poll_s}
         poll = asyncio.ensure_future(http.post(self._client.watch_base + "/watch", json=body, timeout=poll_s + SLACK_S))
-        added = asyncio.ensure_future(self._added.wait())
+        changed = asyncio.ensure_future(self._changed.wait())
+        self.polling = len(tasks)
         try:
-            await asyncio.wait([poll, added], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([poll, changed], return_when=asyncio.FIRST_COMPLETED)
         finally:
-            added.cancel()
+            self.polling = 0
+            changed.cancel()
             if not poll.done():
                 poll.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
