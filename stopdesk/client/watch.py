@@ -285,7 +285,8 @@ class AsyncWatches:
         attempt = hops = 0
         while self._waiting and self.offered:
             assert self._changed is not None
-            await asyncio.sleep(COALESCE_S)
+            if self._changed.is_set():  # tasks were added: let the runs starting with them join
+                await asyncio.sleep(COALESCE_S)
             self._changed.clear()
             tasks = list(self._waiting)
             poll_s = min(poll_s for entries in self._waiting.values() for _, poll_s in entries)
