@@ -106,14 +106,14 @@ class _Scale:
         async with AsyncClient(self.servers.web_url, self.token, timeout=60) as sd:
             self.get_task["none"] = await self._get_task(sd)
             bare = [asyncio.create_task(sd.watch_stop(t, poll_s=50)) for t in self.tasks]
-            await self._until_watching(len(bare))
+            await self._until_watching(sd, len(bare))
             self.get_task["watches"] = await self._get_task(sd)
             for watch in bare:
                 watch.cancel()
             await asyncio.gather(*bare, return_exceptions=True)
             await asyncio.sleep(1.0)  # their connections closed before the runs' are counted
             runs = [asyncio.create_task(self._run(sd, t)) for t in self.tasks]
-            await self._until_watching(len(runs))
+            await self._until_watching(sd, len(runs))
             self.measuring = True
             steady = asyncio.create_task(asyncio.sleep(STEADY_S))
             self.get_task["runs"] = await self._get_task(sd, spread_s=STEADY_S * 0.8)
@@ -135,14 +135,19 @@ class _Scale:
             await asyncio.sleep(spread_s / GET_TASK_SAMPLES)
         return took
 
-    async def _until_watching(self, count: int) -> None:
-        """Until the watch server holds `count` long polls (plus the client's other connections)."""
+    async def _until_watching(self, sd: Any, count: int) -> None:
+        """Until the watch server holds the client's one poll of `count` tasks (or, from an older
+        server, `count` long polls plus the client's other connections)."""
         deadline = time.monotonic() + 120
-        while (held := await asyncio.to_thread(_held, self.servers.watch_url)) < count:
-            print(f"# {held} of {count} watches held", flush=True)
+        while True:
+            held = await asyncio.to_thread(_held, self.servers.watch_url)
+            if (sd._watches.offered and sd._watches.polling >= count and held) or held >= count:
+                break
+            print(f"# {held} connections held, {sd._watches.polling} of {count} tasks in one poll", flush=True)
             if time.monotonic() > deadline:
                 raise RuntimeError(f"only {held} of {count} watches reached the watch server")
             await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # the poll's first reads done, its tasks watched there
 
     async def _run(self, sd: Any, task_id: int) -> None:
         from stopdesk.agent.frameworks.core import RunStopped, StopdeskRun

@@ -1,5 +1,5 @@
 """The ASGI application. Production serves the stop watch endpoint with it (uvicorn, `python -m
-stopdesk watch`). That path goes to a plain ASGI handler (`stopdesk.push.watch.asgi_watch`), outside
+stopdesk watch`). That path (and the watch of many tasks) goes to a plain ASGI handler (`stopdesk.push.watch.asgi_watch`), outside
 Django's request cycle, which keeps a thread for every request in flight: a waiting watcher is then
 only a future on the event loop. Every other path is Django's."""
 
@@ -13,13 +13,17 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "stopdesk.settings")
 
 django_application = get_asgi_application()
 
-from stopdesk.push.watch import asgi_watch  # noqa: E402 - needs the apps loaded above
+from stopdesk.push.watch import asgi_watch, asgi_watch_many  # noqa: E402 - needs the apps loaded above
 
 WATCH = re.compile(r"^/api/v1/tasks/([^/]+)/stop/watch/?$")
+WATCH_MANY = re.compile(r"^/api/v1/watch/?$")
 
 
 async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] == "http" and (match := WATCH.match(scope["path"])):
         await asgi_watch(scope, receive, send, match.group(1))
+        return
+    if scope["type"] == "http" and WATCH_MANY.match(scope["path"]):
+        await asgi_watch_many(scope, receive, send)
         return
     await django_application(scope, receive, send)

@@ -108,6 +108,7 @@ def document() -> dict[str, Any]:
             }
         paths.setdefault(op.path, {})[op.method.lower()] = operation
     paths[watch.PATH] = {"get": _watch_operation(), **_watch_servers()}
+    paths[watch.MANY_PATH] = {"post": _watch_many_operation(), **_watch_servers()}
     return {
         "openapi": "3.1.0",
         "info": {
@@ -179,6 +180,62 @@ def _watch_operation() -> dict[str, Any]:
             },
             "404": {"description": ERROR_TEXT[404], **error},
             "422": {"description": "`timeout` is not a number of seconds in range (field `timeout`).", **error},
+        },
+    }
+
+
+def _watch_many_operation() -> dict[str, Any]:
+    error = {"content": {"application/json": {"schema": {"$ref": REF.format(model="Error")}}}}
+    info = {"$ref": REF.format(model="StopWatchInfo")}
+    return {
+        "operationId": "watch_stop_many",
+        "summary": "Wait for the Stop of any of many tasks: one long poll for all of them.",
+        "description": (
+            "The stop watch for many tasks at once: answers `stopped` (every task of the list stopped by then) as "
+            "soon as any of them is stopped, or `stopped: []` after `timeout` seconds; then watch again with the "
+            "tasks still waited on. A client watching many runs holds one request instead of one per run."
+        ),
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["tasks"],
+                        "properties": {
+                            "tasks": {
+                                "type": "array",
+                                "minItems": 1,
+                                "maxItems": watch.MAX_TASKS,
+                                "items": {"type": "integer", "minimum": 1},
+                            },
+                            "timeout": {"type": "number", "minimum": 0, "maximum": watch.MAX_TIMEOUT_S},
+                        },
+                    }
+                }
+            },
+        },
+        "responses": {
+            "200": {
+                "description": "Some stopped, or the timeout passed first (`stopped: []`).",
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "required": ["stopped"],
+                            "properties": {"stopped": {"type": "array", "items": info}},
+                        }
+                    }
+                },
+            },
+            "307": {"description": "Served by the watch server, not here: repeat the request at `Location`.", **error},
+            "400": {"description": "The body is not a JSON object.", **error},
+            "401": {"description": ERROR_TEXT[401], **error},
+            "404": {
+                "description": "Tasks unknown or of another runtime: the body's `tasks` lists them; nothing is watched.",
+                **error,
+            },
+            "422": {"description": "`tasks` or `timeout` is not valid (`field` names it).", **error},
         },
     }
 

@@ -20,7 +20,7 @@ from stopdesk.client.transport import (
     read_answer,
     should_retry,
 )
-from stopdesk.client.watch import POLL_S, WatchPools, watch_stop_async
+from stopdesk.client.watch import POLL_S, AsyncWatches, WatchPools
 from stopdesk.protocol.action import AsyncExternalAction
 from stopdesk.protocol.spec import ItemSpec
 from stopdesk.protocol.types import (
@@ -75,6 +75,7 @@ class AsyncClient:
         self.watch_pools = WatchPools(
             lambda: httpx.AsyncClient(timeout=timeout, limits=WATCH_LIMITS, headers=auth), given=watch_http
         )
+        self._watches = AsyncWatches(self)  # every watch_stop of this client on one long poll
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -125,8 +126,9 @@ class AsyncClient:
         return await self._run(calls.close_task(task_id, reason))
 
     async def watch_stop(self, task_id: int, *, poll_s: float = POLL_S) -> StopWatchInfo:
-        """Return the moment the task's Stop commits (long polls answered by push)."""
-        return await watch_stop_async(self, task_id, poll_s=poll_s)
+        """Return the moment the task's Stop commits (long polls answered by push; the client's
+        watches share one poll of all their tasks where the server offers it)."""
+        return await self._watches.watch(task_id, poll_s)
 
     # Items
     async def register(

@@ -218,3 +218,146 @@ async def _watch_async(client: AsyncClient, http: httpx.AsyncClient, task_id: in
         attempt = hops = 0
         if info.stopped:
             return info
+
+
+MANY_MAX = 10_000  # the server's bound on tasks in one watch; watches beyond it poll one task each
+COALESCE_S = 0.005  # runs that start together join one re-issued poll, not one poll each
+
+
+class _NotOffered(Exception):
+    """The server has no watch of many tasks (an older one): watch each task on its own."""
+
+
+class AsyncWatches:
+    """One AsyncClient's watch_stop calls on one long poll of POST /watch for all the tasks they
+    wait on. The poll is re-issued when a task is added (a new run) and after each answer (with the
+    tasks still waited on), so a Stop of a thousand runs reaches the client as a few answers, not as
+    a thousand at once. A server without it (404 or 405 at /watch) is remembered, and every watch
+    then long-polls its own task as before."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self.offered = True
+        self._client = client
+        self._waiting: dict[int, list[tuple[asyncio.Future[StopWatchInfo], float]]] = {}
+        self._changed: asyncio.Event | None = None
+        self._poller: asyncio.Task[None] | None = None
+        self.polling = 0  # tasks in the poll in flight (diagnostics, the bench)
+
+    async def watch(self, task_id: int, poll_s: float) -> StopWatchInfo:
+        if not self.offered or (task_id not in self._waiting and len(self._waiting) >= MANY_MAX):
+            return await watch_stop_async(self._client, task_id, poll_s=poll_s)
+        entry: tuple[asyncio.Future[StopWatchInfo], float] = (asyncio.get_running_loop().create_future(), poll_s)
+        self._waiting.setdefault(task_id, []).append(entry)
+        self._wake()
+        try:
+            return await entry[0]
+        except _NotOffered:
+            return await watch_stop_async(self._client, task_id, poll_s=poll_s)
+        finally:
+            self._forget(task_id, entry)
+
+    def _wake(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._poller is None or self._poller.done() or self._poller.get_loop() is not loop:
+            self._changed = asyncio.Event()
+            self._poller = loop.create_task(self._poll_while_waited())
+        assert self._changed is not None
+        self._changed.set()
+
+    def _forget(self, task_id: int, entry: tuple[asyncio.Future[StopWatchInfo], float]) -> None:
+        entries = self._waiting.get(task_id, [])
+        if entry in entries:
+            entries.remove(entry)
+        if not entries:
+            self._waiting.pop(task_id, None)  # still in the poll under way: harmless, gone at the next
+        if not self._waiting and self._changed is not None:
+            self._changed.set()  # nothing left to wait on: end the poll now, not at its timeout
+
+    async def _poll_while_waited(self) -> None:
+        try:
+            with self._client.watch_pools.lease() as http:
+                await self._poll_loop(http)
+        except BaseException as exc:  # the poller ended early: its waiters must not wait on forever
+            self._fail(list(self._waiting), exc if isinstance(exc, Exception) else StopdeskError("The watch ended."))
+            raise
+
+    async def _poll_loop(self, http: httpx.AsyncClient) -> None:
+        attempt = hops = 0
+        while self._waiting and self.offered:
+            assert self._changed is not None
+            if self._changed.is_set():  # tasks were added: let the runs starting with them join
+                await asyncio.sleep(COALESCE_S)
+            self._changed.clear()
+            tasks = list(self._waiting)
+            poll_s = min(poll_s for entries in self._waiting.values() for _, poll_s in entries)
+            try:
+                response = await self._poll_until_changed(http, tasks, poll_s)
+                if response is None:
+                    continue  # a task was added (ask again with it), or none is left
+                if follow(self._client, response, hops):
+                    hops += 1
+                    continue
+                self._answered(tasks, response)
+            except (httpx.TransportError, ServerError):
+                await asyncio.sleep(min(backoff(attempt, self._client.backoff_seconds), 5.0))
+                attempt += 1
+                continue
+            except StopdeskError as exc:  # sent round in a circle: these watches end with the reason
+                self._fail(tasks, exc)
+            attempt = hops = 0
+
+    async def _poll_until_changed(
+        self, http: httpx.AsyncClient, tasks: list[int], poll_s: float
+    ) -> httpx.Response | None:
+        assert self._changed is not None
+        body = {"tasks": tasks, "timeout": poll_s}
+        poll = asyncio.ensure_future(http.post(self._client.watch_base + "/watch", json=body, timeout=poll_s + SLACK_S))
+        changed = asyncio.ensure_future(self._changed.wait())
+        self.polling = len(tasks)
+        try:
+            await asyncio.wait([poll, changed], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self.polling = 0
+            changed.cancel()
+            if not poll.done():
+                poll.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await poll
+        return poll.result() if not poll.cancelled() else None
+
+    def _answered(self, tasks: list[int], response: httpx.Response) -> None:
+        """Hand each waiter its answer: its task's Stop, its refusal, or (older server) _NotOffered."""
+        body = _json_object(response)
+        if response.status_code in (404, 405) and "tasks" not in body:
+            self.offered = False
+            self._fail(tasks, _NotOffered())
+            return
+        try:
+            stopped = [StopWatchInfo.from_json(info) for info in read_answer(_MANY, response)]
+        except StopdeskError as exc:  # refused: the tasks it names, or all of them
+            if isinstance(exc, ServerError):
+                raise
+            named = body.get("tasks")
+            self._fail(named if isinstance(named, list) else tasks, exc)
+            return
+        for info in stopped:
+            for done, _ in self._waiting.pop(info.task, []):
+                if not done.done():
+                    done.set_result(info)
+
+    def _fail(self, tasks: list[int], exc: Exception) -> None:
+        for task_id in tasks:
+            for done, _ in self._waiting.pop(task_id, []):
+                if not done.done():
+                    done.set_exception(exc)
+
+
+_MANY: Call[list[dict[str, Any]]] = Call("POST", "/watch", None, lambda body: list(body["stopped"]), safe=True)
+
+
+def _json_object(response: httpx.Response) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}

@@ -16,6 +16,13 @@ The Django view (`watch_stop`) is the web door's: with a watch server configured
 (`STOPDESK_WATCH_URL`) it answers at once with a 307 naming it (`elsewhere`), which the clients
 follow and remember, so no watch holds a page-serving thread; without one it serves the same
 answers itself under WSGI, one thread per watcher (tests, a single-process deployment).
+
+POST /api/v1/watch {"tasks": [ids], "timeout": S} is the same watch for many tasks in one long poll
+(`answer_many`): it answers `{"stopped": [...]}` the moment any of them is stopped (with every one
+stopped by then), or `{"stopped": []}` after `timeout`. A client watching a thousand runs holds one
+request, not a thousand, so a Stop of all of them reaches it as a few answers, not a thousand at once.
+The same rules as one task's watch: the token may watch only its runtime's tasks (404 naming the
+others in `tasks`), and the web door sends it on to the watch server (307) the same way.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from stopdesk.models import Task
-from stopdesk.protocol.errors import InvalidRequest, MethodNotAllowed, NotFound, StopdeskError
+from stopdesk.protocol.errors import InvalidRequest, MalformedRequest, MethodNotAllowed, NotFound, StopdeskError
 from stopdesk.protocol.ids import path_id
 from stopdesk.protocol.types import StopWatchInfo
 from stopdesk.push.hub import resolve, stop_hub
@@ -48,6 +55,8 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 25.0
 MAX_TIMEOUT_S = 55.0  # under the usual 60 s idle timeout of proxies in front
 PATH = "/tasks/{task_id}/stop/watch"
+MANY_PATH = "/watch"
+MAX_TASKS = 10_000  # tasks in one poll: a bound on one request's size (about 70 kB of ids)
 DB_THREADS = 4
 BATCH_MAX = 500  # first reads per query: a bound on one query's size, not on how many wait
 # The watches' database work (token, scope, first read): a few threads, so a few connections, for
@@ -71,6 +80,21 @@ async def answer(*, method: str, authorization: str, task_id: str, timeout: str 
         return 500, SERVER_ERROR
 
 
+async def answer_many(*, method: str, authorization: str, body: bytes) -> tuple[int, dict[str, Any]]:
+    """The status and JSON body for one watch of many tasks, whichever server it came through."""
+    try:
+        if method != "POST":
+            raise MethodNotAllowed("Use POST here.", allow=["POST"])
+        tasks, seconds = _many_request(body)
+        stopped = await _watch_many(authorization, tasks, seconds)
+        return 200, {"stopped": [info.to_json() for info in stopped]}
+    except StopdeskError as exc:
+        return exc.status, exc.to_json()
+    except Exception:
+        log.exception("stop watch of many tasks failed")
+        return 500, SERVER_ERROR
+
+
 @csrf_exempt
 async def watch_stop(request: HttpRequest, task_id: str) -> JsonResponse:
     if settings.STOPDESK_WATCH_URL and request.method == "GET":
@@ -84,10 +108,22 @@ async def watch_stop(request: HttpRequest, task_id: str) -> JsonResponse:
     return _json_response(status, body)
 
 
-def elsewhere(watch_url: str, task_id: str, query: str) -> JsonResponse:
+@csrf_exempt
+async def watch_many(request: HttpRequest) -> JsonResponse:
+    if settings.STOPDESK_WATCH_URL and request.method == "POST":
+        return elsewhere(settings.STOPDESK_WATCH_URL, None, "")
+    status, body = await answer_many(
+        method=request.method or "", authorization=request.headers.get("Authorization", ""), body=request.body
+    )
+    return _json_response(status, body, allow="POST")
+
+
+def elsewhere(watch_url: str, task_id: str | None, query: str) -> JsonResponse:
     """The web door's answer when a watch server is configured: at once, no database, no waiting.
-    A 307 to the same watch there; the body names the server, which the clients remember."""
-    location = f"{watch_url}/api/v1{PATH.format(task_id=quote(task_id, safe=''))}" + (f"?{query}" if query else "")
+    A 307 to the same watch there (one task's, or many's when `task_id` is None); the body names
+    the server, which the clients remember."""
+    path = MANY_PATH if task_id is None else PATH.format(task_id=quote(task_id, safe=""))
+    location = f"{watch_url}/api/v1{path}" + (f"?{query}" if query else "")
     response = JsonResponse(
         {
             "error": "watch_elsewhere",
@@ -111,8 +147,15 @@ async def asgi_watch(scope: dict[str, Any], receive: Any, send: Any, task_id: st
             timeout=query.get("timeout", [None])[0],
         )
     )
-    gone = asyncio.ensure_future(_disconnected(receive))
-    await asyncio.wait([request, gone], return_when=asyncio.FIRST_COMPLETED)
+    await _answer_unless_gone(request, receive, send)
+
+
+async def _answer_unless_gone(
+    request: asyncio.Future[tuple[int, dict[str, Any]]], receive: Any, send: Any, allow: str = "GET"
+) -> None:
+    gone: asyncio.Future[Any] = asyncio.ensure_future(_disconnected(receive))
+    waits: list[asyncio.Future[Any]] = [request, gone]
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     if not request.done():  # the client left: stop waiting for it
         request.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -123,10 +166,34 @@ async def asgi_watch(scope: dict[str, Any], receive: Any, send: Any, task_id: st
     extra = []
     if status == 401:
         extra.append((b"www-authenticate", b'Bearer realm="stopdesk"'))
+    if status == 405:
+        extra.append((b"allow", allow.encode()))
     await send(
         {"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json"), *extra]}
     )
     await send({"type": "http.response.body", "body": json.dumps(body).encode()})
+
+
+async def asgi_watch_many(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+    body = await _body(receive)
+    if body is None:
+        return  # the client left before sending its request
+    request = asyncio.ensure_future(
+        answer_many(method=scope.get("method", ""), authorization=headers.get("authorization", ""), body=body)
+    )
+    await _answer_unless_gone(request, receive, send, allow="POST")
+
+
+async def _body(receive: Any) -> bytes | None:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(chunks)
 
 
 async def _disconnected(receive: Any) -> None:
@@ -152,6 +219,48 @@ async def _watch(authorization: str, task_id: int, timeout: float) -> StopWatchI
         return StopWatchInfo(task_id, False)
     finally:
         unwatch()
+
+
+async def _watch_many(authorization: str, tasks: list[int], timeout: float) -> list[StopWatchInfo]:
+    loop = asyncio.get_running_loop()
+    pushed: list[StopWatchInfo] = []
+    woken: asyncio.Future[None] = loop.create_future()
+
+    def wake(task_id: int, at: datetime | None) -> None:
+        loop.call_soon_threadsafe(_pushed, pushed, woken, StopWatchInfo(task_id, True, at))
+
+    hub = stop_hub()
+    unwatch = [hub.watch(task_id, wake) for task_id in tasks]  # watch first, then read, as above
+    try:
+        stopped = await _read_all(authorization, tasks)
+        if stopped:
+            return stopped
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(woken, timeout)
+            await asyncio.sleep(0)  # the other Stops of the same commit, already queued on the loop
+        return pushed
+    finally:
+        for forget in unwatch:
+            forget()
+
+
+def _pushed(pushed: list[StopWatchInfo], woken: asyncio.Future[None], info: StopWatchInfo) -> None:
+    pushed.append(info)
+    resolve(woken)
+
+
+async def _read_all(authorization: str, tasks: list[int]) -> list[StopWatchInfo]:
+    """The tasks already stopped; refuses the whole watch if the token may not watch any of them."""
+    # One read for the lot (it is a batch already), not one queued read per task.
+    answers = await asyncio.get_running_loop().run_in_executor(_db, _read_many, [(authorization, t) for t in tasks])
+    refusal = next((a for a in answers if isinstance(a, BaseException) and not isinstance(a, NotFound)), None)
+    if refusal is not None:
+        raise refusal
+    unknown = [task_id for task_id, a in zip(tasks, answers, strict=True) if isinstance(a, NotFound)]
+    if unknown:
+        shown = ", ".join(map(str, unknown[:10])) + (", ..." if len(unknown) > 10 else "")
+        raise NotFound(f"No task {shown}.", field="tasks", tasks=unknown)
+    return [StopWatchInfo(t, True, at) for t, at in zip(tasks, answers, strict=True) if isinstance(at, datetime)]
 
 
 class _Reads:
@@ -246,12 +355,31 @@ def _timeout(raw: str | None) -> float:
     return value
 
 
-def _json_response(status: int, body: dict[str, Any]) -> JsonResponse:
+def _many_request(raw: bytes) -> tuple[list[int], float]:
+    """The task ids (distinct, in order) and the timeout of a watch of many tasks; 4xx naming the field."""
+    try:
+        body = json.loads(raw or b"null")
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        raise MalformedRequest('The body must be a JSON object: {"tasks": [ids], "timeout": seconds}.')
+    tasks = body.get("tasks")
+    if not isinstance(tasks, list) or not 1 <= len(tasks) <= MAX_TASKS:
+        raise InvalidRequest(f"tasks must be a list of 1 to {MAX_TASKS} task ids.", field="tasks")
+    if not all(type(t) is int and t > 0 for t in tasks):
+        raise InvalidRequest("tasks must hold task ids (positive integers).", field="tasks")
+    timeout = body.get("timeout")
+    if timeout is not None and (type(timeout) not in (int, float)):
+        raise InvalidRequest(f"timeout must be a number of seconds from 0 to {MAX_TIMEOUT_S:g}.", field="timeout")
+    return list(dict.fromkeys(tasks)), _timeout(None if timeout is None else str(timeout))
+
+
+def _json_response(status: int, body: dict[str, Any], *, allow: str = "GET") -> JsonResponse:
     response = JsonResponse(body, status=status)
     if status == 401:
         response["WWW-Authenticate"] = 'Bearer realm="stopdesk"'
     if status == 405:
-        response["Allow"] = "GET"
+        response["Allow"] = allow
     return response
 
 

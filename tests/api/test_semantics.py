@@ -182,6 +182,7 @@ def test_the_openapi_document_is_served_and_names_every_endpoint(api):
         "mark_uncertain",
         "cancel",
         "watch_stop",
+        "watch_stop_many",
         "record_handle",
         "register_started",
         "finish_fast",
