@@ -104,7 +104,7 @@ def _protocol(mcp: dict[str, Any]) -> str:
     if mcp.get("transport"):
         said += f" over {str(mcp['transport']).replace('_', ' ')}"
     if mcp.get("cancel_wire"):
-        said += f"; cancel: {mcp['cancel_wire']}"
+        said += f"; on Stop, cancelled by: {mcp['cancel_wire']}"
     return said
 
 
