@@ -138,7 +138,10 @@ def test_a_remote_tool_page_shows_the_tool_its_arguments_and_why_it_is_uncertain
     item = uncertain_remote_tool()
     html = page(as_user("reviewer"), item)
     assert "<dd><code>upload_file</code> on partner-portal</dd>" in html
-    assert "<dt>Protocol</dt><dd>MCP 2026-07-28 over streamable http; on Stop, cancelled by: response stream closed</dd>" in html
+    assert (
+        "<dt>Protocol</dt><dd>MCP 2026-07-28 over streamable http; on Stop, cancelled by: response stream closed</dd>"
+        in html
+    )
     assert "<dt>Path</dt><dd>/exports/invoices-q3.csv</dd>" in html and "<dt>Overwrite</dt><dd>yes</dd>" in html
     assert f"<dt>Mcp{SEP}Annotations{SEP}DestructiveHint</dt><dd>yes</dd>" in html
     assert "<strong>Outcome unknown; investigate.</strong>" in html and "Investigate by" in html
