@@ -72,6 +72,12 @@ class Api:
 
 
 @pytest.fixture
+def runtime_token(transactional_db):  # type: ignore[no-untyped-def]
+    """A runtime for tests that serve the API from a live server (their data must be committed)."""
+    return runtime_create(name="watching-agent", actor="test")
+
+
+@pytest.fixture
 def runtime(db):  # type: ignore[no-untyped-def]
     return runtime_create(name="invoices-agent", actor="test")
 

@@ -9,7 +9,6 @@ import time
 
 import httpx
 import pytest
-from django.db import connection
 
 from stopdesk.client import AsyncClient, Client
 from stopdesk.protocol.errors import StopdeskError
@@ -17,27 +16,9 @@ from stopdesk.push.hub import StopHub, stop_hub
 from stopdesk.services.items import task_create
 from stopdesk.services.runtimes import runtime_create
 from stopdesk.services.stop import task_request_stop
+from tests.api.watching import NO_DISPATCH, stop_later
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
-NO_DISPATCH = {"dispatch": lambda ids: None}
-
-
-@pytest.fixture
-def runtime_token(transactional_db):  # type: ignore[no-untyped-def]
-    return runtime_create(name="watching-agent", actor="test")
-
-
-def _stop_later(task_id: int, delay: float) -> threading.Thread:
-    def stop() -> None:
-        time.sleep(delay)
-        try:
-            task_request_stop(task_id=task_id, actor="user:operator", **NO_DISPATCH)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=stop)
-    thread.start()
-    return thread
 
 
 def test_watch_stop_is_set_the_moment_stop_commits(live_server, runtime_token):
@@ -46,7 +27,7 @@ def test_watch_stop_is_set_the_moment_stop_commits(live_server, runtime_token):
     with Client(live_server.url, token) as sd:
         watch = sd.watch_stop(task.pk, poll_s=20)
         assert not watch.wait(0.5), "set before any Stop"
-        stopper = _stop_later(task.pk, 0.0)
+        stopper = stop_later(task.pk, 0.0)
         started = time.monotonic()
         assert watch.wait(10)
         waited = time.monotonic() - started
@@ -87,7 +68,7 @@ def test_a_watch_needs_the_runtimes_token_and_its_own_task(live_server, runtime_
 def test_the_async_client_watch_returns_when_stop_commits(live_server, runtime_token):
     runtime, token = runtime_token
     task = task_create(title="Analyse invoices", actor="test", runtime=runtime)
-    stopper = _stop_later(task.pk, 0.3)
+    stopper = stop_later(task.pk, 0.3)
 
     async def main() -> float:
         async with AsyncClient(live_server.url, token) as sd:
@@ -134,7 +115,7 @@ def test_local_runtime_watch_stop_is_set_by_push(runtime_token):
     task = sd.create_task("Analyse invoices")
     watch = sd.watch_stop(task.id)
     assert not watch.wait(0.3)
-    stopper = _stop_later(task.id, 0.0)
+    stopper = stop_later(task.id, 0.0)
     assert watch.wait(5) and watch.info is not None and watch.info.stopped
     stopper.join()
 

@@ -13,34 +13,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
-from django.db import connection
 
 from stopdesk.client import AsyncClient
 from stopdesk.protocol.errors import NotFound
 from stopdesk.services.items import task_create
 from stopdesk.services.runtimes import runtime_create
 from stopdesk.services.stop import task_request_stop
+from tests.api.watching import NO_DISPATCH, stop_later
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
-NO_DISPATCH = {"dispatch": lambda ids: None}
-
-
-@pytest.fixture
-def runtime_token(transactional_db):  # type: ignore[no-untyped-def]
-    return runtime_create(name="watching-agent", actor="test")
-
-
-def _stop_later(task_id: int, delay: float) -> threading.Thread:
-    def stop() -> None:
-        time.sleep(delay)
-        try:
-            task_request_stop(task_id=task_id, actor="user:operator", **NO_DISPATCH)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=stop)
-    thread.start()
-    return thread
 
 
 def _tasks(runtime, n: int) -> list[int]:  # type: ignore[no-untyped-def]
@@ -54,7 +35,7 @@ def test_a_watch_of_many_answers_the_moment_any_is_stopped_with_that_one(live_se
     with httpx.Client(base_url=live_server.url + "/api/v1", headers=headers, timeout=30) as http:
         quiet = http.post("/watch", json={"tasks": tasks, "timeout": 0.3})
         assert quiet.status_code == 200 and quiet.json() == {"stopped": []}
-        stopper = _stop_later(tasks[1], 0.5)
+        stopper = stop_later(tasks[1], 0.5)
         started = time.monotonic()
         pushed = http.post("/watch", json={"tasks": tasks, "timeout": 20})
         waited = time.monotonic() - started
@@ -136,7 +117,7 @@ def test_the_async_client_watches_all_its_tasks_on_one_poll(live_server, runtime
             await asyncio.sleep(0.5)
             assert not any(w.done() for w in watches), "answered before any Stop"
             started = time.monotonic()
-            stoppers = [_stop_later(t, 0.0) for t in tasks]
+            stoppers = [stop_later(t, 0.0) for t in tasks]
             infos = await asyncio.wait_for(asyncio.gather(*watches), 10)
             heard = time.monotonic() - started
             for stopper in stoppers:
@@ -163,7 +144,7 @@ def test_the_async_clients_poll_ends_a_refused_watch_and_keeps_the_others(live_s
             with pytest.raises(NotFound):
                 await asyncio.wait_for(sd.watch_stop(theirs, poll_s=20), 10)
             assert not kept.done()
-            stopper = _stop_later(mine, 0.0)
+            stopper = stop_later(mine, 0.0)
             info = await asyncio.wait_for(kept, 10)
             stopper.join()
             assert info.task == mine and info.stopped
@@ -218,7 +199,7 @@ def test_the_async_client_watches_task_by_task_on_a_server_without_the_poll_of_m
             watches = [asyncio.ensure_future(sd.watch_stop(t, poll_s=20)) for t in tasks]
             await asyncio.sleep(0.5)
             assert not any(w.done() for w in watches)
-            stoppers = [_stop_later(t, 0.0) for t in tasks]
+            stoppers = [stop_later(t, 0.0) for t in tasks]
             infos = await asyncio.wait_for(asyncio.gather(*watches), 10)
             for stopper in stoppers:
                 stopper.join()
