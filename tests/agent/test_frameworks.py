@@ -14,6 +14,7 @@ from reconcile.mechanisms.openai.sandbox_model import HostedMcpCall, Script, Too
 from reconcile.services.cancel import item_cancel
 from stopdesk.agent.frameworks.core import RunStopped
 from stopdesk.agent.frameworks.threads import UNINTERRUPTIBLE
+from stopdesk.agent.runtime import LocalRuntime
 from stopdesk.models import ExternalRecord, Task, WorkItem
 from stopdesk.states import ItemState as S
 from stopdesk.summary import task_summary
@@ -217,6 +218,103 @@ def test_stop_during_a_slow_tool_cancels_it_and_its_cleanup_runs(framework, mode
     the_run = run_item(task.id)
     assert (the_run.state, the_run.outcome) == (S.CANCELLED, "stopped before it finished")
     assert the_run.cancel_requested_at is not None and not the_run.needs_review
+
+
+class LateReports(LocalRuntime):
+    """The runtime a slow network gives: the integration's report of a stopped call reaches the
+    ledger only once `arrive` is set (bounded), after whatever the server did meanwhile."""
+
+    def __init__(self, arrive: threading.Event) -> None:
+        super().__init__(actor="agent:test", dispatch=lambda ids: None)
+        self.arrive = arrive
+
+    def report_stopped(self, item_id: int, *, detail: str = "") -> None:
+        self.arrive.wait(10)
+        super().report_stopped(item_id, detail=detail)
+
+    def cancel(self, item_id: int, *, detail: str = "", request_key: str | None = None) -> Any:
+        self.arrive.wait(10)
+        return super().cancel(item_id, detail=detail, request_key=request_key)
+
+
+def test_a_tool_interrupted_by_stop_settles_cancelled_when_stops_job_reached_it_first(framework, model, runtime):
+    # A framework tool call has no cancel route of its own ("manual"): Stop's job for it leaves it
+    # awaiting the agent's report. Here that job runs before the integration's report arrives, the
+    # order a busy network gives; the record still says the call stopped, not "still being checked".
+    party, url = model
+    name = party.load_script(
+        Script.build("first", [Turn(tool_calls=(ToolCall("slow_report", {"name": "Acme"}),)), Turn(text="done")])
+    )
+    late = LateReports(threading.Event())
+    task = late.create_task("Report on Acme")
+    tools = Tools(slow_s=30)
+    seen: dict[str, Any] = {}
+
+    def operator() -> None:
+        from django.db import connections
+
+        try:
+            if not tools.started.wait(10):
+                return
+            late.request_stop(task.id, reason="operator pressed Stop")
+            deadline = time.monotonic() + 10
+            while not tools.cleaned_up and time.monotonic() < deadline:
+                time.sleep(0.01)
+            (tool,) = tools_of(task.id)
+            item_cancel(item_id=tool.pk)  # the job Stop dispatches for it
+            tool.refresh_from_db()
+            seen["after_job"] = tool.state
+        finally:
+            late.arrive.set()
+            connections.close_all()
+
+    thread = threading.Thread(target=operator)
+    thread.start()
+    with pytest.raises(RunStopped):
+        run(framework, late, task.id, url, name, tools)
+    thread.join(5)
+
+    assert seen["after_job"] == S.AWAITING_RECONCILIATION
+    (tool,) = tools_of(task.id)
+    assert (tool.state, tool.outcome) == (S.CANCELLED, "slow_report: interrupted by Stop")
+    assert tool.cancel_requested_at is not None and not tool.needs_review
+    assert "One report stopped before it finished." in task_summary(Task.objects.get(pk=task.id))
+
+
+def test_a_draft_stopped_mid_request_is_discarded_when_stops_job_reached_it_first(framework, model, runtime):
+    party, url = model
+    name = party.load_script(Script.build("thinking", [Turn(text="done", delay_s=30)]))
+    late = LateReports(threading.Event())
+    task = late.create_task("Think about Acme")
+    seen: dict[str, Any] = {}
+
+    def operator() -> None:
+        from django.db import connections
+
+        try:
+            deadline = time.monotonic() + 10
+            drafts = WorkItem.objects.filter(task_id=task.id, kind="model_request", state=S.RUNNING)
+            while not (party.model_log() and drafts.exists()) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            late.request_stop(task.id, reason="operator pressed Stop")
+            (draft,) = drafts
+            item_cancel(item_id=draft.pk)  # the job Stop dispatches for it
+            draft.refresh_from_db()
+            seen["after_job"] = draft.state
+        finally:
+            late.arrive.set()
+            connections.close_all()
+
+    thread = threading.Thread(target=operator)
+    thread.start()
+    with pytest.raises(RunStopped):
+        run(framework, late, task.id, url, name, Tools())
+    thread.join(5)
+
+    assert seen["after_job"] == S.AWAITING_RECONCILIATION
+    (draft,) = WorkItem.objects.filter(task_id=task.id, kind="model_request")
+    assert (draft.state, draft.outcome) == (S.CANCELLED, "discarded by Stop")
+    assert "One draft discarded." in task_summary(Task.objects.get(pk=task.id))
 
 
 def test_the_run_hears_stop_by_push_not_by_the_fallback_poll(framework, model, runtime):

@@ -514,7 +514,8 @@ class StopdeskRun:
                 # The stop service asked the http mechanism to look the key up; it decides.
                 return
             if flight.declaration.read_only:
-                await self._call("cancel", flight.item_id, detail=_clip_text(f"{flight.name}: {why}"))
+                # Stop's job may have got there first and left the call awaiting this report.
+                await self._stopped(flight.item_id, _clip_text(f"{flight.name}: {why}"))
             else:
                 undeclared = "" if flight.declaration.effect != "unknown" else " (undeclared: possibly destructive)"
                 detail = _clip_text(f"{flight.name}: {why}{undeclared}")
@@ -609,7 +610,8 @@ class StopdeskRun:
                 await self._finish(draft.item_id, status="completed", detail=USED_AFTER_REFUSAL)
             return
         if status == "cancelled":
-            await self._call("cancel", draft.item_id, detail=detail)
+            # Like a tool call: Stop's job may have left the draft awaiting this report.
+            await self._stopped(draft.item_id, detail)
         else:
             await self._finish(draft.item_id, status=status, detail=detail, flushed=False)
 
