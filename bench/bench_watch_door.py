@@ -1,9 +1,11 @@
 """Watchers never slow Stop: the dashboard with 1,000 agents watching, beside none, in one run.
 
 The production shape on loopback (bench/deployed.py): gunicorn (2 x 8 threads) told where the
-watch server is, and the watch server. The agents are one `AsyncClient` given only the web door's
-address, as the framework examples are: each `watch_stop` is sent to the watch server by the web
-door's 307 and stays there.
+watch server is, and the watch server. Each agent is an `AsyncClient` of its own given only the web
+door's address, as the framework examples are, watching its own task: its `watch_stop` is sent to
+the watch server by the web door's 307 and its one `POST /watch` poll stays there. (One client puts
+all its watches on one poll, so a thousand watches on one client would be one watcher to the
+servers, not a thousand.)
 
 door.task_page_ms.<n>_watchers p50/p99   a signed-in person's GET of a task page
 door.stop_post_ms.<n>_watchers p50/p99   the dashboard's Stop POST (a form post, answered 302)
@@ -12,9 +14,12 @@ door.stop_post_ms.<n>_watchers p50/p99   the dashboard's Stop POST (a form post,
     watchers, the stopped tasks are watched ones.
 door.stop_heard_ms p99                   from the Stop POST being sent to that task's watcher
     returning (what an agent waits for)
-door.watchers_waiting                    the long polls the watch server held while measuring
+door.watchers_waiting                    the connections the watch server held open once every
+    client's poll was in flight (measuring starts only then)
 
     targets: task page and Stop POST p99 <= 200 ms with the watchers attached
+
+    BENCH=watch_door python -m bench
 """
 
 from __future__ import annotations
@@ -78,7 +83,12 @@ def _sample(browser: Any, tasks: list[int], returned: dict[int, float]) -> tuple
 
 
 class _Watchers:
-    """WATCHERS `watch_stop`s on one AsyncClient, in a loop of their own, until exit."""
+    """WATCHERS agents, each its own `AsyncClient` watching its own task, in one loop of their own,
+    until exit. One agent process has one client, and a client puts all its watches on one poll, so
+    a thousand agents are a thousand clients: each follows the web door's 307 itself and holds its
+    own `POST /watch` at the watch server. Only the httpx pools under them are shared, PER_POOL
+    clients a pool (as one client's WatchPools would hold them), because making a thousand pools
+    costs this process tens of seconds of CPU; the servers see the same thousand connections."""
 
     def __init__(self, servers: Deployed, token: str, tasks: list[int]) -> None:
         self.servers, self.token, self.tasks = servers, token, tasks
@@ -86,13 +96,15 @@ class _Watchers:
         self.waiting = 0
         self._ready = threading.Event()
         self._done = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), name="bench-door-watchers")
+        self._failed: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="bench-door-watchers")
 
     def __enter__(self) -> _Watchers:
         self._thread.start()
-        if not self._ready.wait(180):
+        if not self._ready.wait(240) or self._failed is not None:
             self._done.set()
-            raise RuntimeError("the watchers did not all start waiting in time")
+            self._thread.join(60)
+            raise RuntimeError(f"the watchers did not all start waiting in time: {self._failed}")
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -108,28 +120,56 @@ class _Watchers:
             raise RuntimeError(f"{len(missing)} stopped tasks' watchers never returned")
         return [(self.returned[t] - sent[t]) * 1000 for t in sent]
 
+    def _loop(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # the waiting thread reports it instead of timing out blind
+            self._failed = exc
+            self._ready.set()
+
     async def _main(self) -> None:
+        import httpx
+
         from stopdesk.client import AsyncClient
+        from stopdesk.client.transport import WATCH_LIMITS
+        from stopdesk.client.watch import WatchPools
 
-        async with AsyncClient(self.servers.web_url, self.token, timeout=60) as sd:
+        per_pool = WatchPools.PER_POOL
+        pools = [httpx.AsyncClient(timeout=60, limits=WATCH_LIMITS) for _ in range(0, len(self.tasks), per_pool)]
+        calls = httpx.AsyncClient(timeout=60)  # the clients' other calls: none are made here
+        agents = [
+            AsyncClient(self.servers.web_url, self.token, timeout=60, http=calls, watch_http=pools[n // per_pool])
+            for n in range(len(self.tasks))
+        ]
 
-            async def watch(task_id: int) -> None:
-                await sd.watch_stop(task_id, poll_s=POLL_S)
-                self.returned[task_id] = time.perf_counter()
+        async def watch(agent: AsyncClient, task_id: int) -> None:
+            await agent.watch_stop(task_id, poll_s=POLL_S)
+            self.returned[task_id] = time.perf_counter()
 
-            watchers = [asyncio.create_task(watch(t)) for t in self.tasks]
-            deadline = time.monotonic() + 120
-            while (waiting := await asyncio.to_thread(_held, self.servers.watch_url)) < len(self.tasks):
+        watchers = [asyncio.create_task(watch(a, t)) for a, t in zip(agents, self.tasks, strict=True)]
+        try:
+            deadline = time.monotonic() + 180
+            while True:
+                # Attached: every client has its poll in flight, and the watch server holds them.
+                polling = sum(agent._watches.polling for agent in agents)
+                waiting = await asyncio.to_thread(_held, self.servers.watch_url)
+                if polling == len(self.tasks) and waiting >= len(self.tasks):
+                    break
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"only {waiting} of {len(self.tasks)} watchers reached the watch server")
+                    raise RuntimeError(
+                        f"{polling} of {len(self.tasks)} watchers polling, {waiting} at the watch server, after 180 s"
+                    )
                 await asyncio.sleep(0.2)
             self.waiting = waiting
             self._ready.set()
             while not self._done.is_set():
                 await asyncio.sleep(0.05)
+        finally:
             for watcher in watchers:
                 watcher.cancel()
             await asyncio.gather(*watchers, return_exceptions=True)
+            for http in (calls, *pools):
+                await http.aclose()
 
 
 def _held(url: str) -> int:

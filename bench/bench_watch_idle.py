@@ -13,10 +13,14 @@ report their counts lazily (an idle one within 10 s), so each window is read aft
 
 - `watch.idle.queries_per_poll`: over REQUESTS watch requests answered at once (`timeout=0`: the
   same work as a re-poll, without its wait), spread over WATCHERS tasks.
-- `watch.idle.queries_per_s_between_polls`: over a window inside one long poll of WATCHERS
-  watchers (the client's own `AsyncClient.watch_stop`), nothing happening.
+- `watch.idle.queries_per_poll.many_<WATCHERS>_tasks`: over MANY_REQUESTS watches of all WATCHERS
+  tasks in one request (POST /api/v1/watch, `timeout=0`): what one re-poll of an `AsyncClient`
+  costs, since it watches all its tasks on one poll. The cost is per poll, not per task.
+- `watch.idle.queries_per_s_between_polls`: over a window inside the long poll of WATCHERS
+  watches (the client's own `AsyncClient.watch_stop`, so one poll of them all), nothing happening.
 - `watch.idle.queries_per_watcher_per_hour`: queries per poll x polls per hour (3600 / POLL_S),
-  plus what the window between polls showed.
+  plus what the window between polls showed: a watcher that polls its own task (`Client`, a
+  per-task poll); an `AsyncClient` pays this once for all its tasks.
 
     BENCH=watch_idle python -m bench
 """
@@ -33,6 +37,7 @@ from bench.harness import ADMIN_DSN, Figure
 
 WATCHERS = 200
 REQUESTS = 1000
+MANY_REQUESTS = 200
 LONG_POLL_S = 55.0  # the server's longest: the window between polls fits inside one
 SETTLE_S = 11.0  # longer than PostgreSQL's 10 s delay for an idle backend's statistics
 
@@ -58,11 +63,17 @@ def run() -> list[Figure]:
                 answer = http.get(f"/api/v1/tasks/{tasks[n % len(tasks)]}/stop/watch", params={"timeout": 0})
                 assert answer.status_code == 200 and answer.json()["stopped"] is False, answer.text
             per_poll = (count() - before) / REQUESTS
+            before = count()
+            for _ in range(MANY_REQUESTS):  # an AsyncClient's one poll of all its tasks
+                answer = http.post("/api/v1/watch", json={"tasks": tasks, "timeout": 0})
+                assert answer.status_code == 200 and answer.json()["stopped"] == [], answer.text
+            per_many_poll = (count() - before) / MANY_REQUESTS
         between = _between_polls(url, token, tasks, count)
     per_hour = per_poll * 3600 / POLL_S + between * 3600 / len(tasks)
     print(f"# {per_poll:.2f} queries per poll; a poll every {POLL_S:g} s; {WATCHERS} watchers idle", flush=True)
     return [
         Figure("watch.idle.queries_per_poll", per_poll, "queries"),
+        Figure(f"watch.idle.queries_per_poll.many_{len(tasks)}_tasks", per_many_poll, "queries"),
         Figure("watch.idle.queries_per_s_between_polls", between, "queries/s", target=0.0),
         Figure("watch.idle.queries_per_watcher_per_hour", per_hour, "queries/h"),
     ]

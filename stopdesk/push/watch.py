@@ -22,7 +22,10 @@ POST /api/v1/watch {"tasks": [ids], "timeout": S} is the same watch for many tas
 stopped by then), or `{"stopped": []}` after `timeout`. A client watching a thousand runs holds one
 request, not a thousand, so a Stop of all of them reaches it as a few answers, not a thousand at once.
 The same rules as one task's watch: the token may watch only its runtime's tasks (404 naming the
-others in `tasks`), and the web door sends it on to the watch server (307) the same way.
+others in `tasks`), and the web door sends it on to the watch server (307) the same way. Its first
+read is one batch of its own (`_read_many`), the same 3 queries however many tasks it names, so an
+idle client costs its 3 queries a poll, not a poll's worth per task; polls of many tasks that
+arrive together are not gathered into one batch as one task's are.
 """
 
 from __future__ import annotations
