@@ -22,10 +22,13 @@ from mcp.client.stdio import stdio_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import Implementation
 
+from reconcile.mechanisms.mcp import sandbox
+from reconcile.mechanisms.mcp.sandbox import MCPToolServer
 from stopdesk.gateway.server import STOPPED
 from stopdesk.models import Task, WorkItem
 from stopdesk.services.stop import task_request_stop
 from stopdesk.states import ItemState
+from stopdrill.sandbox.server import BackgroundServer
 from tests.factories import make_task
 from tests.gateway.stdio_upstream import READ_VALUE, SLOW_LOOKUP, SLOW_WRITE
 from tests.run.helpers import PYTHON, ROOT, clean_env
@@ -202,3 +205,41 @@ def test_a_database_that_does_not_answer_is_one_line(shim):
     )
     assert (done.returncode, done.stdout) == (1, "")
     assert done.stderr.startswith("stopdesk-mcp: cannot reach the database at postgres://postgres@127.0.0.1:1/nothing")
+
+
+def test_a_configured_server_is_reached_by_its_name_alone_also_over_streamable_http(shim, tmp_path):
+    party = MCPToolServer()
+    with BackgroundServer(party.app, name="mcp") as upstream:
+        config = tmp_path / "stopdesk.toml"
+        config.write_text(f'[mcp.servers.research]\nurl = "{upstream.url}/mcp"\n')
+        shim.env["STOPDESK_CONFIG_FILE"] = str(config)
+        params = StdioServerParameters(
+            command=PYTHON, args=["-m", "stopdesk", "mcp-stdio", "--name", "research"], env=shim.env, cwd=ROOT
+        )
+
+        async def main() -> Any:
+            async with Client(stdio_client(params), client_info=CLIENT) as client:  # type: ignore[arg-type]
+                return await client.call_tool(sandbox.READ_VALUE, {"key": "k"})
+
+        assert not anyio.run(main).is_error
+    item = WorkItem.objects.get()
+    assert (item.state, item.task.title) == (S.COMPLETED, "MCP: test-desktop 3.2 via research")
+    assert (item.detail["mcp"]["transport"], item.detail["mcp"]["configured"]) == ("streamable_http", True)
+    assert len(party.wire("tools/call")) == 1
+
+
+def test_a_configured_name_with_another_command_is_refused(shim, tmp_path):
+    config = tmp_path / "stopdesk.toml"
+    config.write_text('[mcp.servers.git]\ncommand = "mcp-server-git"\n')
+    env = {**shim.env, "STOPDESK_CONFIG_FILE": str(config)}
+    done = subprocess.run(
+        [PYTHON, "-m", "stopdesk", "mcp-stdio", "--name", "git", "--", "some-other-server"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.startswith("stopdesk-mcp: the MCP server 'git' is configured with another command")
