@@ -9,6 +9,8 @@ STAMP := $(VENV)/.installed
 $(STAMP): requirements.lock
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	@# The project itself, editable and without dependencies (the lock has them): .venv/bin/stopdesk-mcp.
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	@touch $(STAMP)
 
 venv: $(STAMP)

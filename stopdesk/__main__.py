@@ -1,4 +1,5 @@
-"""The production entry point: `python -m stopdesk {check,migrate,web,watch,worker,beat,mcp-gateway}`.
+"""The production entry point: `python -m stopdesk {check,migrate,web,watch,worker,beat,mcp-gateway}`,
+and `python -m stopdesk mcp-stdio -- COMMAND...`, the stdio shim (`stopdesk-mcp`, gateway/shim.py).
 
 Each command first checks the configuration and that the database and the broker answer, and
 exits with one readable line when they do not; then it replaces itself with the real server
@@ -21,7 +22,8 @@ from stopdesk import config
 
 USAGE = (
     "usage: python -m stopdesk {check,migrate,web,watch,worker,beat,mcp-gateway} [extra arguments for the server]\n"
-    "       python -m stopdesk ready {worker,beat}   (exit 0 when its heartbeat is recent: health checks)"
+    "       python -m stopdesk ready {worker,beat}   (exit 0 when its heartbeat is recent: health checks)\n"
+    "       python -m stopdesk mcp-stdio [--name NAME] [--task ID] -- COMMAND [ARGS...]   (the stdio shim)"
 )
 
 
@@ -46,6 +48,12 @@ def ready(component: str) -> None:
 
 
 def main(argv: list[str]) -> None:
+    if argv[:1] == ["mcp-stdio"]:
+        # Run by an MCP client, not an operator: it checks only the database, and stdout is its wire.
+        from stopdesk.gateway.shim import main as shim
+
+        shim(argv[1:])
+        return
     if argv[:1] == ["ready"]:
         if argv[1:] not in (["worker"], ["beat"]):
             print(USAGE, file=sys.stderr)

@@ -1,9 +1,10 @@
 """`manage.py up`: stopdesk on one machine, with nothing installed but Python.
 
 The launcher prepares the database (migrations, an admin with a fresh password, the demo cast),
-serves the sandbox's external parties from its own threads, and supervises three child processes:
-gunicorn (the web app, static files through whitenoise), a Celery worker with beat embedded, and
-the watch server (uvicorn: agents' Stop watches, which the web door sends there at once).
+serves the sandbox's external parties from its own threads, and supervises four child processes:
+gunicorn (the web app, static files through whitenoise), a Celery worker with beat embedded, the
+watch server (uvicorn: agents' Stop watches, which the web door sends there at once), and the MCP
+Stop gateway (uvicorn), in front of the sandbox MCP server at `/mcp/sandbox`.
 Each child runs in a session of its own, so a Ctrl-C in the terminal reaches only the launcher,
 which then stops the children in order, within a bound, and leaves no process behind:
 SIGTERM (graceful), then SIGQUIT (Celery's cold shutdown), then SIGKILL to the whole group. If the
@@ -13,6 +14,7 @@ launcher itself is killed before it can, its guard process does the same (`stopd
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import signal
@@ -29,7 +31,8 @@ from typing import IO, Any
 import httpx
 from django.conf import settings
 
-from stopdesk import config
+from reconcile.mechanisms.mcp.sandbox import READ_VALUE, SLOW_WRITE
+from stopdesk import config, config_file
 from stopdesk.models import WorkItem
 from stopdesk.notify.models import WebhookEndpoint
 from stopdesk.states import ItemState, Kind
@@ -49,6 +52,10 @@ USER_SETTINGS = {
 LABELS = {"openai": "OpenAI", "mcp": "MCP", "crm": "CRM", "outbox": "Outbox"}
 RECEIVER = "webhooks"  # the sandbox's webhook receiver: not a system of the user's
 WEB_URL_FILE = "web.url"
+# The configuration file `up` writes when the user has none: the sandbox MCP server, named for the
+# gateway (`/mcp/sandbox`) and for the reconciler, which reaches only configured servers.
+DEMO_CONFIG_FILE = "stopdesk-demo.toml"
+GATEWAY_SERVER = "sandbox"
 PACE_S = 15.0
 
 
@@ -133,10 +140,15 @@ class Launcher:
     signal_name: str = ""
     metrics_token: str = ""
     watch_port: int = 0  # 0: the first free port from the web port + 6 (past the sandbox's), else any
+    gateway_port: int = 0  # 0: the web port + 7 when free, else any
 
     @property
     def watch_url(self) -> str:
         return self.url.rsplit(":", 1)[0] + f":{self.watch_port}"
+
+    @property
+    def gateway_url(self) -> str:
+        return self.url.rsplit(":", 1)[0] + f":{self.gateway_port}"
 
     @property
     def data_dir(self) -> Path:
@@ -242,8 +254,23 @@ class Launcher:
         env["STOPDESK_WATCH_URL"] = self.watch_url
         if "openai" in self.sandbox.urls:
             env["OPENAI_API_KEY"] = env.get("STOPDESK_SANDBOX_OPENAI_KEY", "sk-sandbox")
+        if "mcp" in self.sandbox.urls and not config_file.path():
+            env[config_file.VARIABLE] = str(self.demo_config(self.sandbox.urls["mcp"]))
         env.setdefault("LOG_LEVEL", "INFO")
         return env
+
+    def demo_config(self, mcp_url: str) -> Path:
+        """The sandbox MCP server as a configured server, with the status check of its write."""
+        path = self.data_dir / DEMO_CONFIG_FILE
+        server = f"mcp.servers.{GATEWAY_SERVER}"
+        check = f"{server}.tools.{SLOW_WRITE}.status_check"
+        path.write_text(
+            f"# Written by `manage.py up` on every start: the sandbox MCP server, for the MCP Stop gateway.\n"
+            f"[{server}]\nurl = {_toml(mcp_url)}\n\n"
+            f"[{check}]\ntool = {_toml(READ_VALUE)}\narguments = {{ key = {_toml('{key}')} }}\n"
+            f"completed_if_contains = {_toml('{key}={value}')}\n"
+        )
+        return path
 
     def start_children(self) -> None:
         python, logs = sys.executable, self.data_dir / "logs"
@@ -282,20 +309,33 @@ class Launcher:
             ],
             logs / "watch.log",
         )  # fmt: skip
+        if not self.gateway_port:
+            wanted = self.port + 7
+            self.gateway_port = wanted if _port_free(self.host, wanted) else free_port(self.host)
+        gateway = Child(
+            "gateway",
+            [
+                python, "-m", "uvicorn", "stopdesk.gateway.asgi:application", "--factory",
+                "--host", self.host, "--port", str(self.gateway_port),
+                "--no-access-log", "--timeout-keep-alive", "75", "--log-level", "warning",
+            ],
+            logs / "gateway.log",
+        )  # fmt: skip
         env = self.child_env()
         self.guard = Guard(logs / "guard.log")
-        for child in (web, worker, watch):
+        for child in (web, worker, watch, gateway):
             child.start(env)
             self.children.append(child)
             assert child.proc is not None
             self.guard.watch(child.proc.pid)  # its process group: the child leads a session of its own
 
     def wait_ready(self, timeout_s: float = 90.0) -> bool:
-        """The web app and the watch server answer /healthz and the worker has said it is ready."""
-        self.out("Starting the web server, the worker and the watch server...")
+        """The web app, the watch server and the gateway answer /healthz and the worker has said it
+        is ready."""
+        self.out("Starting the web server, the worker, the watch server and the MCP gateway...")
         worker = self.children[1]
         deadline = time.monotonic() + timeout_s
-        web_ok = worker_ok = watch_ok = False
+        web_ok = worker_ok = watch_ok = gateway_ok = False
         while time.monotonic() < deadline and not self.stopping.is_set():
             for child in self.children:
                 if child.exited is not None:
@@ -303,13 +343,15 @@ class Launcher:
                     return False
             web_ok = web_ok or _healthy(self.url)
             watch_ok = watch_ok or _healthy(self.watch_url)
+            gateway_ok = gateway_ok or _healthy(self.gateway_url)
             worker_ok = worker_ok or " ready." in worker.tail(200)
-            if web_ok and worker_ok and watch_ok:
+            if web_ok and worker_ok and watch_ok and gateway_ok:
                 return True
             time.sleep(0.2)
         if not self.stopping.is_set():
             self.out(
-                f"Not ready within {timeout_s:.0f}s (web {web_ok}, worker {worker_ok}, watch {watch_ok}); "
+                f"Not ready within {timeout_s:.0f}s (web {web_ok}, worker {worker_ok}, watch {watch_ok}, "
+                f"gateway {gateway_ok}); "
                 f"see {self.data_dir / 'logs'}."
             )
         return False
@@ -341,6 +383,7 @@ class Launcher:
                 f"email at +{3 * p:.0f}s; done at about +{4.5 * p:.0f}s. Press Stop at any point.",
             ]
         lines.append(f"  Watch      {self.watch_url}  (agents' Stop watches; the web door sends them here)")
+        lines.append(f"  Gateway    {self.gateway_lines()}")
         lines += self.systems_lines(urls)
         lines += [
             f"  Webhooks   {urls[RECEIVER]}  (signed notifications, verified there; GET lists them)",
@@ -358,6 +401,18 @@ class Launcher:
             "Press Ctrl-C to stop everything.",
         ]
         self.out("\n".join(lines))
+
+    def gateway_lines(self) -> str:
+        """Where an MCP client points instead of its server: the sandbox's path, or the servers the
+        user's own configuration file names."""
+        try:
+            names = httpx.get(f"{self.gateway_url}/healthz", timeout=5.0).json()["servers"]
+        except (httpx.HTTPError, ValueError, KeyError):
+            names = []
+        if GATEWAY_SERVER in names:
+            return f"{self.gateway_url}/mcp/{GATEWAY_SERVER}  (the MCP Stop gateway: point an MCP client here)"
+        served = ", ".join(f"/mcp/{name}" for name in names) or "no MCP servers configured"
+        return f"{self.gateway_url}  (the MCP Stop gateway: {served})"
 
     def systems_lines(self, sandbox_urls: dict[str, str]) -> list[str]:
         """One line per external system: the user's own (real) or the sandbox's stand-in."""
@@ -414,6 +469,11 @@ class Launcher:
                     f"  worker: {running} job{'s were' if running != 1 else ' was'} still running; "
                     "the next start reconciles them from the database."
                 )
+
+
+def _toml(value: str) -> str:
+    """A TOML basic string (JSON's string escapes are TOML's)."""
+    return json.dumps(value)
 
 
 def _jobs_running() -> int:

@@ -30,6 +30,8 @@ TEXT = {".py", ".md", ".toml", ".html", ".txt", ".css", ".js"}
 SKIP_DIRS = {"__pycache__", "node_modules", "git-venv"}
 RUNTIME = {"var"}  # folders the running service makes (data, broker): named, never committed
 NOT_FILES = {"Node.js"}  # words that look like a file name
+# The MCP clients' own config files, named where the README shows each client's config.
+NOT_FILES |= {"claude_desktop_config.json", ".cursor/mcp.json", ".codex/config.toml", ".vscode/mcp.json"}
 
 EXTENSIONS = "py|md|toml|html|css|js|json|yml|yaml|in|txt|cfg|ini|sh|sql|csv|jsonl"
 URL = re.compile(r"[a-z][a-z+.-]*://\S+")

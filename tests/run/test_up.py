@@ -14,9 +14,12 @@ import threading
 import time
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
+from mcp import Client
 
+from reconcile.mechanisms.mcp.sandbox import READ_VALUE
 from stopdrill.launcher import free_port
 from tests.run.helpers import PYTHON, ROOT, clean_env, processes_with
 
@@ -114,6 +117,7 @@ def test_up_serves_the_login_page_runs_the_demo_task_and_stops_cleanly(up: Up) -
     assert ("agent run", "running") in states, states
     assert [s for s in states if s[0] == "draft"] == [("draft", "running"), ("draft", "running")]
     assert processes_with(up.marker), "the web server and the worker run with the data folder in their environment"
+    gateway_url = _the_gateway_records_a_call_to_the_sandbox_mcp_server(up)
 
     # A second demo from another terminal prints where to open it, as a full address.
     demo = subprocess.run(
@@ -138,6 +142,25 @@ def test_up_serves_the_login_page_runs_the_demo_task_and_stops_cleanly(up: Up) -
         httpx.get(f"{base}/healthz", timeout=2)
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{watch_url}/healthz", timeout=2)
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(gateway_url, timeout=2)
+
+
+def _the_gateway_records_a_call_to_the_sandbox_mcp_server(up: Up) -> str:
+    """The banner names the MCP Stop gateway's endpoint for the sandbox; a call through it is an item."""
+    found = re.search(r"^  Gateway    (http://\S+/mcp/sandbox)  ", up.output, re.MULTILINE)
+    assert found is not None, up.output
+
+    async def call() -> bool:
+        async with Client(found[1]) as client:
+            return (await client.call_tool(READ_VALUE, {"key": "k"})).is_error
+
+    assert anyio.run(call) is False
+    assert up.query(
+        "SELECT w.noun, w.state FROM stopdesk_workitem w JOIN stopdesk_task t ON t.id = w.task_id "
+        "WHERE t.title LIKE 'MCP: % via sandbox'"
+    ) == [("sandbox: read_value", "completed")]
+    return found[1]
 
 
 def _watch_url(output: str) -> str:
