@@ -68,10 +68,12 @@ MCP_SERVER_KEYS = {
     "env_from": "env-table",
     "tools": "table",
     "revision": "revision",
+    "trusted": "true/false",
 }
 # The MCP revisions a server may be pinned to, or "auto" (the newest it offers).
 MCP_REVISIONS = ("auto", "2026-07-28", "2025-11-25")
-STATUS_CHECK_KEYS = ("status_check",)
+# What may be declared of one tool of a server: its status check, and whether repeating it is harmless.
+TOOL_KEYS = {"status_check": "table", "idempotent": "true/false"}
 CHECK_KEYS = {"tool": "text", "arguments": "table", "completed_if_contains": "text"}
 SECRET_HINTS = {
     "bearer_token": "bearer_token_env",
@@ -141,6 +143,10 @@ class _File:
             return list(value)
         if kind == "table":
             return copy.deepcopy(self.table(value, key))
+        if kind == "true/false":
+            if not isinstance(value, bool):
+                raise self.error(key, f"expected true or false, got {_kind(value)}.")
+            return value
         if not isinstance(value, str):
             raise self.error(key, f"expected a string, got {_kind(value)}.")
         if kind == "url":
@@ -226,7 +232,9 @@ def read(path: str) -> dict[str, dict[str, Any]]:
                 server[field] = f.value(value, kind, f"{key}.{field}")
         for tool, declared in (server.get("tools") or {}).items():
             where = f"{key}.tools.{tool}"
-            f.known(f.table(declared, where), STATUS_CHECK_KEYS, where)
+            f.known(f.table(declared, where), TOOL_KEYS, where)
+            if "idempotent" in declared:
+                f.value(declared["idempotent"], TOOL_KEYS["idempotent"], f"{where}.idempotent")
             check = f.table(declared.get("status_check", {}), f"{where}.status_check")
             f.known(check, CHECK_KEYS, f"{where}.status_check")
             for field, value in check.items():

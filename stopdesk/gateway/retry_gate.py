@@ -1,43 +1,59 @@
-"""The retry gate: a call identical to one whose outcome is still unknown is not forwarded.
+"""The retry gate: a call identical to one whose outcome the client never learned is not forwarded.
 
 MCP has no request idempotency, and on 2026-07-28 HTTP a dropped stream is the same as a
-cancel: the client re-issues the call as a new request. When the earlier call may have taken
-effect (it is uncertain, or the reconciler is still looking), sending it again could do the work
-twice (a second email, a second issue). Identical means the same task (the session), upstream,
-tool and arguments hash. Once the earlier call is settled (by its status check or a reviewer),
-the gate lets the next identical call through."""
+cancel: the client re-issues the call as a new request. Sending it again could do the work twice
+(a second email, a second issue). Identical means the same task (the session), upstream, tool
+and arguments hash. The earlier call decides:
+
+- its outcome is still unknown (*uncertain*, or the reconciler is still looking): the retry is
+  held until a status check or a reviewer settles it;
+- it went through *uncertain* or awaiting reconciliation and was then found to have taken effect
+  (*completed*: its status check showed it, or a reviewer resolved it done): the retry is refused,
+  since the work is done; the client never got that answer, so its retry is not a new intent;
+- it was found not to have taken effect (*failed*, *cancelled*): the retry passes.
+
+A call that completed with its answer passed to the client was never uncertain, so an agent may
+repeat it (the same read twice) as often as it likes. Tools the server's configuration declares
+`idempotent` always pass."""
 
 from __future__ import annotations
 
 from django.conf import settings
+from django.db.models import Exists, OuterRef
 from django.urls import reverse
 
-from stopdesk.models import WorkItem
+from stopdesk.models import Event, WorkItem
 from stopdesk.states import ItemState
 
 UNSETTLED = (ItemState.UNCERTAIN, ItemState.AWAITING_RECONCILIATION)
 
 
-def earlier_unsettled(*, task_id: int, upstream: str, tool: str, arguments_sha256: str) -> WorkItem | None:
-    """The first identical call of the task whose outcome is not known yet, if any."""
-    return (
-        WorkItem.objects.filter(
-            task_id=task_id,
-            state__in=UNSETTLED,
-            detail__gateway__upstream=upstream,
-            detail__gateway__tool=tool,
-            detail__gateway__arguments_sha256=arguments_sha256,
-        )
-        .order_by("pk")
-        .first()
+def earlier_blocking(*, task_id: int, upstream: str, tool: str, arguments_sha256: str) -> WorkItem | None:
+    """The first identical call of the task that holds or refuses this one, if any: one whose
+    outcome is not known yet, or one that was unknown and was found to have taken effect."""
+    was_unsettled = Event.objects.filter(item=OuterRef("pk"), to_state__in=UNSETTLED)
+    identical = WorkItem.objects.filter(
+        task_id=task_id,
+        detail__gateway__upstream=upstream,
+        detail__gateway__tool=tool,
+        detail__gateway__arguments_sha256=arguments_sha256,
     )
+    unsettled = identical.filter(state__in=UNSETTLED)
+    took_effect = identical.filter(Exists(was_unsettled), state=ItemState.COMPLETED)
+    return (unsettled | took_effect).order_by("pk").first()
 
 
-def held_words(earlier: WorkItem) -> str:
-    """What the client is told: which call it repeats, and where a person settles it."""
+def refused_words(earlier: WorkItem) -> str:
+    """What the client is told: which call it repeats, what is known of it, and where to look."""
+    link = review_link(earlier.pk)
+    if earlier.state == ItemState.COMPLETED:
+        return (
+            f"not forwarded: an identical call (item {earlier.pk}) already took effect "
+            f"({earlier.outcome or 'completed'}); see {link}"
+        )
     return (
         f"not forwarded: an identical call (item {earlier.pk}, {earlier.state}) may already have taken "
-        f"effect; review it at {review_link(earlier.pk)} and call again once it is settled"
+        f"effect; review it at {link} and call again once it is settled"
     )
 
 

@@ -8,8 +8,10 @@ records the upstream, tool, revision and annotations, passes the boundary before
 sent, and cancels the upstream call the way its revision means it when Stop comes. A call Stop
 refused or ended is answered with an MCP error saying who stopped it and why; a call the client
 cancels is cancelled upstream and recorded (`client_cancel.py`); a call identical to one whose
-outcome is still unknown is held (`retry_gate.py`); under readiness `enforce`, tools that are not
-ready are left out of `tools/list` and refused (`readiness.py`)."""
+outcome the client never learned is held while that outcome is unknown, and refused once it is
+known to have taken effect (`retry_gate.py`); under readiness `enforce`, tools that are not ready
+are left out of `tools/list` and refused (`readiness.py`). Each item records the upstream's
+JSON-RPC id of the call once it was sent (`upstream_request_id`, Streamable HTTP upstreams)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import hashlib
 import json
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -31,25 +34,41 @@ from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
 from reconcile.mechanisms.mcp.agent import mcp_call_tool
-from reconcile.mechanisms.mcp.servers import ServerConfigError, ServerSpec, configured_servers, open_client
+from reconcile.mechanisms.mcp.servers import (
+    Connection,
+    ServerConfigError,
+    ServerSpec,
+    configured_servers,
+    open_client,
+)
 from reconcile.mechanisms.registry import mechanism_settings
 from stopdesk.agent.aio import LedgerThreads, in_thread, ledger_threads
 from stopdesk.gateway.client_cancel import record_client_cancel
 from stopdesk.gateway.readiness import enforced, not_ready_because, ready_tools
-from stopdesk.gateway.retry_gate import earlier_unsettled, held_words
-from stopdesk.gateway.sessions import ACTOR, TASK_HEADER, Caller, SessionTasks, UnknownTask, stopped_words
+from stopdesk.gateway.retry_gate import earlier_blocking, refused_words
+from stopdesk.gateway.sessions import (
+    ACTOR,
+    TASK_HEADER,
+    TASK_META_KEY,
+    Caller,
+    SessionTasks,
+    UnknownTask,
+    stopped_words,
+)
 from stopdesk.gateway.upstreams import UpstreamConnections
 from stopdesk.models import WorkItem
 from stopdesk.services.errors import LedgerError, TaskStopped, ToolNotReady
-from stopdesk.services.items import item_register
+from stopdesk.services.items import item_record_detail, item_register
 from stopdesk.states import ItemState, Kind
 
 PATH = "/mcp/{name}"
-# JSON-RPC server errors of our own: the call was refused or ended by a Stop; the retry gate held it.
+# JSON-RPC server errors of our own: the call was refused or ended by a Stop; the retry gate held it,
+# or refused it because the identical earlier call is known to have taken effect.
 STOPPED = -32090
 HELD = -32091
 NOT_READY = -32092  # readiness `enforce` refused the tool
 REFUSED = -32093  # the ledger refused the call otherwise (a closed task); nothing was sent
+TOOK_EFFECT = -32094  # the retry gate: the identical earlier call is known to have taken effect
 CLIENT_INFO_META_KEY = "io.modelcontextprotocol/clientInfo"
 # Threads (each with its database connection) for the ledger calls of all calls in flight.
 LEDGER_THREADS = 8
@@ -134,15 +153,20 @@ class UpstreamGateway:
             raise MCPError(code=REFUSED, message=str(exc)) from exc
         if item.state == ItemState.CANCELLED:  # registered after Stop: the upstream is never contacted
             raise await _stopped(task_id)
-        return await self._forward(task_id, item.pk, params.name, arguments)
+        return await self._forward(task_id, item.pk, facts, arguments)
 
     def _register(self, *, caller: Caller, facts: dict[str, Any]) -> tuple[int, WorkItem]:
         task_id = self.tasks.task_for(caller)
-        earlier = earlier_unsettled(
-            task_id=task_id, upstream=self.spec.name, tool=facts["tool"], arguments_sha256=facts["arguments_sha256"]
-        )
-        if earlier is not None:
-            raise MCPError(code=HELD, message=held_words(earlier))
+        if facts["tool"] not in self.spec.idempotent_tools:
+            earlier = earlier_blocking(
+                task_id=task_id,
+                upstream=self.spec.name,
+                tool=facts["tool"],
+                arguments_sha256=facts["arguments_sha256"],
+            )
+            if earlier is not None:
+                code = TOOK_EFFECT if earlier.state == ItemState.COMPLETED else HELD
+                raise MCPError(code=code, message=refused_words(earlier))
         item = item_register(
             task=task_id,
             kind=Kind.REMOTE_TOOL,
@@ -153,32 +177,49 @@ class UpstreamGateway:
         )
         return task_id, item
 
-    async def _forward(self, task_id: int, item_id: int, tool: str, arguments: dict[str, Any]) -> Any:
-        """The call upstream, watching for Stop; the client's own cancel ends it too."""
+    async def _forward(self, task_id: int, item_id: int, facts: dict[str, Any], arguments: dict[str, Any]) -> Any:
+        """The call upstream, watching for Stop; the client's own cancel ends it too. However it
+        ends, the upstream's id of the call (once it was sent) goes on the item with the gateway's
+        facts: the connection lent to the call noted it."""
+        lent: list[Connection] = []
+
+        @asynccontextmanager
+        async def connect() -> AsyncIterator[Connection]:
+            async with self.upstream.lend(task_id) as conn:
+                lent.append(conn)
+                yield conn
+
+        def sent() -> UpstreamId:
+            return UpstreamId(item_id, facts, lent[0].sent_ids.get("tools/call") if lent else None)
+
         try:
             result = await mcp_call_tool(
                 item_id=item_id,
-                tool=tool,
+                tool=facts["tool"],
                 actor=ACTOR,
                 server=self.spec,
                 arguments=arguments,
                 poll_s=self.poll_s,
                 timeout_s=self.timeout_s,
                 stop_push=True,
-                connect=lambda: self.upstream.lend(task_id),
+                connect=connect,
             )
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):  # the record is written even as the handler ends
-                await in_thread(record_client_cancel, item_id=item_id)
+                await in_thread(_client_cancelled, upstream_id=sent())
             raise
         except TaskStopped:
             self.upstream.close_task(task_id)
-            raise await _stopped(task_id) from None
-        except (LookupError, ServerConfigError) as exc:  # no such tool; arguments its status check needs
-            raise MCPError(code=INVALID_PARAMS, message=str(exc)) from exc
+            raise await _stopped(task_id, sent()) from None
+        except Exception as exc:
+            await in_thread(sent().record)
+            if isinstance(exc, LookupError | ServerConfigError):  # no such tool; arguments its status check needs
+                raise MCPError(code=INVALID_PARAMS, message=str(exc)) from exc
+            raise
         if result is None:  # Stop cancelled it upstream; the item says cancelled or uncertain
             self.upstream.close_task(task_id)
-            raise await _stopped(task_id)
+            raise await _stopped(task_id, sent())
+        await in_thread(sent().record)
         return result
 
     def _call_facts(self, ctx: ServerRequestContext[Any], tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -190,12 +231,39 @@ class UpstreamGateway:
             "client_request_id": ctx.request_id,
             "client_revision": ctx.protocol_version,
             "arguments_sha256": arguments_hash(arguments),
-            "annotations_trusted": False,
+            # The operator's configuration vouches for the upstream's annotations, or nobody does.
+            "annotations_trusted": self.spec.trusted,
         }
 
 
-async def _stopped(task_id: int) -> MCPError:
-    return MCPError(code=STOPPED, message=await in_thread(stopped_words, task_id=task_id))
+@dataclass(frozen=True)
+class UpstreamId:
+    """The upstream's JSON-RPC id of an item's call (None when it was not sent, or the transport
+    does not tell: stdio), to be recorded with the gateway's facts of the call."""
+
+    item_id: int
+    facts: dict[str, Any]
+    request_id: Any
+
+    def record(self) -> None:
+        if self.request_id is not None:
+            facts = {**self.facts, "upstream_request_id": self.request_id}
+            item_record_detail(item_id=self.item_id, detail={"gateway": facts}, actor=ACTOR)
+
+
+async def _stopped(task_id: int, upstream_id: UpstreamId | None = None) -> MCPError:
+    return MCPError(code=STOPPED, message=await in_thread(_record_and_word, task_id=task_id, upstream_id=upstream_id))
+
+
+def _client_cancelled(*, upstream_id: UpstreamId) -> None:
+    record_client_cancel(item_id=upstream_id.item_id)
+    upstream_id.record()
+
+
+def _record_and_word(*, task_id: int, upstream_id: UpstreamId | None) -> str:
+    if upstream_id is not None:
+        upstream_id.record()
+    return stopped_words(task_id)
 
 
 def arguments_hash(arguments: Mapping[str, Any]) -> str:
@@ -206,7 +274,8 @@ def arguments_hash(arguments: Mapping[str, Any]) -> str:
 
 def caller_of(ctx: ServerRequestContext[Any], upstream: str) -> Caller:
     """The client as it named itself: in `initialize` (2025-11-25) or in each request's `_meta`
-    (2026-07-28); its session id and the task header from the HTTP request."""
+    (2026-07-28); its session id and the task header from the HTTP request, the task the call
+    names in its `_meta`."""
     info: Any = None
     params = ctx.session.client_params
     if params is not None:
@@ -215,12 +284,14 @@ def caller_of(ctx: ServerRequestContext[Any], upstream: str) -> Caller:
         info = ctx.meta.get(CLIENT_INFO_META_KEY)
     name, version = _name_and_version(info)
     headers = getattr(ctx.request, "headers", None) or {}
+    meta = ctx.meta if isinstance(ctx.meta, Mapping) else {}
     return Caller(
         client_name=name,
         client_version=version,
         upstream=upstream,
         session_id=headers.get("mcp-session-id"),
         task_header=headers.get(TASK_HEADER),
+        task_meta=meta.get(TASK_META_KEY),
     )
 
 

@@ -1,7 +1,8 @@
 """Which stopdesk task a gateway session's calls belong to, and what a stopped client is told.
 
 A client names an existing task with the `X-Stopdesk-Task` header (so a framework run and its MCP
-calls share one task). Otherwise the gateway opens one task per client session: per
+calls share one task), or a call names one in its `_meta` (`io.stopdesk/task`, for clients that
+cannot set headers; the call's own word wins over the header). Otherwise the gateway opens one task per client session: per
 `Mcp-Session-Id` in 2025-11-25; in 2026-07-28, which has no sessions, per client (`clientInfo`
 name and version) and upstream in this gateway process. The task is named after both."""
 
@@ -9,16 +10,18 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 from stopdesk.models import StopRequest, Task
 from stopdesk.services.items import task_create
 
 TASK_HEADER = "x-stopdesk-task"
+TASK_META_KEY = "io.stopdesk/task"
 ACTOR = "gateway:mcp"
 
 
 class UnknownTask(LookupError):
-    """The `X-Stopdesk-Task` header names no task."""
+    """The `X-Stopdesk-Task` header or the `io.stopdesk/task` key names no task."""
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,7 @@ class Caller:
     upstream: str
     session_id: str | None = None
     task_header: str | None = None
+    task_meta: Any = None  # the call's `_meta` `io.stopdesk/task`: a task id, as a number or a string
 
     def key(self) -> tuple[str, ...]:
         if self.session_id:
@@ -49,8 +53,10 @@ class SessionTasks:
         self._tasks: dict[tuple[str, ...], int] = {}
 
     def task_for(self, caller: Caller) -> int:
+        if caller.task_meta is not None:
+            return _named_task(caller.task_meta, TASK_META_KEY)
         if caller.task_header is not None:
-            return _named_task(caller.task_header)
+            return _named_task(caller.task_header, TASK_HEADER)
         with self._lock:  # one task per session even when its first calls arrive together
             task_id = self._tasks.get(caller.key())
             if task_id is None:
@@ -59,10 +65,11 @@ class SessionTasks:
             return task_id
 
 
-def _named_task(raw: str) -> int:
-    if not raw.strip().isdigit() or not Task.objects.filter(pk=int(raw)).exists():
-        raise UnknownTask(f"{TASK_HEADER}: no task {raw.strip()!r}")
-    return int(raw)
+def _named_task(raw: Any, where: str) -> int:
+    text = str(raw).strip()
+    if isinstance(raw, bool) or not text.isdigit() or not Task.objects.filter(pk=int(text)).exists():
+        raise UnknownTask(f"{where}: no task {text!r}")
+    return int(text)
 
 
 def stopped_words(task_id: int) -> str:

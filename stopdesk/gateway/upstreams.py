@@ -65,10 +65,11 @@ class UpstreamConnections:
         """An idle connection of the task's, or a new one; kept for the task's next call if the
         call ended normally, closed otherwise (a failed or cancelled call may leave it broken)."""
         kept = self._take_idle(task_id) or await self._open(task_id)
+        assert kept.conn is not None
+        kept.conn.sent_ids.clear()  # the previous call's ids are not this one's
         self._lent.setdefault(task_id, set()).add(kept)
         ended_normally = False
         try:
-            assert kept.conn is not None
             yield kept.conn
             ended_normally = True
         finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -44,11 +45,16 @@ def fast(settings):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def gateway(fast, settings) -> Iterator[Gateway]:  # type: ignore[no-untyped-def]
+def upstream_config() -> dict[str, Any]:
+    """More of the sandbox's server configuration (a test parametrizes it: `trusted`, `tools`)."""
+    return {}
+
+
+@pytest.fixture
+def gateway(fast, settings, upstream_config) -> Iterator[Gateway]:  # type: ignore[no-untyped-def]
     party = MCPToolServer(default_seconds=2.0, poll_interval_ms=50)
     with BackgroundServer(party.app, name="mcp") as upstream:
-        configure_mcp_server(
-            settings, "sandbox", url=upstream.url + "/mcp", tools={SLOW_WRITE: {"status_check": CHECK}}
-        )
+        server = {"url": upstream.url + "/mcp", "tools": {SLOW_WRITE: {"status_check": CHECK}}, **upstream_config}
+        configure_mcp_server(settings, "sandbox", **server)
         with BackgroundServer(lambda: gateway_app(poll_s=POLL_S), name="gateway") as front:
             yield Gateway(party=party, url=front.url + "/mcp/sandbox")

@@ -20,6 +20,7 @@ from mcp_types import INVALID_PARAMS, Implementation
 from reconcile.mechanisms.mcp import sandbox as tools
 from stopdesk.agent.aio import in_thread
 from stopdesk.gateway.server import STOPPED, arguments_hash
+from stopdesk.gateway.sessions import TASK_META_KEY
 from stopdesk.models import Task, WorkItem
 from stopdesk.services.stop import task_request_stop
 from stopdesk.states import ItemState
@@ -99,7 +100,25 @@ def test_a_call_passes_and_is_recorded_as_an_item_of_the_session_task(gateway, m
     # What went upstream: the mcp facts, in the revision the upstream offered.
     assert item.detail["mcp"]["annotations"]["readOnlyHint"] is True
     assert item.detail["mcp"]["revision"] == "2026-07-28"
-    assert len(gateway.party.wire("tools/call")) == 1
+    (upstream_call,) = gateway.party.wire("tools/call")
+    assert facts["upstream_request_id"] == upstream_call["id"]  # the upstream's id, not the client's
+
+
+@pytest.mark.parametrize("upstream_config", [{"trusted": True}])
+def test_a_trusted_servers_annotations_are_recorded_trusted(gateway):
+    through_gateway(gateway.url, lambda c: c.call_tool(tools.READ_VALUE, {"key": "k"}), mode="auto")
+    assert WorkItem.objects.get().detail["gateway"]["annotations_trusted"] is True
+
+
+def test_each_call_on_a_kept_connection_records_its_own_upstream_request_id(gateway):
+    async def body(client: Client) -> Any:
+        for key in ("a", "b", "c"):
+            await client.call_tool(tools.READ_VALUE, {"key": key})
+
+    through_gateway(gateway.url, body, mode="auto")
+    recorded = [i.detail["gateway"]["upstream_request_id"] for i in WorkItem.objects.order_by("pk")]
+    assert recorded == [m["id"] for m in gateway.party.wire("tools/call")]
+    assert len(set(recorded)) == 3
 
 
 def test_the_health_check_names_the_servers_it_fronts(gateway):
@@ -125,6 +144,22 @@ def test_arguments_the_status_check_needs_are_asked_for_and_nothing_is_sent(gate
     assert raised.value.error.code == INVALID_PARAMS
     assert gateway.party.wire("tools/call") == []
     assert WorkItem.objects.get().state == S.FAILED
+
+
+def test_a_meta_key_names_an_existing_task(gateway):
+    task = make_task()
+    meta: Any = {TASK_META_KEY: str(task.pk)}
+    through_gateway(gateway.url, lambda c: c.call_tool(tools.READ_VALUE, {"key": "k"}, meta=meta), mode="auto")
+    assert list(WorkItem.objects.values_list("task_id", flat=True)) == [task.pk]
+
+
+def test_a_meta_key_naming_no_task_is_refused_and_nothing_is_sent(gateway):
+    meta: Any = {TASK_META_KEY: 999999}
+    with pytest.raises(MCPError, match=r"io\.stopdesk/task: no task '999999'") as raised:
+        through_gateway(gateway.url, lambda c: c.call_tool(tools.READ_VALUE, {"key": "k"}, meta=meta), mode="auto")
+    assert raised.value.error.code == INVALID_PARAMS
+    assert not WorkItem.objects.exists()
+    assert gateway.party.wire("tools/call") == []
 
 
 def test_a_header_naming_no_task_is_refused_and_nothing_is_sent(gateway):
@@ -155,6 +190,7 @@ def test_stop_during_a_long_write_answers_the_client_cancels_upstream_and_leaves
     assert item.detail["gateway"]["client_request_id"] is not None
     (upstream_call,) = gateway.party.wire("tools/call")
     assert item.evidence["cancel"]["request_id"] == upstream_call["id"] and upstream_call["stream_closed"]
+    assert item.detail["gateway"]["upstream_request_id"] == upstream_call["id"]
     # The upstream saw its call end before the write did: interrupted, no effect.
     events = [e["event"] for e in gateway.party.journal(tools.SLOW_WRITE)]
     assert events[0] == "started" and "interrupted" in events

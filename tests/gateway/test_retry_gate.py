@@ -1,6 +1,8 @@
 """A client gives up on a write (its stream closes, as a dropped connection's would) and calls it
 again: the first call is cancelled upstream and recorded uncertain, and the gateway holds the
-identical retry until the first is settled, naming it and its review link."""
+identical retry until the first is settled, naming it and its review link; once the first is
+known to have taken effect the retry is refused, once known not to have it passes. A tool declared
+idempotent passes, and so does a call repeated after an answer the client got."""
 
 from __future__ import annotations
 
@@ -16,11 +18,14 @@ from mcp.shared.exceptions import MCPError
 from reconcile.mechanisms.mcp import sandbox as tools
 from reconcile.services.review import item_resolve
 from stopdesk.agent.aio import in_thread  # closes the thread's connection after the call
-from stopdesk.gateway.server import HELD
+from stopdesk.gateway.server import HELD, TOOK_EFFECT
 from stopdesk.models import WorkItem
 from stopdesk.permissions import roles_ensure
 from stopdesk.states import ItemState
+from tests.factories import make_task
+from tests.gateway.conftest import CHECK
 from tests.gateway.test_gateway_calls import MODES, started, through_gateway
+from tests.reconcile.helpers import sweep_until_settled
 
 S = ItemState
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
@@ -74,6 +79,8 @@ def test_a_write_the_client_cancelled_is_cancelled_upstream_and_recorded_uncerta
     assert item.state == S.UNCERTAIN and item.investigate_by is not None
     assert item.evidence["cancelled_by"] == "the client"
     assert "the status check (read_value) will look" in item.evidence["uncertain_because"]
+    (upstream_call,) = gateway.party.wire("tools/call")
+    assert item.detail["gateway"]["upstream_request_id"] == upstream_call["id"]
     deadline = time.monotonic() + 5
     while "interrupted" not in [e["event"] for e in gateway.party.journal(tools.SLOW_WRITE)]:
         assert time.monotonic() < deadline, "the upstream never saw its call cancelled"
@@ -120,3 +127,76 @@ def test_a_reviewer_settling_the_earlier_call_releases_the_retry(gateway, review
     result = through_gateway(gateway.url, body, mode="auto")
     assert not result.is_error
     assert [i.state for i in WorkItem.objects.order_by("pk")] == [S.FAILED, S.COMPLETED]
+
+
+def resolved_then_called_again(party: tools.MCPToolServer, reviewer: Any, outcome: str) -> Any:
+    async def body(client: Client) -> Any:
+        await give_up_once_started(party)(client)
+        earlier = await in_thread(settled_by_the_gateway)
+        await in_thread(
+            item_resolve, item_id=earlier.pk, outcome=outcome, note="sent", evidence="k9 is in the store", by=reviewer
+        )
+        return await client.call_tool(tools.SLOW_WRITE, WRITE)  # the identical call
+
+    return body
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_retry_of_a_call_a_reviewer_resolved_as_done_is_refused_as_taken_effect(gateway, reviewer, mode):
+    with pytest.raises(MCPError) as raised:
+        through_gateway(gateway.url, resolved_then_called_again(gateway.party, reviewer, S.COMPLETED), mode=mode)
+    earlier = WorkItem.objects.get()  # the retry was not registered, and not forwarded
+    assert earlier.state == S.COMPLETED
+    assert raised.value.error.code == TOOK_EFFECT
+    assert raised.value.error.message == (
+        f"not forwarded: an identical call (item {earlier.pk}) already took effect (sent); "
+        f"see http://localhost:8000/items/{earlier.pk}/"
+    )
+    assert len(gateway.party.wire("tools/call")) == 1
+
+
+def test_a_retry_of_a_call_its_status_check_showed_took_effect_is_refused(gateway, clock):
+    """The upstream ignores the cancel and the write lands; the reconciler's status check settles
+    the earlier call completed, and the identical retry is refused."""
+    gateway.party.set_fault(tools.IGNORE_CANCEL, target=WRITE["key"])
+    task = make_task()
+    through_gateway(gateway.url, give_up_once_started(gateway.party), mode="auto", task_id=task.pk)
+    earlier = settled_by_the_gateway()
+    assert earlier.state == S.UNCERTAIN
+    deadline = time.monotonic() + 5
+    while not gateway.party.effects(tools.SLOW_WRITE):
+        assert time.monotonic() < deadline, "the write never landed"
+        time.sleep(0.05)
+    sweep_until_settled(clock, earlier)
+    earlier.refresh_from_db()
+    assert earlier.state == S.COMPLETED and "read_value shows it took effect" in earlier.outcome
+    with pytest.raises(MCPError) as raised:
+        through_gateway(gateway.url, lambda c: c.call_tool(tools.SLOW_WRITE, WRITE), mode="auto", task_id=task.pk)
+    assert raised.value.error.code == TOOK_EFFECT
+    assert f"identical call (item {earlier.pk}) already took effect" in raised.value.error.message
+    # The write went upstream once; the other call there is the status check's read.
+    assert [m["tool"] for m in gateway.party.wire("tools/call")] == [tools.SLOW_WRITE, tools.READ_VALUE]
+    assert WorkItem.objects.count() == 1
+
+
+def test_a_write_repeated_after_its_answer_came_passes(gateway):
+    """The client got the answer each time: repeating the call is the agent's intent, not a retry."""
+    write = {**WRITE, "seconds": 0.05}
+
+    async def body(client: Client) -> Any:
+        return [await client.call_tool(tools.SLOW_WRITE, write) for _ in range(2)]
+
+    results = through_gateway(gateway.url, body, mode="auto")
+    assert [r.is_error for r in results] == [False, False]
+    assert [i.state for i in WorkItem.objects.order_by("pk")] == [S.COMPLETED, S.COMPLETED]
+    assert len(gateway.party.wire("tools/call")) == 2
+
+
+@pytest.mark.parametrize(
+    "upstream_config", [{"tools": {tools.SLOW_WRITE: {"status_check": CHECK, "idempotent": True}}}]
+)
+def test_a_tool_declared_idempotent_passes_the_gate(gateway):
+    result = through_gateway(gateway.url, call_twice(gateway.party), mode="auto")
+    assert not result.is_error
+    assert [i.state for i in WorkItem.objects.order_by("pk")] == [S.UNCERTAIN, S.COMPLETED]
+    assert len(gateway.party.wire("tools/call")) == 2

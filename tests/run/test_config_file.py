@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from reconcile.mechanisms.base import MechanismSettings
+from reconcile.mechanisms.mcp.servers import ServerConfigError, configured_servers
 from stopdesk import config_file
 from stopdesk.config import PREFIX, ConfigError
 from tests.run.helpers import ROOT, clean_env, run
@@ -79,6 +80,17 @@ def error_of(path: str) -> str:
             "needs the 'tool'",
         ),
         ('[mcp.servers.r]\nurl = "http://[::1/mcp"\n', "mcp.servers.r.url", "is not an http(s) URL"),
+        ('[mcp.servers.r]\nurl = "http://h/mcp"\ntrusted = "yes"\n', "mcp.servers.r.trusted", "expected true or false"),
+        (
+            '[mcp.servers.r]\nurl = "http://h/mcp"\n[mcp.servers.r.tools.send]\nidempotent = 1\n',
+            "mcp.servers.r.tools.send.idempotent",
+            "expected true or false, got a number",
+        ),
+        (
+            '[mcp.servers.r]\nurl = "http://h/mcp"\n[mcp.servers.r.tools.send]\nidempotant = true\n',
+            "mcp.servers.r.tools.send.idempotant",
+            "there is no such key; use one of idempotent, status_check",
+        ),
         ('[http.systems.crm]\nbase_url = "crm.example"\n', "http.systems.crm.base_url", "is not an http(s) URL"),
         ('[http.systems.crm]\nlookup_url = "/x"\n', "http.systems.crm", "needs its 'base_url'"),
         ('[http.systems.crm]\nbase_url = "http://c"\nlookup = "/x"\n', "http.systems.crm.lookup", "no such key"),
@@ -133,6 +145,32 @@ def test_a_secret_is_read_from_its_variable_and_never_taken_from_the_file(
     # servers.py reads a bearer token's variable each time it connects; the file only names it.
     assert servers["r"] == {"url": "https://h/mcp", "bearer_token_env": "MCP_TOKEN_FOR_TEST"}
     assert servers["git"] == {"command": "mcp-server-git", "env": {"GITHUB_TOKEN": "tok"}}
+
+
+def test_a_trusted_server_and_an_idempotent_tool_reach_the_server_configuration(tmp_path: Path) -> None:
+    found = config_file.read(
+        write(
+            tmp_path,
+            '[mcp.servers.r]\nurl = "https://h/mcp"\ntrusted = true\n'
+            "[mcp.servers.r.tools.lookup]\nidempotent = true\n[mcp.servers.r.tools.send]\nidempotent = false\n",
+        )
+    )
+    spec = configured_servers(found["mcp"]["options"])["r"]
+    assert spec.trusted is True and spec.idempotent_tools == frozenset({"lookup"})
+    assert configured_servers({"servers": {"r": {"url": "https://h/mcp"}}})["r"].trusted is False
+
+
+@pytest.mark.parametrize(
+    ("server", "says"),
+    [
+        ({"trusted": "yes"}, "mcp server 'r': 'trusted' must be true or false, not 'yes'"),
+        ({"tools": {"send": {"idempotent": 1}}}, "mcp server 'r', tool 'send': 'idempotent' must be true or false"),
+    ],
+)
+def test_a_settings_module_server_with_a_flag_that_is_not_true_or_false_is_refused(server: dict, says: str) -> None:
+    with pytest.raises(ServerConfigError) as caught:
+        configured_servers({"servers": {"r": {"url": "https://h/mcp", **server}}})
+    assert says in str(caught.value)
 
 
 def test_the_file_merges_over_the_settings_and_the_timing_variables_win(tmp_path: Path) -> None:

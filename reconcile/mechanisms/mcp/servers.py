@@ -5,7 +5,7 @@ callers pass the mechanism's options in):
 
     "servers": {
         "git": {"command": "mcp-server-git", "args": [], "env": {}, "cwd": None,
-                "tools": {"git_commit": {"status_check": {...}}}},
+                "tools": {"git_commit": {"status_check": {...}}, "git_status": {"idempotent": True}}},
         "research": {"url": "https://tools.example/mcp", "headers": {"X-Team": "ops"},
                      "bearer_token_env": "RESEARCH_MCP_TOKEN", "revision": "auto"},
     }
@@ -14,6 +14,10 @@ callers pass the mechanism's options in):
 back to 2025-11-25 when the server refuses it), or one revision pinned: "2026-07-28" or
 "2025-11-25". What was used is recorded on every item (`revision_facts`), with how a cancel
 travels in that revision over that transport (`cancel_wire`).
+
+`trusted` (default false) says the server's tool annotations are the operator's word, not only
+the server's hints about itself (the MCP gateway records `annotations_trusted` from it). A tool
+declared `idempotent` may be repeated without harm: the gateway's retry gate lets its repeats pass.
 
 The agent side and the reconciler both reach a server through `open_client`, so the reconciler
 can look at a stdio server (it starts its own process from the same configuration) or send the
@@ -131,6 +135,8 @@ class ServerSpec:
     status_checks: dict[str, StatusCheck] = field(default_factory=dict)
     configured: bool = False
     revision: str = AUTO  # what to ask for: AUTO, MODERN or LEGACY
+    trusted: bool = False  # its annotations are the operator's word, not only the server's hints
+    idempotent_tools: frozenset[str] = frozenset()  # repeating one of these does no harm
 
     def public(self) -> dict[str, Any]:
         """What the ledger may record about the server: where it is, never how we authenticate."""
@@ -177,6 +183,7 @@ def _spec(name: str, raw: Any) -> ServerSpec:
         "cwd",
         "tools",
         "revision",
+        "trusted",
     }
     if unknown:
         raise ServerConfigError(f"mcp server {name!r}: unknown setting(s) {sorted(unknown)}")
@@ -194,8 +201,19 @@ def _spec(name: str, raw: Any) -> ServerSpec:
         raise ServerConfigError(
             f"mcp server {name!r}: 'revision' must be one of {list(REVISION_CHOICES)}, not {revision!r}"
         )
+    trusted = raw.get("trusted", False)
+    if not isinstance(trusted, bool):
+        raise ServerConfigError(f"mcp server {name!r}: 'trusted' must be true or false, not {trusted!r}")
     checks: dict[str, StatusCheck] = {}
+    idempotent: set[str] = set()
     for tool, declared in (raw.get("tools") or {}).items():
+        flag = (declared or {}).get("idempotent", False)
+        if not isinstance(flag, bool):
+            raise ServerConfigError(
+                f"mcp server {name!r}, tool {tool!r}: 'idempotent' must be true or false, not {flag!r}"
+            )
+        if flag:
+            idempotent.add(tool)
         check = (declared or {}).get("status_check")
         if check is None:
             continue
@@ -219,6 +237,8 @@ def _spec(name: str, raw: Any) -> ServerSpec:
         status_checks=checks,
         configured=True,
         revision=revision,
+        trusted=trusted,
+        idempotent_tools=frozenset(idempotent),
     )
 
 
