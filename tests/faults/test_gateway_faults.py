@@ -122,12 +122,14 @@ def gateway_env(tmp_path: Path, pg_dsn: str, extra: dict[str, str]) -> dict[str,
     )
 
 
-def call_in_thread(url: str, tool: str, arguments: dict[str, Any], *, task_id: int, mode: str) -> dict[str, Any]:
-    """A client's call through a gateway, in a thread of its own; what it got lands in the dict."""
+def call_in_thread(url: str, tool: str, arguments: dict[str, Any], *, task_id: int | None, mode: str) -> dict[str, Any]:
+    """A client's call through a gateway, in a thread of its own; what it got lands in the dict.
+    With `task_id` the call names the task (X-Stopdesk-Task); without, the gateway picks it."""
     outcome: dict[str, Any] = {}
+    headers = {"X-Stopdesk-Task": str(task_id)} if task_id is not None else {}
 
     async def main() -> None:
-        async with httpx2.AsyncClient(headers={"X-Stopdesk-Task": str(task_id)}, timeout=30.0) as http:
+        async with httpx2.AsyncClient(headers=headers, timeout=30.0) as http:
             transport = streamable_http_client(url, http_client=http)
             async with Client(transport, mode=mode, client_info=CLIENT, read_timeout_seconds=30.0) as client:  # type: ignore[arg-type]
                 outcome["result"] = await client.call_tool(tool, arguments)
@@ -192,6 +194,44 @@ def test_a_stop_reaches_the_calls_of_one_task_held_by_two_gateway_processes(upst
     # Each process cancelled the call it held, upstream; neither write landed.
     assert {e["event"] for e in party.journal(tools.SLOW_LOOKUP)} == {"started", "interrupted"}
     assert party.effects(tools.SLOW_WRITE) == []
+
+
+def test_a_2026_07_28_client_sent_to_two_gateway_processes_is_one_task_and_one_stop_reaches_both(
+    upstream, pg_dsn, tmp_path
+):
+    """2026-07-28 has no session to stick to: a load balancer may send each call to another
+    process. Both file the client's calls under one task (kept in the database), so the Stop a
+    person presses on it refuses the next call wherever it lands; a restarted process agrees."""
+    party, extra = upstream
+    env = gateway_env(tmp_path, pg_dsn, extra)
+    first, second = GatewayProcess(env), GatewayProcess(env)
+    try:
+        for gateway in (first, second, first):
+            done = call_in_thread(gateway.url, tools.READ_VALUE, {"key": "k"}, task_id=None, mode="auto")
+            done["thread"].join(BOUND_S)
+            assert "result" in done, done
+        [task_id] = {item.task_id for item in WorkItem.objects.all()}
+        assert WorkItem.objects.count() == 3
+        try:
+            task_request_stop(task_id=task_id, actor="user:operator", reason="enough", dispatch=lambda ids: None)
+        finally:
+            connection.close()
+        second.kill()
+        restarted = GatewayProcess(env)
+        try:
+            for gateway in (first, restarted):
+                refused = call_in_thread(
+                    gateway.url, tools.SLOW_WRITE, {"key": "k", "value": "v"}, task_id=None, mode="auto"
+                )
+                refused["thread"].join(BOUND_S)
+                assert str(refused.get("error")) == "stopped by user:operator: enough", refused
+        finally:
+            restarted.kill(signal.SIGTERM)
+    finally:
+        first.kill(signal.SIGTERM)
+        second.kill(signal.SIGTERM)
+    assert {item.task_id for item in WorkItem.objects.all()} == {task_id}
+    assert [m["tool"] for m in party.wire("tools/call")] == [tools.READ_VALUE] * 3  # no write went upstream
 
 
 def test_a_gateway_killed_mid_write_leaves_the_call_to_reconciliation_which_settles_it_as_it_ended(
