@@ -40,6 +40,7 @@ from stopdesk.gateway.retry_gate import earlier_unsettled, held_words
 from stopdesk.gateway.sessions import ACTOR, TASK_HEADER, Caller, SessionTasks, UnknownTask, stopped_words
 from stopdesk.gateway.upstreams import UpstreamConnections
 from stopdesk.models import WorkItem
+from stopdesk.protocol.spec import noun_of
 from stopdesk.services.errors import LedgerError, TaskStopped, ToolNotReady
 from stopdesk.services.items import item_register
 from stopdesk.states import ItemState, Kind
@@ -146,7 +147,7 @@ class UpstreamGateway:
         item = item_register(
             task=task_id,
             kind=Kind.REMOTE_TOOL,
-            noun=f"{self.spec.name}: {facts['tool']}",
+            noun=noun_of(f"{self.spec.name}: {facts['tool']}"),
             actor=ACTOR,
             mechanism="mcp",
             detail={"gateway": facts},
