@@ -352,3 +352,17 @@ class ApiIdempotency(models.Model):
 
     def __str__(self) -> str:
         return f"{self.endpoint} {self.key}"
+
+
+class GatewaySession(models.Model):
+    """The task an MCP gateway session files its calls under, shared by every gateway process: a
+    2026-07-28 client has no session and may reach any process behind a load balancer, and its
+    calls must land on one task for one Stop to reach them all. `key` is a digest of who the
+    session is (`stopdesk.gateway.sessions.Caller.key`); the newest open task for it is used."""
+
+    key = models.CharField(max_length=64, db_index=True)
+    task = models.OneToOneField(Task, on_delete=models.PROTECT, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"gateway session of task {self.task_id}"

@@ -57,6 +57,7 @@ from stopdesk.gateway.sessions import (
 )
 from stopdesk.gateway.upstreams import UpstreamConnections
 from stopdesk.models import WorkItem
+from stopdesk.protocol.spec import noun_of
 from stopdesk.services.errors import LedgerError, TaskStopped, ToolNotReady
 from stopdesk.services.items import item_record_detail, item_register
 from stopdesk.states import ItemState, Kind
@@ -170,7 +171,7 @@ class UpstreamGateway:
         item = item_register(
             task=task_id,
             kind=Kind.REMOTE_TOOL,
-            noun=f"{self.spec.name}: {facts['tool']}",
+            noun=noun_of(f"{self.spec.name}: {facts['tool']}"),
             actor=ACTOR,
             mechanism="mcp",
             detail={"gateway": facts},

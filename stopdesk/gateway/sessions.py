@@ -2,18 +2,22 @@
 
 A client names an existing task with the `X-Stopdesk-Task` header (so a framework run and its MCP
 calls share one task), or a call names one in its `_meta` (`io.stopdesk/task`, for clients that
-cannot set headers; the call's own word wins over the header). Otherwise the gateway opens one task per client session: per
+cannot set headers; the call's own word wins over the header). Otherwise the gateway opens one
+task per client session: per
 `Mcp-Session-Id` in 2025-11-25; in 2026-07-28, which has no sessions, per client (`clientInfo`
-name and version) and upstream in this gateway process. The task is named after both."""
+name and version) and upstream. The task is named after both. Which task a session has is kept in
+the database (`GatewaySession`), so every gateway process behind a load balancer files a
+2026-07-28 client's calls under the same task, and a restart changes nothing; the session keeps
+its task until the task is closed (by its idle timeout), then its next call opens a new one."""
 
 from __future__ import annotations
 
-import threading
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
 from stopdesk.models import StopRequest, Task
-from stopdesk.services.items import task_create
+from stopdesk.services.gateway_sessions import gateway_session_task
 
 TASK_HEADER = "x-stopdesk-task"
 TASK_META_KEY = "io.stopdesk/task"
@@ -46,23 +50,16 @@ class Caller:
 
 
 class SessionTasks:
-    """The task of each gateway session, remembered for the life of this process."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._tasks: dict[tuple[str, ...], int] = {}
+    """The task of each gateway session, read from the ledger at each call (one indexed query), so
+    that every process agrees and a closed task is never reused."""
 
     def task_for(self, caller: Caller) -> int:
         if caller.task_meta is not None:
             return _named_task(caller.task_meta, TASK_META_KEY)
         if caller.task_header is not None:
             return _named_task(caller.task_header, TASK_HEADER)
-        with self._lock:  # one task per session even when its first calls arrive together
-            task_id = self._tasks.get(caller.key())
-            if task_id is None:
-                task_id = task_create(title=caller.title(), actor=ACTOR).pk
-                self._tasks[caller.key()] = task_id
-            return task_id
+        key = hashlib.sha256("\0".join(caller.key()).encode()).hexdigest()
+        return gateway_session_task(key=key, title=caller.title(), actor=ACTOR)
 
 
 def _named_task(raw: Any, where: str) -> int:

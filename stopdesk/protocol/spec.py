@@ -28,3 +28,10 @@ class ItemSpec:
 
 
 ITEM_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ItemSpec))
+NOUN_MAX = 40  # the ledger's column and the API's limit
+
+
+def noun_of(words: str) -> str:
+    """A noun made of names someone else chose (a tool's name may be 128 characters): clipped to
+    fit, with an ellipsis. The whole name stays in the item's detail."""
+    return words if len(words) <= NOUN_MAX else words[: NOUN_MAX - 1] + "…"

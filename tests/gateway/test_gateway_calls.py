@@ -22,6 +22,7 @@ from stopdesk.agent.aio import in_thread
 from stopdesk.gateway.server import STOPPED, arguments_hash
 from stopdesk.gateway.sessions import TASK_META_KEY
 from stopdesk.models import Task, WorkItem
+from stopdesk.services.closing import task_close
 from stopdesk.services.stop import task_request_stop
 from stopdesk.states import ItemState
 from tests.factories import make_task
@@ -274,3 +275,18 @@ def test_a_new_2025_11_25_session_is_a_new_task(gateway):
     for _ in range(2):
         through_gateway(gateway.url, lambda c: c.call_tool(tools.READ_VALUE, {"key": "k"}), mode="legacy")
     assert Task.objects.count() == 2
+
+
+def test_a_2026_07_28_client_keeps_its_task_until_the_task_closes(gateway):
+    """No session in 2026-07-28: the client (name, version, upstream) keeps one task across
+    connections, stopped or not, until the task is closed; its next call then opens a new task."""
+    read = lambda c: c.call_tool(tools.READ_VALUE, {"key": "k"})  # noqa: E731
+    through_gateway(gateway.url, read, mode="auto")
+    through_gateway(gateway.url, read, mode="auto")
+    [first] = Task.objects.all()
+    assert WorkItem.objects.filter(task=first).count() == 2
+    task_close(task_id=first.pk, actor="system:idle-close")
+    through_gateway(gateway.url, read, mode="auto")
+    second = Task.objects.exclude(pk=first.pk).get()
+    assert second.title == first.title == "MCP: test-client 9.1 via sandbox"
+    assert WorkItem.objects.filter(task=second).count() == 1

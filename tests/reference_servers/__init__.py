@@ -3,7 +3,9 @@
 - `@modelcontextprotocol/server-everything` (npm) over Streamable HTTP on a free loopback port,
   behind a small recording proxy so a test can show what the server received and answered;
 - `mcp-server-git` (PyPI, its own venv) over stdio, behind a tee that records each JSON-RPC line
-  in both directions; it works on a temporary git repository.
+  in both directions; it works on a temporary git repository;
+- the TypeScript SDK (`@modelcontextprotocol/sdk`, npm), which `ts_client.mjs` uses to play an MCP
+  client no one here wrote.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 EVERYTHING_JS = HERE / "node_modules" / "@modelcontextprotocol" / "server-everything" / "dist" / "index.js"
 GIT_SERVER = HERE / "git-venv" / "bin" / "mcp-server-git"
+TS_SDK = HERE / "node_modules" / "@modelcontextprotocol" / "sdk" / "package.json"
+TS_CLIENT = HERE / "ts_client.mjs"
 
 
 def missing() -> list[str]:
@@ -32,6 +36,8 @@ def missing() -> list[str]:
         absent.append("server-everything (npm)")
     if not GIT_SERVER.exists():
         absent.append("mcp-server-git (PyPI)")
+    if not TS_SDK.exists():
+        absent.append("@modelcontextprotocol/sdk (npm)")
     return absent
 
 

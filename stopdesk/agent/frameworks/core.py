@@ -69,6 +69,7 @@ from stopdesk.agent.frameworks.threads import (
     loop_tool_threads,
 )
 from stopdesk.protocol.errors import StopRequested
+from stopdesk.protocol.spec import noun_of
 
 log = logging.getLogger(__name__)
 
@@ -414,7 +415,7 @@ class StopdeskRun:
             item_id = await self._register_started(
                 submit_key=key if external else "",
                 kind=kind or ("external_operation" if external else "local_worker"),
-                noun=declaration.noun or f"{name} call",
+                noun=noun_of(declaration.noun or f"{name} call"),
                 mechanism=mechanism or ("http" if declaration.http else "manual"),
                 handle=call_id,
                 label=name,
