@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from dataclasses import replace
 
 from mcp.server.stdio import stdio_server
@@ -80,6 +81,7 @@ class OneTask(SessionTasks):
     def __init__(self, task_id: int | None = None) -> None:
         super().__init__()
         self.task_id = task_id
+        self._lock = threading.Lock()
 
     def task_for(self, caller: Caller) -> int:
         with self._lock:  # the client's first calls may arrive together
