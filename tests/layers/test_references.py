@@ -32,6 +32,8 @@ RUNTIME = {"var"}  # folders the running service makes (data, broker): named, ne
 NOT_FILES = {"Node.js"}  # words that look like a file name
 # The MCP clients' own config files, named where the README shows each client's config.
 NOT_FILES |= {"claude_desktop_config.json", ".cursor/mcp.json", ".codex/config.toml", ".vscode/mcp.json"}
+# The file an operator writes with audit_export, named where AUDIT.md shows a run of it.
+NOT_FILES |= {"audit.jsonl", "./audit.jsonl"}
 
 EXTENSIONS = "py|md|toml|html|css|js|json|yml|yaml|in|txt|cfg|ini|sh|sql|csv|jsonl"
 URL = re.compile(r"[a-z][a-z+.-]*://\S+")
