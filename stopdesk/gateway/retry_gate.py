@@ -7,6 +7,10 @@ and arguments hash. The earlier call decides:
 
 - its outcome is still unknown (*uncertain*, or the reconciler is still looking): the retry is
   held until a status check or a reviewer settles it;
+- it is still in flight (*queued* or *running*) and its tool is not read-only by the upstream's
+  annotations: the retry is held too. A client that gives up on a call sends its retry at once,
+  before the gateway has recorded the give-up (the cancel and the retry race each other); the
+  earlier call may still land, and a second copy must not be sent beside it;
 - it went through *uncertain* or awaiting reconciliation and was then found to have taken effect
   (*completed*: its status check showed it, or a reviewer resolved it done): the retry is refused,
   since the work is done; the client never got that answer, so its retry is not a new intent;
@@ -19,13 +23,14 @@ repeat it (the same read twice) as often as it likes. Tools the server's configu
 from __future__ import annotations
 
 from django.conf import settings
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, QuerySet
 from django.urls import reverse
 
 from stopdesk.models import Event, WorkItem
 from stopdesk.states import ItemState
 
 UNSETTLED = (ItemState.UNCERTAIN, ItemState.AWAITING_RECONCILIATION)
+IN_FLIGHT = (ItemState.QUEUED, ItemState.RUNNING)
 
 
 def earlier_blocking(*, task_id: int, upstream: str, tool: str, arguments_sha256: str) -> WorkItem | None:
@@ -40,7 +45,20 @@ def earlier_blocking(*, task_id: int, upstream: str, tool: str, arguments_sha256
     )
     unsettled = identical.filter(state__in=UNSETTLED)
     took_effect = identical.filter(Exists(was_unsettled), state=ItemState.COMPLETED)
-    return (unsettled | took_effect).order_by("pk").first()
+    blocking = [*(unsettled | took_effect).order_by("pk")[:1], *_in_flight_writes(identical)]
+    return min(blocking, key=lambda item: item.pk, default=None)
+
+
+def _in_flight_writes(identical: QuerySet[WorkItem]) -> list[WorkItem]:
+    """Identical calls still in flight whose tool the upstream does not call read-only (a call
+    not yet described counts as a write). Read in Python: a task has few such calls at once."""
+    in_flight = identical.filter(state__in=IN_FLIGHT).order_by("pk")[:20]
+    return [item for item in in_flight if not _read_only(item)][:1]
+
+
+def _read_only(item: WorkItem) -> bool:
+    annotations = ((item.detail or {}).get("mcp") or {}).get("annotations") or {}
+    return annotations.get("readOnlyHint") is True
 
 
 def refused_words(earlier: WorkItem) -> str:
