@@ -200,3 +200,39 @@ def test_a_tool_declared_idempotent_passes_the_gate(gateway):
     assert not result.is_error
     assert [i.state for i in WorkItem.objects.order_by("pk")] == [S.UNCERTAIN, S.COMPLETED]
     assert len(gateway.party.wire("tools/call")) == 2
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_identical_write_sent_while_the_first_is_in_flight_is_held_but_an_identical_read_passes(gateway, mode):
+    """Two copies of one call at once: the second write could land beside the first, so it is
+    held while the first runs; two identical reads (read-only by the upstream's annotations) are
+    harmless and both go through."""
+    outcomes: dict[str, Any] = {}
+
+    async def body(client: Client) -> None:
+        async def call(name: str, tool: str, arguments: dict[str, Any]) -> None:
+            try:
+                outcomes[name] = await client.call_tool(tool, arguments)
+            except MCPError as exc:
+                outcomes[name] = exc
+
+        lookup = {"query": "same", "seconds": 0.5}
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call, "write", tools.SLOW_WRITE, {**WRITE, "seconds": 1.0})
+            while not started(gateway.party, tools.SLOW_WRITE):
+                await anyio.sleep(0.02)
+            tg.start_soon(call, "write again", tools.SLOW_WRITE, {**WRITE, "seconds": 1.0})
+            tg.start_soon(call, "read", tools.SLOW_LOOKUP, lookup)
+            while not started(gateway.party, tools.SLOW_LOOKUP):
+                await anyio.sleep(0.02)
+            tg.start_soon(call, "read again", tools.SLOW_LOOKUP, lookup)
+
+    through_gateway(gateway.url, body, mode=mode)
+    first = WorkItem.objects.get(detail__gateway__tool=tools.SLOW_WRITE)
+    assert not outcomes["write"].is_error and first.state == S.COMPLETED
+    held = outcomes["write again"]
+    assert isinstance(held, MCPError) and held.error.code == HELD
+    assert f"identical call (item {first.pk}, running)" in held.error.message
+    assert not outcomes["read"].is_error and not outcomes["read again"].is_error
+    calls = [m["tool"] for m in gateway.party.wire("tools/call")]
+    assert sorted(calls) == [tools.SLOW_LOOKUP, tools.SLOW_LOOKUP, tools.SLOW_WRITE]
