@@ -210,6 +210,22 @@ class Section:
         return self.page > 1
 
 
+def task_gateway_facts(task: Task) -> dict[str, str] | None:
+    """For a task whose calls came through the MCP gateway (a client's session): the revision the
+    client spoke and the upstream, with the revision and transport used there, as its latest call
+    recorded them. None for any other task."""
+    item = WorkItem.objects.filter(task=task, detail__has_key="gateway").order_by("-pk").only("detail").first()
+    if item is None:
+        return None
+    gateway, mcp = item.detail.get("gateway") or {}, item.detail.get("mcp") or {}
+    return {
+        "client_revision": str(gateway.get("client_revision") or ""),
+        "upstream": str(gateway.get("upstream") or ""),
+        "revision": str(mcp.get("revision") or ""),
+        "transport": str(mcp.get("transport") or "").replace("_", " "),
+    }
+
+
 def _section(key: str, queryset: QuerySet[Any], page: int) -> Section:
     # Exact up to the cap, "1,000+" beyond it: the queue's counts must not grow with history.
     count = capped_count(queryset, QUEUE_CAP)

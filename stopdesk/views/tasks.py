@@ -17,6 +17,7 @@ from stopdesk.views.selectors import (
     GROUP_ORDER,
     TASK_STATUSES,
     items_with_trail,
+    task_gateway_facts,
     task_overview,
     tasks_flag,
     tasks_listing,
@@ -83,6 +84,7 @@ def task_detail(request: HtmxHttpRequest, task_id: int) -> HttpResponse:
         return _live(request, context, None)
     if target in LIVE_PARTS:
         return _live(request, context, target)
+    context["gateway"] = task_gateway_facts(context["task"])  # the page's head: never polled
     return render(request, "tasks/detail.html", context)
 
 
