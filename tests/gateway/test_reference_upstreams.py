@@ -145,6 +145,9 @@ def test_stop_during_a_git_commit_through_the_gateway_is_settled_by_git_log(git_
     seen = read_wire(wire)
     [cancelled] = [m for m in seen if m["msg"].get("method") == "notifications/cancelled"]
     assert cancelled["msg"]["params"]["requestId"] == call["msg"]["id"]
+    # The upstream's id of the call, as the stdio server saw it, is on the record too.
+    assert item.detail["gateway"]["upstream_request_id"] == call["msg"]["id"]
+    assert item.evidence["cancel"]["request_id"] == call["msg"]["id"]
     deadline = time.monotonic() + 15
     while not git_log(git_repo) or git_log(git_repo)[0] != message:  # the hook ends, the commit lands
         assert time.monotonic() < deadline, "the commit never landed"

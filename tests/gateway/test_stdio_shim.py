@@ -170,6 +170,9 @@ def test_stop_during_a_call_cancels_it_upstream_and_a_later_call_is_refused_unse
     # The call after Stop was refused and never sent: the upstream saw only the first call.
     states = dict(WorkItem.objects.values_list("detail__gateway__tool", "state"))
     assert states == {tool: ends, READ_VALUE: S.CANCELLED}
+    # The upstream's id of the call is on the record, as the upstream saw it.
+    stopped = WorkItem.objects.get(detail__gateway__tool=tool)
+    assert stopped.detail["gateway"]["upstream_request_id"] == call["id"]
 
 
 def test_a_command_line_missing_its_server_command_exits_2_with_one_line(shim):

@@ -305,8 +305,8 @@ class Connection:
     requested: str = AUTO
     session_id: str | None = None
     chosen_because: str = ""  # why an older revision was chosen over one the server offered
-    # The JSON-RPC id of the last request sent per method (Streamable HTTP only): the upstream's id
-    # of a call, which its cancel names, for the record.
+    # The JSON-RPC id of the last request sent per method (both transports): the upstream's id of a
+    # call, which its cancel names, for the record.
     sent_ids: dict[str, Any] = field(default_factory=dict)
     # Who hears the server's notifications (a call's progress watcher), and its tool list as last
     # listed: a connection kept across calls (the gateway's) asks for it once, and again only
@@ -390,7 +390,7 @@ async def open_client(
     else:
         command = shutil.which(spec.command) or spec.command
         params = StdioServerParameters(command=command, args=list(spec.args), env=spec.env or None, cwd=spec.cwd)
-        transport = stdio_client(params, errlog=_errlog())
+        transport = _noting_sent_ids(stdio_client(params, errlog=_errlog()), conn_box)
     mode = "legacy" if requested == LEGACY else requested
     client = Client(transport, mode=mode, read_timeout_seconds=timeout_s, message_handler=hear, extensions=extensions)
     conn = Connection(client=client, spec=spec, requested=requested)
@@ -403,6 +403,39 @@ async def open_client(
     finally:
         if http is not None:
             await http.aclose()
+
+
+@asynccontextmanager
+async def _noting_sent_ids(transport: Any, conn_box: list[Connection]) -> AsyncIterator[tuple[Any, Any]]:
+    """A stdio transport whose writes note each request's id, as the HTTP hook does for a POST."""
+    async with transport as (read, write):
+        yield read, _NotingWrites(write, conn_box)
+
+
+class _NotingWrites:
+    """The stdio client's write stream, noting the id of every request on its way out."""
+
+    def __init__(self, stream: Any, conn_box: list[Connection]) -> None:
+        self._stream = stream
+        self._conn_box = conn_box
+
+    async def send(self, item: Any) -> None:
+        message = getattr(item, "message", item)
+        message = getattr(message, "root", message)
+        method, request_id = getattr(message, "method", None), getattr(message, "id", None)
+        if self._conn_box and isinstance(method, str) and request_id is not None:
+            self._conn_box[0].sent_ids[method] = request_id
+        await self._stream.send(item)
+
+    async def __aenter__(self) -> _NotingWrites:
+        await self._stream.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> Any:
+        return await self._stream.__aexit__(*exc)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 def _note_request_id(conn: Connection, request: httpx2.Request) -> None:
