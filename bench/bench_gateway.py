@@ -3,9 +3,9 @@
 - `gateway.added_ms.p50/p99`: a `read_value` call through the gateway minus the same call made
   directly to the upstream (the sandbox MCP server), both from the SDK client over one session,
   percentile against percentile.
-- `gateway.stop_to_upstream_cancel_ms.p50/p99`: SESSIONS clients, each on its own task with a
-  `slow_lookup` in flight; each task is stopped in turn, and the time runs from the Stop's commit
-  to the upstream seeing its call interrupted.
+- `gateway.stop_to_upstream_cancel_ms.p50/p99`: SESSIONS clients (200; `BENCH_GATEWAY_SESSIONS`),
+  each on its own task with a `slow_lookup` in flight; each task is stopped in turn, and the time
+  runs from the Stop's commit to the upstream seeing its call interrupted.
 - `gateway.idle_queries_per_s`: the bench database's transactions (counted by PostgreSQL, as in
   `bench_watch_idle`) while the gateway sits idle after the calls above, holding their kept
   upstream connections and its ledger threads' connections.
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import statistics
 import threading
 import time
@@ -26,7 +27,8 @@ import httpx2
 from bench.harness import Figure
 
 CALLS = 60
-SESSIONS = 20
+SESSIONS = int(os.environ.get("BENCH_GATEWAY_SESSIONS", "200"))
+LOOKUP_S = 120  # the calls in flight outlast starting all the sessions
 
 
 def run() -> list[Figure]:
@@ -40,7 +42,7 @@ def run() -> list[Figure]:
     from stopdrill.sandbox.server import BackgroundServer
 
     saved = settings.STOPDESK_MECHANISMS
-    party = MCPToolServer(default_seconds=10.0)
+    party = MCPToolServer(default_seconds=float(LOOKUP_S))
     try:
         with BackgroundServer(party.app, name="mcp") as upstream:
             mechanisms = copy.deepcopy(saved)
@@ -110,13 +112,13 @@ def _stop_to_cancel(party: Any, url: str) -> list[float]:
     connection.close()
     callers = threading.Thread(target=anyio.run, args=(_calls_in_flight, url, task_ids))
     callers.start()
-    _wait(lambda: sum(e["event"] == "started" for e in party.journal("slow_lookup")) == SESSIONS)
+    _wait(lambda: sum(e["event"] == "started" for e in party.journal("slow_lookup")) == SESSIONS, LOOKUP_S / 2)
     pressed: dict[str, float] = {}
     for task_id in task_ids:
         pressed[f"q{task_id}"] = time.time()
         task_request_stop(task_id=task_id, actor="user:bench", reason="bench", dispatch=lambda ids: None)
     connection.close()
-    _wait(lambda: sum(e["event"] == "interrupted" for e in party.journal("slow_lookup")) == SESSIONS)
+    _wait(lambda: sum(e["event"] == "interrupted" for e in party.journal("slow_lookup")) == SESSIONS, LOOKUP_S / 2)
     callers.join()
     ended = {e["call"]: e["at"] for e in party.journal("slow_lookup") if e["event"] == "interrupted"}
     return [(ended[call] - at) * 1000 for call, at in pressed.items()]
@@ -129,12 +131,12 @@ async def _calls_in_flight(url: str, task_ids: list[int]) -> None:
 
     async def one(task_id: int) -> None:
         headers = {"X-Stopdesk-Task": str(task_id)}
-        async with httpx2.AsyncClient(headers=headers, timeout=60) as http:
+        async with httpx2.AsyncClient(headers=headers, timeout=LOOKUP_S + 30) as http:
             transport = streamable_http_client(url, http_client=http)
             # Answered "stopped by user:bench: bench", as expected.
             async with Client(transport) as client:  # type: ignore[arg-type]
                 with contextlib.suppress(MCPError):
-                    await client.call_tool("slow_lookup", {"query": f"q{task_id}", "seconds": 10})
+                    await client.call_tool("slow_lookup", {"query": f"q{task_id}", "seconds": LOOKUP_S})
 
     async with anyio.create_task_group() as tg:
         for task_id in task_ids:
