@@ -22,7 +22,10 @@ repeat it (the same read twice) as often as it likes. Tools the server's configu
 
 from __future__ import annotations
 
+import hashlib
+
 from django.conf import settings
+from django.db import connection
 from django.db.models import Exists, OuterRef, QuerySet
 from django.urls import reverse
 
@@ -31,6 +34,18 @@ from stopdesk.states import ItemState
 
 UNSETTLED = (ItemState.UNCERTAIN, ItemState.AWAITING_RECONCILIATION)
 IN_FLIGHT = (ItemState.QUEUED, ItemState.RUNNING)
+
+
+def gate_lock(*, task_id: int, upstream: str, tool: str, arguments_sha256: str) -> None:
+    """Identical calls of a task pass the gate one at a time: each checks and registers under this
+    lock (a transaction-level advisory lock on PostgreSQL; SQLite serialises writers anyway), so
+    two copies sent at once cannot both find no earlier call. Call it inside the transaction."""
+    if connection.vendor != "postgresql":
+        return
+    key = f"retry-gate\0{task_id}\0{upstream}\0{tool}\0{arguments_sha256}"
+    digest = hashlib.sha256(key.encode()).digest()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [int.from_bytes(digest[:8], "big", signed=True)])
 
 
 def earlier_blocking(*, task_id: int, upstream: str, tool: str, arguments_sha256: str) -> WorkItem | None:

@@ -24,6 +24,7 @@ from typing import Any
 
 import anyio
 import mcp_types as types
+from django.db import transaction
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
@@ -45,7 +46,7 @@ from reconcile.mechanisms.registry import mechanism_settings
 from stopdesk.agent.aio import LedgerThreads, in_thread, ledger_threads
 from stopdesk.gateway.client_cancel import record_client_cancel
 from stopdesk.gateway.readiness import enforced, not_ready_because, ready_tools
-from stopdesk.gateway.retry_gate import earlier_blocking, refused_words
+from stopdesk.gateway.retry_gate import earlier_blocking, gate_lock, refused_words
 from stopdesk.gateway.sessions import (
     ACTOR,
     TASK_HEADER,
@@ -158,24 +159,23 @@ class UpstreamGateway:
 
     def _register(self, *, caller: Caller, facts: dict[str, Any]) -> tuple[int, WorkItem]:
         task_id = self.tasks.task_for(caller)
-        if facts["tool"] not in self.spec.idempotent_tools:
-            earlier = earlier_blocking(
-                task_id=task_id,
-                upstream=self.spec.name,
-                tool=facts["tool"],
-                arguments_sha256=facts["arguments_sha256"],
+        identical = {"task_id": task_id, "upstream": self.spec.name, "tool": facts["tool"]}
+        identical["arguments_sha256"] = facts["arguments_sha256"]
+        with transaction.atomic():  # the gate's check and the registration, as one
+            if facts["tool"] not in self.spec.idempotent_tools:
+                gate_lock(**identical)
+                earlier = earlier_blocking(**identical)
+                if earlier is not None:
+                    code = TOOK_EFFECT if earlier.state == ItemState.COMPLETED else HELD
+                    raise MCPError(code=code, message=refused_words(earlier))
+            item = item_register(
+                task=task_id,
+                kind=Kind.REMOTE_TOOL,
+                noun=noun_of(f"{self.spec.name}: {facts['tool']}"),
+                actor=ACTOR,
+                mechanism="mcp",
+                detail={"gateway": facts},
             )
-            if earlier is not None:
-                code = TOOK_EFFECT if earlier.state == ItemState.COMPLETED else HELD
-                raise MCPError(code=code, message=refused_words(earlier))
-        item = item_register(
-            task=task_id,
-            kind=Kind.REMOTE_TOOL,
-            noun=noun_of(f"{self.spec.name}: {facts['tool']}"),
-            actor=ACTOR,
-            mechanism="mcp",
-            detail={"gateway": facts},
-        )
         return task_id, item
 
     async def _forward(self, task_id: int, item_id: int, facts: dict[str, Any], arguments: dict[str, Any]) -> Any:

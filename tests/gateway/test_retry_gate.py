@@ -236,3 +236,27 @@ def test_an_identical_write_sent_while_the_first_is_in_flight_is_held_but_an_ide
     assert not outcomes["read"].is_error and not outcomes["read again"].is_error
     calls = [m["tool"] for m in gateway.party.wire("tools/call")]
     assert sorted(calls) == [tools.SLOW_LOOKUP, tools.SLOW_LOOKUP, tools.SLOW_WRITE]
+
+
+def test_identical_writes_sent_at_once_pass_the_gate_one_at_a_time(gateway):
+    """Eight copies of one write sent together (a client retrying in a loop): each copy checks the
+    gate and registers under one lock, so exactly one is forwarded and seven are held naming it."""
+    outcomes: list[Any] = []
+
+    async def body(client: Client) -> None:
+        async def call() -> None:
+            try:
+                outcomes.append(await client.call_tool(tools.SLOW_WRITE, {**WRITE, "seconds": 0.5}))
+            except MCPError as exc:
+                outcomes.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(8):
+                tg.start_soon(call)
+
+    through_gateway(gateway.url, body, mode="auto")
+    [forwarded] = WorkItem.objects.all()
+    held = [o for o in outcomes if isinstance(o, MCPError)]
+    assert len(outcomes) == 8 and len(held) == 7
+    assert all(o.error.code == HELD and f"(item {forwarded.pk}, " in o.error.message for o in held)
+    assert len(gateway.party.wire("tools/call")) == 1
