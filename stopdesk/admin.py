@@ -25,6 +25,7 @@ from stopdesk.models import (
     Event,
     EventChain,
     ExternalRecord,
+    GatewaySession,
     Runtime,
     StopRequest,
     Task,
@@ -305,6 +306,16 @@ class ApiIdempotencyAdmin(ReadOnlyAdmin):
     list_display = ("runtime", "endpoint", "key", "status", "created_at")
     list_filter = ("runtime", recent_values("status", "status"))
     search_fields = ("=key",)
+
+
+@admin.register(GatewaySession)
+class GatewaySessionAdmin(ReadOnlyAdmin):
+    """Which task each MCP gateway session files its calls under (the key is a digest of the
+    client's name and version, or its session id, and the upstream)."""
+
+    list_display = ("task", "key", "created_at")
+    search_fields = ("=key",)
+    raw_id_fields = ("task",)
 
 
 # The runtime API's admin (token issuance) lives with the API; register a plain view of runtimes

@@ -42,3 +42,16 @@ def test_every_admin_list_name_is_spelled_right(roles):
 
     assert misspelled == []
     assert "Deliveries" in index and "Deliverys" not in index
+
+
+def test_the_admin_lists_which_task_each_mcp_gateway_session_files_its_calls_under(roles):
+    from stopdesk.services.gateway_sessions import gateway_session_task
+
+    task_id = gateway_session_task(key="k" * 64, title="MCP: claude-code 2.1 via research", actor="gateway:mcp")
+    client = Client()
+    client.force_login(roles["admin"])
+
+    page = client.get(reverse("admin:stopdesk_gatewaysession_changelist")).content.decode()
+
+    assert f"#{task_id} MCP: claude-code 2.1 via research" in page and "k" * 64 in page
+    assert client.get(reverse("admin:stopdesk_gatewaysession_add")).status_code == 403  # read-only
