@@ -47,13 +47,6 @@ def timings(settings):  # type: ignore[no-untyped-def]
     }
 
 
-@pytest.fixture
-def front(timings) -> Iterator[str]:  # type: ignore[no-untyped-def]
-    """The gateway's base URL; each test configures its upstream before the first call."""
-    with BackgroundServer(lambda: gateway_app(poll_s=5.0), name="gateway") as server:
-        yield server.url
-
-
 def press_stop_when(condition: Any, task_id: int, reason: str = "enough") -> threading.Thread:
     def press() -> None:
         deadline = time.monotonic() + 30

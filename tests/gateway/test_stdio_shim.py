@@ -175,30 +175,10 @@ def test_stop_during_a_call_cancels_it_upstream_and_a_later_call_is_refused_unse
     assert stopped.detail["gateway"]["upstream_request_id"] == call["id"]
 
 
-def test_a_command_line_missing_its_server_command_exits_2_with_one_line(shim):
-    for args, says in [
-        (["--name", "x", "--"], "stopdesk-mcp: no server command after --"),
-        (["my-server"], "stopdesk-mcp: put the server's command after --: stopdesk-mcp -- my-server"),
-        (["--task", "soon", "--", "my-server"], "stopdesk-mcp: --task needs a task number, not 'soon'"),
-        (["--task", "999999", "--", "my-server"], "stopdesk-mcp: --task 999999: there is no such task"),
-    ]:
-        done = subprocess.run(
-            [PYTHON, "-m", "stopdesk", "mcp-stdio", *args],
-            cwd=ROOT,
-            env=shim.env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert (done.returncode, done.stdout) == (2, ""), args
-        assert done.stderr.splitlines()[0] == says
-
-
-def test_a_database_that_does_not_answer_is_one_line(shim):
-    env = {**shim.env, "DATABASE_URL": "postgres://postgres@127.0.0.1:1/nothing"}
-    done = subprocess.run(
-        [PYTHON, "-m", "stopdesk", "mcp-stdio", "--", "my-server"],
+def shim_exits(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The shim run with `args`, for the command lines it refuses before serving anyone."""
+    return subprocess.run(
+        [PYTHON, "-m", "stopdesk", "mcp-stdio", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -206,6 +186,22 @@ def test_a_database_that_does_not_answer_is_one_line(shim):
         timeout=60,
         check=False,
     )
+
+
+def test_a_command_line_missing_its_server_command_exits_2_with_one_line(shim):
+    for args, says in [
+        (["--name", "x", "--"], "stopdesk-mcp: no server command after --"),
+        (["my-server"], "stopdesk-mcp: put the server's command after --: stopdesk-mcp -- my-server"),
+        (["--task", "soon", "--", "my-server"], "stopdesk-mcp: --task needs a task number, not 'soon'"),
+        (["--task", "999999", "--", "my-server"], "stopdesk-mcp: --task 999999: there is no such task"),
+    ]:
+        done = shim_exits(args, shim.env)
+        assert (done.returncode, done.stdout) == (2, ""), args
+        assert done.stderr.splitlines()[0] == says
+
+
+def test_a_database_that_does_not_answer_is_one_line(shim):
+    done = shim_exits(["--", "my-server"], {**shim.env, "DATABASE_URL": "postgres://postgres@127.0.0.1:1/nothing"})
     assert (done.returncode, done.stdout) == (1, "")
     assert done.stderr.startswith("stopdesk-mcp: cannot reach the database at postgres://postgres@127.0.0.1:1/nothing")
 
@@ -234,15 +230,6 @@ def test_a_configured_server_is_reached_by_its_name_alone_also_over_streamable_h
 def test_a_configured_name_with_another_command_is_refused(shim, tmp_path):
     config = tmp_path / "stopdesk.toml"
     config.write_text('[mcp.servers.git]\ncommand = "mcp-server-git"\n')
-    env = {**shim.env, "STOPDESK_CONFIG_FILE": str(config)}
-    done = subprocess.run(
-        [PYTHON, "-m", "stopdesk", "mcp-stdio", "--name", "git", "--", "some-other-server"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = shim_exits(["--name", "git", "--", "some-other-server"], {**shim.env, "STOPDESK_CONFIG_FILE": str(config)})
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr.startswith("stopdesk-mcp: the MCP server 'git' is configured with another command")
