@@ -11,7 +11,7 @@ cancels is cancelled upstream and recorded (`client_cancel.py`); a call identica
 outcome the client never learned is held while that outcome is unknown, and refused once it is
 known to have taken effect (`retry_gate.py`); under readiness `enforce`, tools that are not ready
 are left out of `tools/list` and refused (`readiness.py`). Each item records the upstream's
-JSON-RPC id of the call once it was sent (`upstream_request_id`, Streamable HTTP upstreams)."""
+JSON-RPC id of the call once it was sent (`upstream_request_id`, on either transport)."""
 
 from __future__ import annotations
 
@@ -159,8 +159,12 @@ class UpstreamGateway:
 
     def _register(self, *, caller: Caller, facts: dict[str, Any]) -> tuple[int, WorkItem]:
         task_id = self.tasks.task_for(caller)
-        identical = {"task_id": task_id, "upstream": self.spec.name, "tool": facts["tool"]}
-        identical["arguments_sha256"] = facts["arguments_sha256"]
+        identical = {
+            "task_id": task_id,
+            "upstream": self.spec.name,
+            "tool": facts["tool"],
+            "arguments_sha256": facts["arguments_sha256"],
+        }
         with transaction.atomic():  # the gate's check and the registration, as one
             if facts["tool"] not in self.spec.idempotent_tools:
                 gate_lock(**identical)
@@ -239,8 +243,8 @@ class UpstreamGateway:
 
 @dataclass(frozen=True)
 class UpstreamId:
-    """The upstream's JSON-RPC id of an item's call (None when it was not sent, or the transport
-    does not tell: stdio), to be recorded with the gateway's facts of the call."""
+    """The upstream's JSON-RPC id of an item's call (None when it was not sent), to be recorded
+    with the gateway's facts of the call."""
 
     item_id: int
     facts: dict[str, Any]
