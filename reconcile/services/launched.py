@@ -34,7 +34,13 @@ from reconcile.mechanisms import registry
 from reconcile.mechanisms.http.adapter import HttpOperation
 from stopdesk.models import WorkItem, pluralize
 from stopdesk.record_ids import record_id_problem
-from stopdesk.services.items import item_attach_record, item_finish, item_record_detail, item_register
+from stopdesk.services.items import (
+    item_attach_record,
+    item_finish,
+    item_note_evidence,
+    item_record_detail,
+    item_register,
+)
 from stopdesk.services.transitions import item_late_result_record, item_transition
 from stopdesk.states import TERMINAL, Effect, ItemState, Kind
 
@@ -96,6 +102,8 @@ def launched_outcome(call: dict[str, Any]) -> tuple[str, str]:
         return S.COMPLETED, "ran on the provider's side; not known to be read-only, so it may have changed something"
     if call.get("read_only"):
         return S.CANCELLED, f"read-only, {status or 'unfinished'} when the response stopped; nothing to undo"
+    if status == "incomplete":
+        return S.UNCERTAIN, "the provider reports it incomplete: it ended partway and may have acted"
     return S.UNCERTAIN, f"the provider was still running it ({status or 'no status'}); it may have acted"
 
 
@@ -257,6 +265,9 @@ def _child_follow(parent: WorkItem, child: WorkItem, call: dict[str, Any], actor
         detail["effect"] = effect.told(after_stop=after_stop)
     item_record_detail(item_id=child.pk, detail=detail, actor=actor)
     if state == child.state:
+        if state == S.UNCERTAIN:  # still unknown, but no longer "still running": say what ended it
+            ended = {"status": call.get("status"), "why": why, "read_back": read_back}
+            item_note_evidence(item_id=child.pk, evidence={"launched_ended": ended}, actor=actor, message=why)
         return
     outcome = f"{FINISHED_AFTER_STOP}: {why}"[:200] if after_stop else why
     evidence = {"launched_by": parent.handle, "status": call.get("status"), "read_back": read_back}

@@ -203,6 +203,64 @@ def test_a_call_recorded_at_one_read_back_follows_what_a_later_one_reports(
     assert f"{'One record' if n == 'one' else f'{n} records'} updated by a hosted tool after Stop;" in summary
 
 
+ENDED_OTHERWISE = Script.build(
+    "ended-otherwise",
+    [
+        Turn(
+            mcp_calls=(
+                HostedMcpCall(
+                    "crm",
+                    "update_record",
+                    {"id": "acc-2"},
+                    status="calling",
+                    final_status="failed",
+                    error="conflict: the record changed",
+                ),
+                HostedMcpCall("crm", "archive_record", {"id": "acc-3"}, status="calling", final_status="incomplete"),
+            ),
+            text="working on it",
+        )
+    ],
+)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_call_the_provider_later_reports_failed_or_incomplete_is_recorded_as_it_ended(
+    path, openai_party, django_capture_on_commit_callbacks
+):
+    """Two calls the provider was still running at the cancelled read-back (uncertain), then
+    reported ended otherwise: one failed (settled failed with its error's text, no effect, no
+    review), one incomplete (still uncertain, since it ended partway and may have acted, but no
+    longer told "still running")."""
+    task, items = _stopped(path, openai_party, ENDED_OTHERWISE, django_capture_on_commit_callbacks, flip=True)
+    assert {c.label: c.state for c in WorkItem.objects.filter(parent=items[0])} == {
+        "crm.update_record": S.UNCERTAIN,
+        "crm.archive_record": S.UNCERTAIN,
+    }
+
+    _read_back_after_the_flip(path, items)
+
+    for item in items:
+        failed = _child(item, "crm.update_record")
+        assert failed.state == S.FAILED and not _in_review(failed)
+        assert "the provider reports it failed" in failed.outcome and "conflict: the record changed" in failed.outcome
+        assert not ExternalRecord.objects.filter(item=failed).exists()
+        assert failed.detail["launched"]["status"] == "failed"
+        partway = _child(item, "crm.archive_record")
+        assert partway.state == S.UNCERTAIN and partway.investigate_by is not None and _in_review(partway)
+        assert partway.detail["launched"]["status"] == "incomplete"
+        assert partway.evidence["launched_ended"]["why"] == (
+            "the provider reports it incomplete: it ended partway and may have acted"
+        )
+        assert Event.objects.filter(item=partway, kind="evidence").exists()
+    summary = task_summary(task)
+    n = number_word(len(items)).capitalize()
+    calls = "hosted tool call" if n == "One" else "hosted tool calls"
+    assert f"{n} {calls} with unknown outcome; review required." in summary
+    assert f"{n} {calls} failed." in summary
+    assert "still running" not in summary and "stopped before" not in summary
+
+
 LATE = Script.build(
     "late",
     [

@@ -47,7 +47,8 @@ class HostedMcpCall:
 
     A background response shows it with `status` while it runs or once cancelled, and with
     `final_status` (default: the same) once the response has completed, a cancelled one that
-    flipped included. A `late` call is absent until then: the run launched it after the cancel."""
+    flipped included. Its `error` shows once its status says it has ended. A `late` call is absent
+    until then: the run launched it after the cancel."""
 
     server_label: str
     name: str
@@ -173,8 +174,14 @@ def hosted_item(m: HostedMcpCall) -> dict[str, Any]:
 
 
 def mcp_call_item(m: HostedMcpCall) -> dict[str, Any]:
-    # An MCP tool's error is its result's content: a list of content blocks.
-    error = {"type": "mcp_tool_execution_error", "content": [{"type": "text", "text": m.error}]} if m.error else None
+    # An MCP tool's error is its result's content: a list of content blocks. A call still running
+    # has no result yet, so its error shows only once it has ended.
+    running = m.status in ("calling", "in_progress")
+    error = (
+        {"type": "mcp_tool_execution_error", "content": [{"type": "text", "text": m.error}]}
+        if m.error and not running
+        else None
+    )
     return {
         "id": m.call_id,
         "type": "mcp_call",
