@@ -402,6 +402,32 @@ def test_task_not_found_right_after_creation_has_its_own_outcome(fast, speaking)
     assert "'task not found' for the task it had just created" in item.evidence["uncertain_because"]
 
 
+def test_a_task_deleted_after_its_cancel_while_its_work_lands_is_never_called_cancelled(fast, speaking, clock):
+    """The server acknowledges tasks/cancel, deletes the task, and lets its export run on and land
+    (the spec allows deletion at any time; cancellation is cooperative). The read-back finds no
+    task: that proves nothing, so the item stays uncertain with a deadline, for a person."""
+    party, url, _revision = speaking
+    party.set_fault(tools.TASKS_FORGET_ON_CANCEL, target=tools.EXPORT_REPORT)
+    task = make_task()
+    item = tool_item(task, noun="export")
+    task_id = start_export(item, url, 1)
+    stop(task)
+    item_cancel(item_id=item.pk)
+    owner_done(item)
+    assert party.counts.count("tasks/cancel", task_id) == 1
+    assert all(t["taskId"] != task_id for t in party.tasks())  # deleted after the acknowledgement
+    deadline = time.monotonic() + 10
+    while not party.effects(tools.EXPORT_REPORT):  # the export it did not stop lands
+        assert time.monotonic() < deadline, "the export never landed"
+        time.sleep(0.05)
+    clock.advance(60)
+    sweep_until_settled(clock, item)
+    item.refresh_from_db()
+    assert item.state == S.UNCERTAIN and item.investigate_by is not None, (item.state, item.outcome)
+    assert item.outcome == "task deleted after its cancel; investigate"
+    assert "a deletion proves nothing" in item.evidence["uncertain_because"]
+
+
 def test_duplicate_task_cancel_sends_one_tasks_cancel(fast, speaking, clock):
     party, url, _revision = speaking
     task = make_task()

@@ -66,6 +66,9 @@ EXPORT_FAIL = "export_fail"  # export_report ends with an isError result (task `
 TOOL_CALL_ERROR = "tool_call_error"  # tools/call answers a JSON-RPC error without running anything
 TASKS_DECLINE = "tasks_decline"  # 2026-07-28: the server answers an export at once, without a task
 TASKS_FORGET = "tasks_forget"  # a task is deleted right after it was created (the spec allows deletion at any time)
+# tasks/cancel is acknowledged, then the task is deleted while its export runs on and lands: the
+# read-back finds nothing, which proves nothing.
+TASKS_FORGET_ON_CANCEL = "tasks_forget_on_cancel"
 
 SLOW_LOOKUP = "slow_lookup"
 SLOW_WRITE = "slow_write"
@@ -145,7 +148,15 @@ class MCPToolServer(SandboxParty):
     """
 
     FAULTS: ClassVar[frozenset[str]] = frozenset(
-        {IGNORE_CANCEL, TASKS_IGNORE_CANCEL, EXPORT_FAIL, TOOL_CALL_ERROR, TASKS_FORGET, TASKS_DECLINE}
+        {
+            IGNORE_CANCEL,
+            TASKS_IGNORE_CANCEL,
+            EXPORT_FAIL,
+            TOOL_CALL_ERROR,
+            TASKS_FORGET,
+            TASKS_FORGET_ON_CANCEL,
+            TASKS_DECLINE,
+        }
     )
     CONFIG_FIELDS: ClassVar[tuple[str, ...]] = (
         "latency_s",
@@ -357,10 +368,16 @@ class MCPToolServer(SandboxParty):
     async def _tasks_cancel(
         self, ctx: ServerRequestContext[Any], params: types.CancelTaskRequestParams
     ) -> dict[str, Any]:
-        stop = not self.has_fault(TASKS_IGNORE_CANCEL, params.task_id)
+        forget = self.has_fault(TASKS_FORGET_ON_CANCEL, EXPORT_REPORT)
+        stop = not (forget or self.has_fault(TASKS_IGNORE_CANCEL, params.task_id))
+        session = "" if _modern(ctx) else _session_of(ctx)
         if _modern(ctx):
-            return self.task_registry.cancel_eventually(params.task_id, stop_work=stop)
-        return self.task_registry.cancel(params.task_id, _session_of(ctx), stop_work=stop)
+            answer = self.task_registry.cancel_eventually(params.task_id, stop_work=stop)
+        else:
+            answer = self.task_registry.cancel(params.task_id, session, stop_work=stop)
+        if forget:
+            self.task_registry.close_session(session, only=params.task_id, keep_working=lambda _: True)
+        return answer
 
     async def _tasks_result(
         self, ctx: ServerRequestContext[Any], params: types.GetTaskPayloadRequestParams

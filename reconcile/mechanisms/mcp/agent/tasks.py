@@ -310,6 +310,19 @@ async def _get(
             raise
         after = time.monotonic() - created
         detail = {"task_id": task_id, "tasks/get": f"-32602 {exc.error.message}"[:200], "cancel": cancel}
+        if cancel:  # the cancel was answered, so the task existed until then
+            return Observation(
+                Seen.UNKNOWABLE,
+                remote_status="-32602 after its cancel",
+                message=(
+                    "The server answered tasks/cancel, then no longer knew the task (it deleted it, "
+                    "which the spec allows at any time); a deletion proves nothing, and a cancel is "
+                    "only a request: whether the task's work ran on and took effect is unknown."
+                ),
+                detail=detail,
+                outcome="task deleted after its cancel; investigate",
+                cancel_sent=True,
+            )
         if after <= NOT_FOUND_AT_ONCE_S:
             return Observation(
                 Seen.UNKNOWABLE,
