@@ -26,7 +26,7 @@ import hashlib
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models import Exists, OuterRef, Q
 from django.urls import reverse
 
 from stopdesk.models import Event, WorkItem
@@ -34,6 +34,7 @@ from stopdesk.states import ItemState
 
 UNSETTLED = (ItemState.UNCERTAIN, ItemState.AWAITING_RECONCILIATION)
 IN_FLIGHT = (ItemState.QUEUED, ItemState.RUNNING)
+CANDIDATES = 50  # identical calls read at most; a task has few at once
 
 
 def gate_lock(*, task_id: int, upstream: str, tool: str, arguments_sha256: str) -> None:
@@ -49,26 +50,27 @@ def gate_lock(*, task_id: int, upstream: str, tool: str, arguments_sha256: str) 
 
 
 def earlier_blocking(*, task_id: int, upstream: str, tool: str, arguments_sha256: str) -> WorkItem | None:
-    """The first identical call of the task that holds or refuses this one, if any: one whose
-    outcome is not known yet, or one that was unknown and was found to have taken effect."""
+    """The first identical call of the task that holds or refuses this one, if any: one still in
+    flight (not read-only), one whose outcome is not known yet, or one that was unknown and was
+    found to have taken effect. One statement reads them all: an earlier call moving from running
+    to uncertain meanwhile is seen in one state or the other, never missed between two reads."""
     was_unsettled = Event.objects.filter(item=OuterRef("pk"), to_state__in=UNSETTLED)
-    identical = WorkItem.objects.filter(
-        task_id=task_id,
-        detail__gateway__upstream=upstream,
-        detail__gateway__tool=tool,
-        detail__gateway__arguments_sha256=arguments_sha256,
+    candidates = (
+        WorkItem.objects.filter(
+            task_id=task_id,
+            detail__gateway__upstream=upstream,
+            detail__gateway__tool=tool,
+            detail__gateway__arguments_sha256=arguments_sha256,
+        )
+        .annotate(was_unsettled=Exists(was_unsettled))
+        .filter(Q(state__in=(*UNSETTLED, *IN_FLIGHT)) | Q(state=ItemState.COMPLETED, was_unsettled=True))
+        .order_by("pk")[:CANDIDATES]
     )
-    unsettled = identical.filter(state__in=UNSETTLED)
-    took_effect = identical.filter(Exists(was_unsettled), state=ItemState.COMPLETED)
-    blocking = [*(unsettled | took_effect).order_by("pk")[:1], *_in_flight_writes(identical)]
-    return min(blocking, key=lambda item: item.pk, default=None)
-
-
-def _in_flight_writes(identical: QuerySet[WorkItem]) -> list[WorkItem]:
-    """Identical calls still in flight whose tool the upstream does not call read-only (a call
-    not yet described counts as a write). Read in Python: a task has few such calls at once."""
-    in_flight = identical.filter(state__in=IN_FLIGHT).order_by("pk")[:20]
-    return [item for item in in_flight if not _read_only(item)][:1]
+    for item in candidates:
+        if item.state in IN_FLIGHT and _read_only(item):
+            continue  # a read running beside its twin does no harm
+        return item
+    return None
 
 
 def _read_only(item: WorkItem) -> bool:
