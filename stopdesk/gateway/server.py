@@ -40,7 +40,6 @@ from reconcile.mechanisms.mcp.servers import (
     ServerConfigError,
     ServerSpec,
     configured_servers,
-    open_client,
 )
 from reconcile.mechanisms.registry import mechanism_settings
 from stopdesk.agent.aio import LedgerThreads, in_thread, ledger_threads
@@ -74,6 +73,7 @@ TOOK_EFFECT = -32094  # the retry gate: the identical earlier call is known to h
 CLIENT_INFO_META_KEY = "io.modelcontextprotocol/clientInfo"
 # Threads (each with its database connection) for the ledger calls of all calls in flight.
 LEDGER_THREADS = 8
+LISTING = 0  # the upstream connection tools/list is answered on, kept like a task's (no task has id 0)
 
 
 class UpstreamGateway:
@@ -120,7 +120,9 @@ class UpstreamGateway:
         return listing.model_copy(update={"tools": ready})
 
     async def _upstream_tools(self, cursor: str | None = None) -> types.ListToolsResult:
-        async with open_client(self.spec, timeout_s=self.timeout_s) as conn:
+        # On a connection kept for listings (a stdio server is then one process for every
+        # listing, not one started per tools/list), apart from any session's calls.
+        async with self.upstream.lend(LISTING) as conn:
             listing = await conn.client.list_tools(cursor=cursor)
         self.known_tools.update({tool.name: tool for tool in listing.tools})
         return listing

@@ -70,6 +70,12 @@ class Shim:
         lines = [json.loads(line) for line in self.wire_path.read_text().splitlines()]
         return [line["msg"] for line in lines if line["dir"] == "in" and line["msg"].get("method") == method]
 
+    def upstream_processes(self) -> set[int]:
+        """The upstream processes the shim started (each behind a tee of its own)."""
+        if not self.wire_path.exists():
+            return set()
+        return {json.loads(line)["pid"] for line in self.wire_path.read_text().splitlines()}
+
     def journal(self) -> list[tuple[str, str]]:
         if not self.journal_path.exists():
             return []
@@ -128,11 +134,15 @@ def test_tools_list_is_forwarded_and_every_call_goes_to_one_task(shim):
     async def body(client: Client) -> set[str]:
         listing = await client.list_tools()
         await client.call_tool(READ_VALUE, {"key": "a"})
+        await client.list_tools()
         await client.call_tool(READ_VALUE, {"key": "b"})
         return {tool.name for tool in listing.tools}
 
     assert shim.run(body) == {READ_VALUE, SLOW_LOOKUP, SLOW_WRITE}
     assert Task.objects.count() == 1 and WorkItem.objects.filter(task=Task.objects.get()).count() == 2
+    # Two server processes in all: one kept for listings, one for the session's calls; not one
+    # started per tools/list.
+    assert len(shim.upstream_processes()) == 2
 
 
 def test_the_task_option_files_the_calls_under_an_existing_task(shim):

@@ -48,8 +48,8 @@ def test_a_sessions_calls_share_one_upstream_connection(gateway):
     results = through_gateway(gateway.url, list_then_call_three_times, mode="auto", task_id=task.pk)
     assert [r.is_error for r in results] == [False, False, False]
     assert len(gateway.party.wire("tools/call")) == 3
-    # The client's tools/list is forwarded on a connection of its own; the three calls share one,
-    # which listed the tools once. Opened per call, it would have been four of each.
+    # The client's tools/list is forwarded on the connection kept for listings; the three calls
+    # share one, which listed the tools once. Opened per call, it would have been four of each.
     assert handshakes(gateway.party) == 2
     assert len(gateway.party.wire("tools/list")) == 2
     assert set(WorkItem.objects.values_list("state", flat=True)) == {ItemState.COMPLETED}
@@ -70,13 +70,16 @@ def test_a_call_stop_ends_runs_on_the_kept_connection_and_nothing_follows_it(gat
         )
     pressing.join()
     assert raised.value.error.code == STOPPED
-    assert handshakes(gateway.party) == 3  # the listing's; the stopped call ran on the kept one
+    # No new connection: the listing ran on the kept listing connection, the stopped call on the
+    # session's kept one.
+    assert handshakes(gateway.party) == 2
     # After the Stop the task's calls are refused as they are registered, before any upstream
-    # connection is taken: only the client's own listing reaches the upstream.
+    # connection is taken: only the client's own listing reaches the upstream, on its connection.
     with pytest.raises(MCPError) as refused:
         through_gateway(gateway.url, read, mode="auto", task_id=task.pk)
     assert refused.value.error.code == STOPPED
-    assert handshakes(gateway.party) == 4
+    assert handshakes(gateway.party) == 2
+    assert len(gateway.party.wire("tools/list")) == 3 + 1  # the client's three listings, the session's one
     assert len(gateway.party.wire("tools/call")) == 2
 
 
