@@ -281,6 +281,61 @@ def test_a_tool_interrupted_by_stop_settles_cancelled_when_stops_job_reached_it_
     assert "One report stopped before it finished." in task_summary(Task.objects.get(pk=task.id))
 
 
+class LateStarts(LocalRuntime):
+    """The runtime a slow network gives: a call's registration commits at once, but its answer
+    reaches the integration only once `arrive` is set (bounded)."""
+
+    def __init__(self, arrive: threading.Event) -> None:
+        super().__init__(actor="agent:test", dispatch=lambda ids: None)
+        self.arrive = arrive
+
+    def register_started(self, task_id: int, **kwargs: Any) -> Any:
+        item_id = super().register_started(task_id, **kwargs)
+        if kwargs.get("noun") == "report":
+            self.arrive.wait(10)
+        return item_id
+
+
+def test_a_tool_call_stopped_while_its_registration_answer_is_on_its_way_is_recorded_stopped(framework, model, runtime):
+    # The call is in the ledger, started, when Stop comes; the agent has not heard so yet, and
+    # Stop's cancel reaches the call while it waits for that answer. Its body never runs, and the
+    # record says it stopped: it was left "running", with nobody to report it (a full run's
+    # example saw "One report still being checked" under load).
+    party, url = model
+    name = party.load_script(
+        Script.build("first", [Turn(tool_calls=(ToolCall("slow_report", {"name": "Acme"}),)), Turn(text="done")])
+    )
+    late = LateStarts(threading.Event())
+    task = late.create_task("Report on Acme")
+    tools = Tools(slow_s=30)
+
+    def operator() -> None:
+        from django.db import connections
+
+        try:
+            deadline = time.monotonic() + 10
+            reports = WorkItem.objects.filter(task_id=task.id, noun="report", state=S.RUNNING)
+            while not reports.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            late.request_stop(task.id, reason="operator pressed Stop")
+            time.sleep(0.5)  # the run hears Stop and cancels the call, still waiting for its answer
+        finally:
+            late.arrive.set()
+            connections.close_all()
+
+    thread = threading.Thread(target=operator)
+    thread.start()
+    with pytest.raises(RunStopped):
+        run(framework, late, task.id, url, name, tools)
+    thread.join(5)
+
+    assert not tools.started.is_set()  # the body never ran
+    (tool,) = tools_of(task.id)
+    assert (tool.state, tool.outcome) == (S.CANCELLED, "slow_report: stopped before its body ran")
+    assert tool.cancel_requested_at is not None
+    assert "still being checked" not in task_summary(Task.objects.get(pk=task.id))
+
+
 def test_a_draft_stopped_mid_request_is_discarded_when_stops_job_reached_it_first(framework, model, runtime):
     party, url = model
     name = party.load_script(Script.build("thinking", [Turn(text="done", delay_s=30)]))

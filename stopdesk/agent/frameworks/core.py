@@ -411,8 +411,8 @@ class StopdeskRun:
         if declaration.http:
             detail["http"] = {"system": declaration.system, **declaration.http}
         external = declaration.external
-        try:
-            item_id = await self._register_started(
+        registration = asyncio.ensure_future(
+            self._register_started(
                 submit_key=key if external else "",
                 kind=kind or ("external_operation" if external else "local_worker"),
                 noun=noun_of(declaration.noun or f"{name} call"),
@@ -422,9 +422,18 @@ class StopdeskRun:
                 idempotency_key=key,
                 detail=detail,
             )
+        )
+        try:
+            item_id = await asyncio.shield(registration)
         except StopRequested:
             self.stop_seen()
             return stopped_result
+        except asyncio.CancelledError:
+            # Cancelled (Stop's cancel, most often) while the registration was on its way: the
+            # ledger may already hold the call as started, with nobody left to say how it ended.
+            # Its body never ran; the answer is awaited apart and the call recorded stopped.
+            self._later(self._settle_unstarted(registration, name), name)
+            raise
         flight = _InFlight(item_id, name, declaration, external, CallThreads(self.stop_flag))
         self._in_flight[call_id] = flight
         scope = CALL.set(flight.calls)
@@ -508,6 +517,22 @@ class StopdeskRun:
             # The run's item was settled while this result was being written (the run ended
             # before its writes did): its check may not have seen this result, so check again.
             await self._call("task_settle_check", self.task_id)
+
+    async def _settle_unstarted(self, registration: asyncio.Future[int], name: str) -> None:
+        """A call cancelled before its registration answered: once it does, the item (started at
+        the boundary, its body never run) is recorded stopped. A boundary that refused it recorded
+        it already."""
+        try:
+            item_id = await registration
+        except StopRequested:
+            return
+        except Exception:
+            log.exception("could not learn whether the cancelled %s call was recorded", name)
+            return
+        try:
+            await self._stopped(item_id, _clip_text(f"{name}: stopped before its body ran"))
+        except Exception:
+            log.exception("could not record the cancelled %s call (item %s)", name, item_id)
 
     async def _settle_interrupted(self, flight: _InFlight, why: str) -> None:
         try:
