@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import wraps
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, OperationalError, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -59,6 +59,9 @@ class Operation:
 
 
 OPERATIONS: list[Operation] = []
+# deadlock_detected, serialization_failure: the transaction was rolled back whole; run it again.
+VICTIM_SQLSTATES = frozenset({"40P01", "40001"})
+VICTIM_RETRIES = 3
 
 
 def endpoint(
@@ -136,7 +139,8 @@ def _serve(
     sd = LocalRuntime(runtime=runtime)
     if not atomic:
         return JsonResponse(fn(sd, args, key, **ids).to_json(), status=status)
-    for attempt in (1, 2):
+    conflicts = 0
+    for attempt in range(1, VICTIM_RETRIES + 2):
         refused: StopRequested | None = None
         try:
             with transaction.atomic():
@@ -149,8 +153,16 @@ def _serve(
         except IntegrityError:
             # A concurrent request won a unique key (Idempotency-Key, external record). Everything
             # was rolled back; once more sees its committed result.
-            if attempt == 2:
+            conflicts += 1
+            if conflicts == 2:
                 raise
+        except OperationalError as exc:
+            # PostgreSQL chose this request's transaction as a deadlock (or serialization) victim
+            # and rolled it back whole, its after-commit work included: nothing happened, so it is
+            # run again rather than answered 500 (a runtime's report lost to a lock race).
+            if getattr(exc.__cause__, "sqlstate", None) not in VICTIM_SQLSTATES or attempt > VICTIM_RETRIES:
+                raise
+            log.warning("runtime API %s %s: %s; running it again", request.method, request.path, exc)
     if refused is not None:
         facts = {f"stopdesk.{k}.id": v for k, v in refused.extra.items() if k in ("task", "item")}
         span_event("stopdesk.boundary_refused", facts)
