@@ -220,13 +220,17 @@ def test_stop_during_a_slow_tool_cancels_it_and_its_cleanup_runs(framework, mode
     assert the_run.cancel_requested_at is not None and not the_run.needs_review
 
 
-class LateReports(LocalRuntime):
-    """The runtime a slow network gives: the integration's report of a stopped call reaches the
-    ledger only once `arrive` is set (bounded), after whatever the server did meanwhile."""
+class SlowNetwork(LocalRuntime):
+    """The runtime a slow network gives: what a subclass delays waits for `arrive` (bounded)."""
 
     def __init__(self, arrive: threading.Event) -> None:
         super().__init__(actor="agent:test", dispatch=lambda ids: None)
         self.arrive = arrive
+
+
+class LateReports(SlowNetwork):
+    """The integration's report of a stopped call reaches the ledger only once `arrive` is set,
+    after whatever the server did meanwhile."""
 
     def report_stopped(self, item_id: int, *, detail: str = "") -> None:
         self.arrive.wait(10)
@@ -281,13 +285,9 @@ def test_a_tool_interrupted_by_stop_settles_cancelled_when_stops_job_reached_it_
     assert "One report stopped before it finished." in task_summary(Task.objects.get(pk=task.id))
 
 
-class LateStarts(LocalRuntime):
-    """The runtime a slow network gives: a call's registration commits at once, but its answer
-    reaches the integration only once `arrive` is set (bounded)."""
-
-    def __init__(self, arrive: threading.Event) -> None:
-        super().__init__(actor="agent:test", dispatch=lambda ids: None)
-        self.arrive = arrive
+class LateStarts(SlowNetwork):
+    """A call's registration commits at once, but its answer reaches the integration only once
+    `arrive` is set."""
 
     def register_started(self, task_id: int, **kwargs: Any) -> Any:
         item_id = super().register_started(task_id, **kwargs)
