@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-faults test-sqlite soak bench lint format lock clean reference-servers fuzz-steering
+.PHONY: run test test-faults test-sqlite soak bench lint format lock clean reference-servers fuzz-steering crewai-venv
 
 $(STAMP): requirements.lock
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -78,6 +78,18 @@ $(REF)/node_modules/.installed: $(REF)/package.json $(REF)/package-lock.json
 $(REF)/git-venv/.installed: $(REF)/git-server.lock $(STAMP)
 	@test -x $(REF)/git-venv/bin/python || $(PY) -m venv $(REF)/git-venv
 	$(REF)/git-venv/bin/python -m pip install --quiet --disable-pip-version-check -r $(REF)/git-server.lock
+	@touch $@
+
+## The CrewAI agent side, in a venv of its own: no crewai release installs beside the server's
+## pins (it needs mcp<2 and openai<3). Its agent talks to a stopdesk server over HTTP, so it needs
+## only the client side of this repository (on its path, without dependencies) and its own lock.
+CREWAI := tests/frameworks_venvs
+crewai-venv: $(CREWAI)/crewai/.installed
+
+$(CREWAI)/crewai/.installed: $(CREWAI)/crewai.lock
+	@test -x $(CREWAI)/crewai/bin/python || $(PYTHON) -m venv $(CREWAI)/crewai
+	$(CREWAI)/crewai/bin/python -m pip install --quiet --disable-pip-version-check -r $(CREWAI)/crewai.lock
+	$(CREWAI)/crewai/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	@touch $@
 
 clean:
