@@ -1,5 +1,6 @@
 """Each framework example in docs/examples runs as written, in its own process, against a live
-server and the sandbox's scripted model: once to the end, and once stopped while a tool works."""
+server and the sandbox's scripted model: once to the end, and once stopped while a tool works. The
+CrewAI one runs in the CrewAI venv (`make crewai-venv`): crewai cannot be installed beside the server."""
 
 from __future__ import annotations
 
@@ -13,11 +14,25 @@ import pytest
 
 from stopdesk.client import Client
 from stopdesk.services.runtimes import runtime_create
+from tests.frameworks_venvs import CREWAI_PYTHON
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = ["openai_agents_agent.py", "pydantic_ai_agent.py", "langgraph_agent.py"]
+EXAMPLES = [
+    "openai_agents_agent.py",
+    "pydantic_ai_agent.py",
+    "langgraph_agent.py",
+    pytest.param("crewai_agent.py", marks=pytest.mark.crewai),
+]
+# The Python each example runs with: the CrewAI one has a venv of its own.
+PYTHON = {"crewai_agent.py": str(CREWAI_PYTHON)}
+# CrewAI ends between steps: after the report is stopped, it still asks the model once more, and
+# that request, refused, is recorded as a discarded draft.
+STOPPED_SUMMARY = {
+    "crewai_agent.py": "Stopped new work. One draft discarded. One agent run stopped before it finished. "
+    "One report stopped before it finished. Two drafts completed. Two lookups completed."
+}
 
 
 def _run(example: str, url: str, token: str, model_url: str, step_seconds: str) -> subprocess.Popen[str]:
@@ -31,7 +46,7 @@ def _run(example: str, url: str, token: str, model_url: str, step_seconds: str) 
     }
     env.pop("MODEL", None)
     return subprocess.Popen(
-        [sys.executable, str(ROOT / "docs" / "examples" / example)],
+        [PYTHON.get(example, sys.executable), str(ROOT / "docs" / "examples" / example)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -71,10 +86,10 @@ def test_the_example_stops_when_stop_is_pressed(example, live_server, model):
     assert agent.returncode == 0, err
     lines = out.strip().splitlines()
     assert lines[-2] == "stopped: the run ended and no tool ran after Stop"
-    assert (
-        lines[-1]
-        == "Stopped new work. One agent run stopped before it finished. One report stopped before it finished. "
-        "Two drafts completed. Two lookups completed."
+    assert lines[-1] == STOPPED_SUMMARY.get(
+        example,
+        "Stopped new work. One agent run stopped before it finished. One report stopped before it finished. "
+        "Two drafts completed. Two lookups completed.",
     )
 
 
