@@ -16,6 +16,11 @@ integration.run_queries_per_run.<framework>   the same for the run's own item (r
     the boundary when the run begins), once per run, apart from the tool calls'.
 integration.queries_per_tool_call.<framework>   every statement the integration sent in that run
     (tool calls, model requests, results, the run's item, the Stop watch), per tool call.
+integration.overhead_ratio.crewai   the same 20-tool-call run with a CrewAI crew, which cannot be
+    installed beside the server: the crew runs in its own venv (`make crewai-venv`) and process
+    (stopdrill/crewai_child.py), recording over HTTP into the deployed shape on loopback (gunicorn
+    and the watch server, `bench.deployed`); that process times plain and recorded kickoffs,
+    alternating, median of REPEATS each. Results durable (the default).
 """
 
 from __future__ import annotations
@@ -228,4 +233,59 @@ def run() -> list[Figure]:
             figures.append(Figure(f"integration.run_queries_per_run.{name}", run_item, "queries", target=1))
             every = sum(counted.by_method.values()) / TOOL_CALLS
             figures.append(Figure(f"integration.queries_per_tool_call.{name}", every, "queries"))
+        figures.extend(_crewai(base_url, model))
     return figures
+
+
+def _crewai(base_url: str, model: str) -> list[Figure]:
+    """The CrewAI figure: its crew in its own venv and process, over HTTP (see the module's doc)."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    from bench.deployed import deployed
+    from stopdesk.client import Client
+    from stopdesk.models import WorkItem
+    from stopdesk.services.runtimes import runtime_create
+    from stopdrill.drills.frameworks import CREWAI_CHILD, crewai_python
+
+    python = crewai_python()
+    if python is None:
+        print("# integration.overhead_ratio.crewai not measured: the CrewAI venv is not built (make crewai-venv)")
+        return []
+    token = runtime_create(name="bench-crewai", actor="bench")[1]
+    with deployed() as server, Client(server.web_url, token) as client:
+        task_ids = [client.create_task(f"bench crewai {n}").id for n in range(REPEATS)]
+        config = {
+            "stopdesk_url": server.web_url,
+            "token": token,
+            "model_url": base_url,
+            "model": model,
+            "tools": ["work"],
+            "max_iter": TOOL_CALLS + 5,
+            "bench": {"task_ids": task_ids, "tool_s": TOOL_S},
+        }
+        done = subprocess.run(
+            [str(python), str(CREWAI_CHILD), json.dumps(config)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=Path(__file__).resolve().parents[1],
+        )
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    timed = next((line for line in lines if line["event"] == "bench"), None)
+    if done.returncode != 0 or timed is None:
+        raise RuntimeError(f"the CrewAI bench process failed: {done.stderr[-2000:]}")
+    for task_id in task_ids:
+        tools = (
+            WorkItem.objects.filter(task_id=task_id, kind="local_worker", state="completed")
+            .exclude(noun="agent run")
+            .count()
+        )
+        assert tools == TOOL_CALLS, f"crewai: {tools} tool calls recorded, expected {TOOL_CALLS}"
+    ratio = timed["recorded_s"] / timed["plain_s"]
+    return [
+        Figure("integration.overhead_ratio.crewai", ratio, "x", target=TARGET),
+        Figure("integration.run_s.crewai", timed["recorded_s"], "s"),
+        Figure("integration.run_s_plain.crewai", timed["plain_s"], "s"),
+    ]

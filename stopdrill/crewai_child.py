@@ -3,6 +3,7 @@ venv (`make crewai-venv`: crewai cannot be installed beside the server), against
 over HTTP and the sandbox's scripted model. The drills, the benchmark and the tests start it:
 
     tests/frameworks_venvs/crewai/bin/python stopdrill/crewai_child.py '<json config>'
+    tests/frameworks_venvs/crewai/bin/python stopdrill/crewai_child.py --stdin   # says "ready", reads the config
 
 It imports nothing of Django: only crewai, httpx and stopdesk's client side. It prints one JSON line
 per event (`tool_started`, `tool_returned`, `end`) so whoever started it can follow it. Config keys:
@@ -212,7 +213,12 @@ async def bench(config: dict[str, Any]) -> int:
 
 
 def main() -> int:
-    config = json.loads(sys.argv[1])
+    if sys.argv[1] == "--stdin":
+        # Started ahead of its work (CrewAI takes seconds to import): ready, then the config.
+        say("ready")
+        config = json.loads(sys.stdin.readline())
+    else:
+        config = json.loads(sys.argv[1])
     return asyncio.run(bench(config) if config.get("bench") else run(config))
 
 

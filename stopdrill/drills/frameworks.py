@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
+from pathlib import Path
 from typing import Any, ClassVar
 
 import httpx
@@ -29,6 +32,19 @@ from stopdesk.states import Kind
 from stopdrill.drills.agent import crm_declaration
 from stopdrill.drills.core import Child, DrillContext, wait_until
 from stopdrill.drills.drivers import AGENT, REVIEW, Driver, _arrived, _sandbox, _task, register_driver, wait_done
+
+# The CrewAI agent side: its own venv (crewai cannot be installed beside the server), started as a
+# process that talks to this one over HTTP. STOPDESK_CREWAI_PYTHON names another venv's python.
+CREWAI_CHILD = Path(__file__).resolve().parents[1] / "crewai_child.py"
+CREWAI_VENV_PYTHON = Path(__file__).resolve().parents[2] / "tests" / "frameworks_venvs" / "crewai" / "bin" / "python"
+
+
+def crewai_python() -> Path | None:
+    """The python of the CrewAI venv (`make crewai-venv`), or None when it is not built."""
+    named = os.environ.get("STOPDESK_CREWAI_PYTHON")
+    python = Path(named) if named else CREWAI_VENV_PYTHON
+    return python if python.exists() else None
+
 
 SCRIPT = Script.build("drill-lead", [Turn(tool_calls=(ToolCall("create_lead", {"name": "Acme"}),)), Turn(text="done")])
 
@@ -93,11 +109,16 @@ class FrameworkDriver(Driver):
 
         child = Child(0, lambda: None, key=key)
 
+        lead = {"key": key, "base": base, "timeout": timeout, "system": declaration["system"]}
+        lead["http"] = declaration["http"]
+
         def run() -> Any:
 
             declare(create_lead, **declaration)
             runtime = LocalRuntime(actor="drill:agent", dispatch=lambda ids: None)
             try:
+                if self.out_of_process:
+                    return self.run_process(task.pk, model_url, model, lead)
                 return asyncio.run(self.run_agent(runtime, task.pk, model_url, model, create_lead))
             except RunStopped:
                 return "stopped"
@@ -107,7 +128,13 @@ class FrameworkDriver(Driver):
         child.run = run
         return ctx.add(child)
 
+    # A framework that cannot be installed beside the server runs in a process of its own.
+    out_of_process: ClassVar[bool] = False
+
     async def run_agent(self, runtime: Any, task_id: int, base_url: str, model: str, tool: Any) -> Any:
+        raise NotImplementedError
+
+    def run_process(self, task_id: int, base_url: str, model: str, lead: dict[str, Any]) -> Any:
         raise NotImplementedError
 
     @staticmethod
@@ -217,3 +244,95 @@ class LangGraphDriver(FrameworkDriver):
         messages = {"messages": [{"role": "user", "content": "Add Acme as a lead"}]}
         state = await run_agent(runtime, task_id, graph, messages, poll_s=0.05)
         return state["messages"][-1].content
+
+
+@register_driver
+class CrewAIDriver(FrameworkDriver):
+    """The crew runs in the CrewAI venv, as its own process (stopdrill/crewai_child.py), recording
+    over HTTP into this process's stopdesk, served on loopback for the drill. The process is started
+    with the drill's child and waits, imported, for its config: CrewAI takes seconds to import."""
+
+    mechanism = "crewai"
+    tool = "crewai (crm lead)"
+    out_of_process = True
+
+    def child(self, ctx: DrillContext, variant: str) -> Child:
+        import subprocess
+
+        python = crewai_python()
+        if python is None:
+            raise RuntimeError("the CrewAI venv is not built: run `make crewai-venv`")
+        command = [str(python), str(CREWAI_CHILD), "--stdin"]
+        process = subprocess.Popen(  # noqa: S603 - our own venv and script
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        server = _StopdeskServer()
+        self.ready = (process, server)
+        ctx.cleanups.append(lambda: _close(process, server))
+        assert process.stdout is not None
+        if json.loads(process.stdout.readline() or "{}").get("event") != "ready":
+            raise RuntimeError(f"the CrewAI process did not start: {process.stderr.read() if process.stderr else ''}")
+        return super().child(ctx, variant)
+
+    def run_process(self, task_id: int, base_url: str, model: str, lead: dict[str, Any]) -> Any:
+        from stopdesk.services.runtimes import runtime_create
+
+        process, server = self.ready
+        # The drill made its task for its in-process runtime; the crew's token is a runtime of its own.
+        token = runtime_create(name=f"drill-crewai-{task_id}-{process.pid}", actor=AGENT)[1]
+        _adopt(task_id, token)
+        config = {
+            "stopdesk_url": server.url,
+            "token": token,
+            "task_id": task_id,
+            "model_url": base_url,
+            "model": model,
+            "tools": ["create_lead"],
+            "lead": lead,
+        }
+        out, err = process.communicate(json.dumps(config) + "\n", timeout=120)
+        events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        end = next((e for e in events if e["event"] == "end"), {"outcome": "failed", "error": err[-500:]})
+        if end["outcome"] == "stopped":
+            raise RunStopped(f"Task {task_id} was stopped.")
+        if end["outcome"] != "completed":
+            raise RuntimeError(f"the crew failed: {end.get('error')}")
+        return end["output"]
+
+
+def _close(process: Any, server: _StopdeskServer) -> None:
+    if process.poll() is None:
+        process.kill()
+        process.wait(10)
+    server.stop()
+
+
+class _StopdeskServer:
+    """This process's stopdesk API on loopback for the crew's process: Django's threaded server,
+    whose request threads close their database connections as they end."""
+
+    def __init__(self) -> None:
+        from django.contrib.staticfiles.handlers import StaticFilesHandler
+        from django.test.testcases import LiveServerThread
+
+        self.thread = LiveServerThread("127.0.0.1", StaticFilesHandler, port=0)
+        self.thread.daemon = True
+        self.thread.start()
+        self.thread.is_ready.wait(10)
+        if self.thread.error:
+            raise self.thread.error
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.thread.port}"
+
+    def stop(self) -> None:
+        self.thread.terminate()
+
+
+def _adopt(task_id: int, token: str) -> None:
+    """The crew's runtime takes the drill's task over (a task answers its own runtime's token)."""
+    from stopdesk.models import Runtime, Task
+
+    runtime = Runtime.objects.get(token_hash=Runtime.hash_token(token))
+    Task.objects.filter(pk=task_id).update(runtime=runtime)

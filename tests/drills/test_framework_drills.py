@@ -1,5 +1,5 @@
 """stopdrill for agents built with a framework: each drill against a real OpenAI Agents SDK,
-pydantic-ai and LangGraph run on the drill sandbox, with the same invariants as the mechanisms
+pydantic-ai, LangGraph and CrewAI run on the drill sandbox, with the same invariants as the mechanisms
 (nothing after the boundary, every submitted action known or uncertain with a deadline)."""
 
 from __future__ import annotations
@@ -12,7 +12,11 @@ from stopdrill.drills.table import table
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
-@pytest.mark.parametrize("framework", ["openai-agents", "pydantic-ai", "langgraph"])
+@pytest.mark.parametrize(
+    "framework",
+    # CrewAI runs in its own venv and process (make crewai-venv), over HTTP.
+    ["openai-agents", "pydantic-ai", "langgraph", pytest.param("crewai", marks=pytest.mark.crewai)],
+)
 def test_every_drill_passes_for_the_framework(framework, drill_sandbox):
     report = run_drills(mechanisms=[framework], sandbox=drill_sandbox, store=False)
 
