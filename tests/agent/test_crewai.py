@@ -138,7 +138,8 @@ def test_a_crew_stopped_mid_tool_records_the_sync_tool_running_on_then_as_it_end
     # While the plain function runs on after Stop: still running, and the ledger says why.
     until(lambda: "uninterruptible" in crew.tools()[0].evidence)
     (tool,) = crew.tools()
-    assert crew.events.empty() or all(e["event"] != "tool_returned" for e in list(crew.events.queue))
+    # (read while the function still runs: it has not said it returned)
+    assert not any(e["event"] == "tool_returned" for e in [*crew.seen, *list(crew.events.queue)])
     assert (tool.state, tool.evidence) == (S.RUNNING, {"uninterruptible": UNINTERRUPTIBLE})
     running = crew.summary()
     assert "One export still running: it cannot be interrupted; waiting for it to finish." in running
@@ -151,13 +152,31 @@ def test_a_crew_stopped_mid_tool_records_the_sync_tool_running_on_then_as_it_end
     assert tool.finished_at >= tool.cancel_requested_at
     (run,) = [i for i in crew.items() if i.noun == "agent run"]
     assert run.state == S.CANCELLED and run.finished_at >= tool.finished_at
-    summary = crew.summary()
-    assert "One export completed." in summary and "export stopped" not in summary
-    assert summary.startswith("Stopped new work.") and "One agent run stopped before it finished." in summary
+    # The crew asked the model once more (the tool's answer said the task was stopped): refused.
+    assert crew.summary() == (
+        "Stopped new work. One draft discarded. One agent run stopped before it finished. "
+        "One draft completed. One export completed."
+    )
     assert len(party.model_log()) == 1  # the crew never took another step
-    print("LEDGER", [(i.id, i.kind, i.noun, i.label, i.state, i.outcome, i.evidence) for i in crew.items()])
-    print("RUNNING SUMMARY", running)
-    print("SUMMARY", summary)
+
+
+def test_a_sync_tool_that_checks_stop_requested_in_crewais_thread_ends_stopped(live_server, model):
+    party, url = model
+    name = party.load_script(
+        Script.build("crew-careful", [Turn(tool_calls=(ToolCall("careful_export", {"name": "Acme"}),)), Turn(text="x")])
+    )
+    crew = Crew(live_server, url, name, tools=["careful_export"], block_s=30.0)
+    crew.wait_for("tool_started", tool="careful_export")
+    began = time.monotonic()
+    crew.stop()
+
+    # It heard Stop inside its thread (stopdesk.stop_requested) and stopped, long before its 30 s.
+    returned = crew.wait_for("tool_returned", tool="careful_export")
+    assert time.monotonic() - began < 15
+    assert crew.end()["outcome"] == "stopped"
+    (tool,) = crew.tools()
+    assert (tool.state, tool.outcome) == (S.CANCELLED, f"careful_export: stopped after {returned['pages']} pages")
+    assert "One export stopped before it finished." in crew.summary()
 
 
 def test_an_async_tool_stopped_mid_call_is_cancelled(live_server, model):
