@@ -34,15 +34,34 @@ os.environ.update(
     CREWAI_DISABLE_VERSION_CHECK="true",
 )
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+LOOPBACK = ("127.", "::1", "localhost")
 
-import httpx
-from crewai import LLM, Agent, Crew, Task
-from crewai.tools import tool
 
-from stopdesk import stop_requested
-from stopdesk.agent.frameworks import RunStopped, ToolStopped, declare
-from stopdesk.agent.frameworks.crewai import run_crew
-from stopdesk.client import AsyncClient
+def _loopback_only(event: str, args: tuple[Any, ...]) -> None:
+    """Refuse, and say so, any connection or name lookup beyond this machine: the process talks to
+    the stopdesk server and the scripted model on loopback, and to nothing else."""
+    if event not in ("socket.connect", "socket.getaddrinfo"):
+        return
+    target = args[1] if event == "socket.connect" else args[0]
+    host = target[0] if isinstance(target, tuple) else target
+    if isinstance(host, bytes):
+        host = host.decode()
+    if not isinstance(host, str) or host.startswith(("/", *LOOPBACK)) or host == "":
+        return
+    print(json.dumps({"event": "network_refused", "host": host}), flush=True)
+    raise ConnectionRefusedError(f"this process reaches loopback only, not {host}")
+
+
+sys.addaudithook(_loopback_only)
+
+import httpx  # noqa: E402 - after the loopback guard
+from crewai import LLM, Agent, Crew, Task  # noqa: E402 - after the loopback guard
+from crewai.tools import tool  # noqa: E402 - after the loopback guard
+
+from stopdesk import stop_requested  # noqa: E402 - after the loopback guard
+from stopdesk.agent.frameworks import RunStopped, ToolStopped, declare  # noqa: E402 - after the loopback guard
+from stopdesk.agent.frameworks.crewai import run_crew  # noqa: E402 - after the loopback guard
+from stopdesk.client import AsyncClient  # noqa: E402 - after the loopback guard
 
 
 def say(event: str, **fields: Any) -> None:

@@ -55,7 +55,8 @@ class Crew:
         )
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         self.seen: list[dict[str, Any]] = []
-        threading.Thread(target=self._read, daemon=True).start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
 
     def _read(self) -> None:
         assert self.process.stdout is not None
@@ -80,10 +81,15 @@ class Crew:
         try:
             ended = self.wait_for("end", timeout)
             self.process.wait(timeout)
+            self.reader.join(5)
+            while not self.events.empty():
+                self.seen.append(self.events.get())
         finally:
             if self.process.poll() is None:
                 self.process.kill()
             self.operator.close()
+        # CrewAI never reached past loopback (its telemetry, tracing and version check are off).
+        assert not [e for e in self.seen if e["event"] == "network_refused"]
         err = self.process.stderr.read()[-3000:] if self.process.stderr else ""
         assert (self.process.returncode, ended["outcome"]) != (1, "failed"), f"{ended}\n{err}"
         assert self.process.returncode == 0, err
