@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 from django.conf import settings
@@ -25,7 +26,8 @@ def _on_redis() -> bool:
 _AVAILABLE = {
     "postgres": "reachable on 127.0.0.1",
     "redis": "reachable on 127.0.0.1",
-    "reference_servers": "installed (run `make reference-servers`)",
+    "reference_servers": "installed (`make test` installs them where npm is: apt-get install nodejs npm)",
+    "browser": "installed at /usr/bin/chromium (apt-get install chromium)",
 }
 
 
@@ -36,6 +38,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         "postgres": not _on_postgres(),
         "redis": not _on_redis(),
         "reference_servers": bool(reference_servers_missing()),
+        # Debian's Chromium, which tests/browser/conftest.py launches; Playwright's own download is never used.
+        "browser": not shutil.which("/usr/bin/chromium"),
     }
     for item in items:
         for marker, absent in missing.items():
