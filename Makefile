@@ -29,9 +29,10 @@ test: test-needs
 ## What the suite needs beyond the venv. Without npm or Chromium the tests that need them are
 ## skipped (with STOPDESK_REQUIRE_SERVICES=1, as in CI, they fail); one line says which and why.
 CHROMIUM := /usr/bin/chromium
-test-needs: $(STAMP)
-	@if command -v npm >/dev/null 2>&1; then $(MAKE) --no-print-directory reference-servers; else \
-		echo "make test: npm not found: the MCP reference-server tests will not run (apt-get install nodejs npm)"; fi
+NPM := $(shell command -v npm)
+test-needs: $(STAMP) $(if $(NPM),reference-servers)
+	@test -n "$(NPM)" || \
+		echo "make test: npm not found: the MCP reference-server tests will not run (apt-get install nodejs npm)"
 	@test -x $(CHROMIUM) || \
 		echo "make test: no Chromium at $(CHROMIUM): the browser tests will not run (apt-get install chromium)"
 
