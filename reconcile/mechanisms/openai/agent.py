@@ -11,6 +11,8 @@ import openai as sdk
 
 from reconcile.mechanisms.openai.adapter import client_for
 from reconcile.mechanisms.registry import mechanism_settings
+from reconcile.services.webhooks import webhook_wake_recorded
+from reconcile.tasks import wakes_dispatch
 from stopdesk.models import WorkItem
 from stopdesk.services.items import item_set_handle
 from stopdesk.services.transitions import item_submit
@@ -62,4 +64,6 @@ def response_create(
     # Only the id: the reconciler cancels and reads back at the configured endpoint, never at one
     # an item names (the server's key goes with it).
     item_set_handle(item_id=item_id, handle=response.id, actor=actor)
+    # A fast response's webhook can overtake the create's answer; it was kept, and is acted on now.
+    wakes_dispatch(webhook_wake_recorded(mechanism="openai", handle=response.id))
     return response
