@@ -71,7 +71,7 @@ def webhook_receive(*, delivery: Delivery) -> list[int] | None:
                 )
         except IntegrityError:
             return None  # the unique (provider, webhook_id): received before, or at this moment
-        ids = _wakeable(delivery.provider, delivery.handle)
+        ids = _wakeable(delivery.provider, delivery.handle, skip=_RECORDED_AS.get(delivery.event_type))
         if ids:
             ProviderWebhook.objects.filter(pk=row.pk).update(woke=len(ids))
     return ids
@@ -92,10 +92,17 @@ def webhook_wake_recorded(*, mechanism: str, handle: str) -> list[int]:
     return ids
 
 
-def _wakeable(mechanism: str, handle: str) -> list[int]:
-    return sorted(
-        _wakeable_items().filter(mechanism=mechanism, handle=handle).exclude(handle="").values_list("pk", flat=True)
-    )
+# A `response.cancelled` for an item already recorded cancelled asks for nothing a read-back could
+# add: the record already says it, and a later flip sends `response.completed`, which is read back.
+# The event only ever saves a read; it never settles anything.
+_RECORDED_AS = {"response.cancelled": S.CANCELLED}
+
+
+def _wakeable(mechanism: str, handle: str, skip: str | None = None) -> list[int]:
+    items = _wakeable_items().filter(mechanism=mechanism, handle=handle).exclude(handle="")
+    if skip is not None:
+        items = items.exclude(state=skip)
+    return sorted(items.values_list("pk", flat=True))
 
 
 def item_wake(*, item_id: int, actor: str = ACTOR, now: datetime | None = None) -> Result:

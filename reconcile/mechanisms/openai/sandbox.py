@@ -291,13 +291,16 @@ class OpenAIStandin(SandboxParty):
         if stored.status in RUNNING:
             elapsed = now - stored.started
             if elapsed >= stored.queue_s + stored.run_s:
-                self._set_status(stored, self._outcome(stored))
+                # Dated when the run ended on the clock, not when someone looked.
+                ended = time.time() - (elapsed - stored.queue_s - stored.run_s)
+                self._set_status(stored, self._outcome(stored), at=ended)
             elif elapsed >= stored.queue_s and stored.status == "queued":
                 self._set_status(stored, "in_progress")
         elif stored.status == "cancelled" and stored.flip_at is not None and now >= stored.flip_at:
             # The Azure case: termination was not guaranteed and the output arrived anyway.
+            flipped = time.time() - (now - stored.flip_at)
             stored.flip_at = None
-            self._set_status(stored, "completed")
+            self._set_status(stored, "completed", at=flipped)
 
     def _outcome(self, stored: StoredResponse) -> str:
         if self._has_fault_locked(FAIL, [stored.id]):
@@ -306,14 +309,14 @@ class OpenAIStandin(SandboxParty):
             return "incomplete"
         return "completed"
 
-    def _set_status(self, stored: StoredResponse, status: str) -> None:
+    def _set_status(self, stored: StoredResponse, status: str, at: float | None = None) -> None:
         stored.status = status
         stored.history.append(status)
         stored.error = None
         stored.incomplete_reason = None
         if status in TERMINAL:
-            stored.completed_at = time.time() if status == "completed" else None
-            stored.ended_at = time.time()
+            stored.ended_at = at or time.time()
+            stored.completed_at = stored.ended_at if status == "completed" else None
             if stored.background and self._sender is not None:
                 self._ended.append((status, stored.id))
         if status == "failed":
