@@ -157,8 +157,8 @@ def _the_openai_stand_ins_webhooks_reach_the_web_door(up: Up) -> None:
     httpx.post(f"{found[1]}/_control/responses/{handle}/finish", json={"status": "completed"}, timeout=10)
     deadline, rows, draft = time.monotonic() + 30, [], []
     while time.monotonic() < deadline:
-        rows = up.query(f"SELECT event_type FROM reconcile_providerwebhook WHERE handle = '{handle}'")  # noqa: S608
-        draft = up.query(f"SELECT state FROM stopdesk_workitem WHERE handle = '{handle}'")  # noqa: S608
+        rows = up.query(f"SELECT event_type FROM reconcile_providerwebhook WHERE handle = '{handle}'")
+        draft = up.query(f"SELECT state FROM stopdesk_workitem WHERE handle = '{handle}'")
         if rows and draft == [("completed",)]:
             break
         time.sleep(0.3)
