@@ -84,7 +84,8 @@ def webhook_wake_recorded(*, mechanism: str, handle: str) -> list[int]:
     if not handle:
         return []
     came = ProviderWebhook.objects.filter(provider=mechanism, handle=handle)
-    if not came.exists() or came.filter(woke__gt=0).exists():
+    woke = list(came.values_list("woke", flat=True))  # one probe on the create's path; usually none
+    if not woke or any(woke):
         return []
     ids = _wakeable(mechanism, handle)
     if ids:
