@@ -25,7 +25,7 @@ import base64
 import copy
 import statistics
 import time
-from typing import Any
+from typing import Any, cast
 
 from bench.harness import Figure
 
@@ -121,7 +121,7 @@ def run() -> list[Figure]:
     try:
         with (
             BackgroundServer(party.app, name="openai") as provider,
-            BackgroundServer(lambda: door, name="stopdesk") as web,
+            BackgroundServer(lambda: cast(Any, door), name="stopdesk") as web,
         ):
             base_url, door_url = provider.url + "/v1", web.url + "/hooks/openai"
             polling_reads, polling_p50, polling_p95 = _arm(
