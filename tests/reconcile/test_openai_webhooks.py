@@ -277,3 +277,25 @@ def test_a_redelivery_to_another_web_process_is_still_a_duplicate(hooks, live_se
     finally:
         second.terminate()
     assert attempts(item) == 1 and party.counts.count("retrieve", response_id) == 1
+
+
+def test_a_flip_of_an_unstored_response_is_recorded_before_the_response_is_gone(
+    hooks, django_capture_on_commit_callbacks
+):
+    """store=false: the provider keeps the response only a while after it ends. The flip's
+    webhook has it read back at once, long before the watch's first scheduled read."""
+    party, url = hooks
+    party.configure(unstored_retention_s=1.0)
+    party.run_s = 30.0
+    party.arm(faults.FLIP_TO_COMPLETED)
+    task = make_task()
+    item = item_register(task=task, kind=Kind.MODEL_REQUEST, noun="draft", actor="test", mechanism="openai")
+    response = response_create(item_id=item.pk, actor="agent", base_url=url, model="gpt-test", input="x", store=False)
+    item_cancel(item_id=stop(task, django_capture_on_commit_callbacks)[0])
+    item.refresh_from_db()
+    assert item.state == S.CANCELLED and item.next_check_at is not None  # the watch is scheduled
+    wait_for(lambda: WorkItem.objects.get(pk=item.pk).needs_review)
+    item.refresh_from_db()
+    assert item.evidence["late_result"]["reported"] == S.COMPLETED
+    time.sleep(1.2)
+    assert httpx.get(f"{url}/responses/{response.id}").status_code == 404  # gone now

@@ -332,3 +332,15 @@ def test_a_cancel_that_flips_sends_both_events(openai_standin: Standin) -> None:
             "response.cancelled",
             "response.completed",
         ]
+
+
+def test_an_unstored_background_response_is_not_found_once_its_retention_is_over(openai_standin: Standin) -> None:
+    party, server = openai_standin
+    party.configure(unstored_retention_s=0.3)
+    client = sdk(server)
+    kept, unstored = start(client, store=True), start(client, store=False)
+    assert wait_for(client, unstored.id, "completed") == "completed"  # readable while it is kept
+    time.sleep(0.5)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+    assert client.responses.retrieve(kept.id).status == "completed"

@@ -9,6 +9,9 @@ official `openai` SDK parses every answer, including the awkward parts:
   setting: 409 like ogx/Llama Stack (default) or the unchanged object like sglang;
 - there is no list endpoint, so a create whose answer was lost leaves an orphan that only
   the `/_control/responses` side channel (for tests, not for the code under test) can see;
+- a background response created with `store=false` is kept only about ten minutes after it ends
+  (`unstored_retention_s`), then its retrieve answers 404, so a read-back that comes too late finds
+  nothing;
 - with `webhook_url` and `webhook_secret` configured, each background response that ends sends
   OpenAI's `response.*` webhook there, signed, at least once, sometimes twice, in no particular
   order (`sandbox_hooks.py`); a ticker then moves responses on the clock, read or not;
@@ -140,6 +143,7 @@ class OpenAIStandin(SandboxParty):
         "webhook_secret",
         "webhook_duplicate_rate",
         "webhook_jitter_s",
+        "unstored_retention_s",
     )
     TICK_S = 0.01  # how often, with webhooks on, responses are moved on the clock
 
@@ -156,6 +160,7 @@ class OpenAIStandin(SandboxParty):
         webhook_secret: str = "",
         webhook_duplicate_rate: float = 0.0,
         webhook_jitter_s: float = 0.0,
+        unstored_retention_s: float = 600.0,
     ) -> None:
         super().__init__(latency_s=latency_s)
         self.queue_s = queue_s
@@ -171,6 +176,7 @@ class OpenAIStandin(SandboxParty):
         self.webhook_secret = webhook_secret
         self.webhook_duplicate_rate = webhook_duplicate_rate
         self.webhook_jitter_s = webhook_jitter_s
+        self.unstored_retention_s = unstored_retention_s
         self._ended: list[tuple[str, str]] = []  # (status, response id) not yet handed to the sender
         self._sender: WebhookSender | None = None
         self._hooks_apply()
@@ -391,7 +397,15 @@ class OpenAIStandin(SandboxParty):
             if stored is None or not (stored.store or stored.background):
                 return _not_found(response_id)
             self._advance(stored)
+            if self._gone(stored):
+                return _not_found(response_id)
             return JSONResponse(stored.to_json())
+
+    def _gone(self, stored: StoredResponse) -> bool:
+        """A background response created with store=false is kept only for polling: about ten
+        minutes after it ended (`unstored_retention_s`) it is not found. Caller holds the lock."""
+        ended = stored.ended_at
+        return not stored.store and ended is not None and time.time() - ended > self.unstored_retention_s
 
     async def _cancel(self, request: Request) -> JSONResponse:
         response_id = request.path_params["response_id"]
