@@ -8,12 +8,15 @@ Answers:
 - 200 for every verified delivery, whether the response is ours, unknown, or delivered before,
   with the same body: the answer says nothing about what stopdesk knows;
 - 400 with what was wrong (signature, timestamp, a header, the body) and nothing written;
+- 503 when the read-back cannot be queued (the broker is down): the delivery is not kept, so
+  OpenAI's retry is taken;
 - 503 while no secret is configured: the endpoint cannot tell OpenAI from anyone, so it takes
   nothing, and OpenAI keeps retrying until it is configured (polling covers the meantime).
 """
 
 from __future__ import annotations
 
+import logging
 from functools import cache
 from typing import Any
 
@@ -23,12 +26,13 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from reconcile.services.webhooks import Delivery, webhook_receive
+from reconcile.services.webhooks import Delivery, webhook_forget, webhook_receive
 from reconcile.tasks import wakes_dispatch
 
 # The event types that name a response; any other (batch, eval, ...) is acknowledged and ignored.
 RESPONSE_EVENTS = frozenset({"response.completed", "response.cancelled", "response.failed", "response.incomplete"})
 RECEIVED = {"received": True}
+log = logging.getLogger(__name__)
 LONGEST_ID = 200
 
 
@@ -68,9 +72,14 @@ def openai_webhook(request: HttpRequest) -> JsonResponse:
     webhook_id = request.headers["webhook-id"]
     if len(webhook_id) > LONGEST_ID:
         return _refuse("webhook-id is longer than 200 characters.", "webhook-id")
-    woken = webhook_receive(
-        delivery=Delivery(provider="openai", webhook_id=webhook_id, event_type=event_type, handle=response_id)
-    )
+    delivery = Delivery(provider="openai", webhook_id=webhook_id, event_type=event_type, handle=response_id)
+    woken = webhook_receive(delivery=delivery)
     if woken:
-        wakes_dispatch(woken)  # webhook_receive has committed
+        try:
+            wakes_dispatch(woken)  # webhook_receive has committed
+        except Exception:
+            # Not a 2xx, and not kept: OpenAI delivers it again later, and polling covers meanwhile.
+            log.exception("queueing the read-back of %s failed; the delivery is left for a retry", response_id)
+            webhook_forget(provider=delivery.provider, webhook_id=webhook_id)
+            return JsonResponse({"error": "The read-back could not be queued; deliver again later."}, status=503)
     return JsonResponse(RECEIVED)

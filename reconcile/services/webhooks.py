@@ -77,6 +77,12 @@ def webhook_receive(*, delivery: Delivery) -> list[int] | None:
     return ids
 
 
+def webhook_forget(*, provider: str, webhook_id: str) -> None:
+    """Drop a kept delivery whose read-back could not be queued (the broker is down), so that
+    the provider's redelivery is taken rather than answered as a duplicate."""
+    ProviderWebhook.objects.filter(provider=provider, webhook_id=webhook_id).delete()
+
+
 def webhook_wake_recorded(*, mechanism: str, handle: str) -> list[int]:
     """The items to read back because a delivery for `handle` arrived before any item had it as
     its handle (called once the handle is recorded). Empty when none came, or when one already

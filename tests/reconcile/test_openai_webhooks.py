@@ -299,3 +299,24 @@ def test_a_flip_of_an_unstored_response_is_recorded_before_the_response_is_gone(
     assert item.evidence["late_result"]["reported"] == S.COMPLETED
     time.sleep(1.2)
     assert httpx.get(f"{url}/responses/{response.id}").status_code == 404  # gone now
+
+
+def test_a_delivery_whose_read_back_cannot_be_queued_is_refused_and_not_kept(hooks, live_server):
+    """The broker is down: 503, and the delivery is not kept, so OpenAI's redelivery is taken."""
+    party, url = hooks
+    party.configure(webhook_url="")
+    item, response_id = running_draft(url)
+    saved = {k: celery_app.conf[k] for k in ("task_always_eager", "broker_url", "task_publish_retry")}
+    celery_app.conf.update(task_always_eager=False, broker_url="redis://127.0.0.1:9/0", task_publish_retry=False)
+    celery_app.pool.force_close_all()
+    try:
+        delivery = signed(event("response.completed", response_id), webhook_id="wh_later")
+        answer = httpx.post(live_server.url + "/hooks/openai", **delivery, timeout=30)
+    finally:
+        celery_app.conf.update(saved)
+        celery_app.pool.force_close_all()
+    assert answer.status_code == 503 and "deliver again" in answer.json()["error"]
+    assert not ProviderWebhook.objects.filter(webhook_id="wh_later").exists()
+    again = signed(event("response.completed", response_id), webhook_id="wh_later")
+    assert httpx.post(live_server.url + "/hooks/openai", **again).status_code == 200
+    assert ProviderWebhook.objects.get(webhook_id="wh_later").woke == 1 and attempts(item) == 1
