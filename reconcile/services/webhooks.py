@@ -30,7 +30,7 @@ from reconcile.mechanisms import registry
 from reconcile.mechanisms.base import ItemRef
 from reconcile.models import ProviderWebhook
 from reconcile.services.lease import lease_seconds
-from reconcile.services.reconcile import Result, attempt_apply, attempt_close, observe
+from reconcile.services.reconcile import Result, attempt_apply, attempt_close, choose_action, observe
 from stopdesk.models import CancellationAttempt, WorkItem
 from stopdesk.states import RECONCILABLE, ItemState
 
@@ -122,6 +122,10 @@ def item_wake(*, item_id: int, actor: str = ACTOR, now: datetime | None = None) 
         if item is None:
             return Result(item_id, "skipped", "", "")
         mechanism = registry.get(item.mechanism)
+        if choose_action(item, mechanism) == "cancel":
+            # Stop's cancel is still to be sent (or sent again): the canceller reads back right
+            # after it, and a hold here would make the canceller's claim skip the item.
+            return Result(item_id, "skipped", "", item.state)
         previous = item.next_check_at
         # Held past the read-back's timeout, so a sweep does not read it back at the same time.
         hold = now + timedelta(seconds=max(lease_seconds(), 2 * mechanism.settings.call_timeout_s))

@@ -320,3 +320,17 @@ def test_a_delivery_whose_read_back_cannot_be_queued_is_refused_and_not_kept(hoo
     again = signed(event("response.completed", response_id), webhook_id="wh_later")
     assert httpx.post(live_server.url + "/hooks/openai", **again).status_code == 200
     assert ProviderWebhook.objects.get(webhook_id="wh_later").woke == 1 and attempts(item) == 1
+
+
+def test_a_webhook_never_holds_a_stopped_item_from_its_cancel(hooks, live_server, django_capture_on_commit_callbacks):
+    """Stop is recorded and its cancel job not yet run when a delivery arrives: the delivery reads
+    nothing back, and the cancel job still claims the item, cancels and reads back."""
+    party, url = hooks
+    party.configure(webhook_url="")
+    party.run_s = 30.0
+    item, response_id = running_draft(url)
+    (stopped,) = stop(item.task, django_capture_on_commit_callbacks)
+    answer = httpx.post(live_server.url + "/hooks/openai", **signed(event("response.completed", response_id)))
+    assert answer.status_code == 200 and attempts(item) == 0
+    assert item_cancel(item_id=stopped).state == S.CANCELLED
+    assert party.counts.count("cancel", response_id) == 1
