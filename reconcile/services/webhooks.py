@@ -12,6 +12,8 @@ event's type is kept on the delivery's row and never reaches the record: the rea
 - One that finds it still running (or cannot reach the provider) changes nothing but its attempt
   row: the item keeps the schedule it had, so a stray or early delivery never starts a deadline
   on work nobody asked to stop, and never delays a cancel that is due. Polling stays the fallback.
+- A stopped item whose cancel is still to be sent is left to the canceller, whose read-back
+  follows the cancel: a wake-up never holds an item from it.
 - A delivery for a response no item has recorded yet (the webhook overtook the create's answer)
   is kept; recording the handle asks for the read-back then (`webhook_wake_recorded`).
 """
