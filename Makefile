@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-faults test-sqlite soak bench lint format lock clean reference-servers fuzz-steering
+.PHONY: run test test-faults test-sqlite soak bench lint format lock clean reference-servers oidc-provider fuzz-steering
 
 $(STAMP): requirements.lock
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -78,6 +78,15 @@ $(REF)/node_modules/.installed: $(REF)/package.json $(REF)/package-lock.json
 $(REF)/git-venv/.installed: $(REF)/git-server.lock $(STAMP)
 	@test -x $(REF)/git-venv/bin/python || $(PY) -m venv $(REF)/git-venv
 	$(REF)/git-venv/bin/python -m pip install --quiet --disable-pip-version-check -r $(REF)/git-server.lock
+	@touch $@
+
+## The OpenID Connect provider the single sign-on tests sign in through: node's oidc-provider
+## (npm, pinned in package-lock.json).
+OIDC := tests/oidc_provider
+oidc-provider: $(OIDC)/node_modules/.installed
+
+$(OIDC)/node_modules/.installed: $(OIDC)/package.json $(OIDC)/package-lock.json
+	cd $(OIDC) && npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
 
 clean:

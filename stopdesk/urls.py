@@ -13,5 +13,6 @@ urlpatterns = [
     path("notifications/email/", notify_views.email_choices, name="notify-email"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("stopdesk.api.urls")),
+    path("", include("stopdesk.sso.urls")),
     path("", include("stopdesk.views.urls")),
 ]

@@ -26,16 +26,19 @@ _AVAILABLE = {
     "postgres": "reachable on 127.0.0.1",
     "redis": "reachable on 127.0.0.1",
     "reference_servers": "installed (run `make reference-servers`)",
+    "oidc_provider": "installed (run `make oidc-provider`)",
 }
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from tests.oidc_provider import missing as oidc_provider_missing
     from tests.reference_servers import missing as reference_servers_missing
 
     missing = {
         "postgres": not _on_postgres(),
         "redis": not _on_redis(),
         "reference_servers": bool(reference_servers_missing()),
+        "oidc_provider": bool(oidc_provider_missing()),
     }
     for item in items:
         for marker, absent in missing.items():
