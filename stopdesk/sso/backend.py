@@ -14,6 +14,7 @@ from typing import Any
 import jwt
 import requests
 from django.contrib.auth import get_user_model
+from django.contrib.auth.hashers import make_password
 from django.contrib.auth.models import Group
 from django.core.exceptions import SuspiciousOperation
 from django.db import transaction
@@ -188,11 +189,12 @@ def person_signed_in(claims: dict[str, Any]) -> Any:
     roles_ensure()
     users = get_user_model()
     with transaction.atomic():
-        user = users._default_manager.select_for_update().filter(username=username).first()
-        if user is None:
-            user = users(username=username)
-            user.set_unusable_password()
-        elif user.has_usable_password():
+        # get_or_create: two first sign-ins of one person at once make one account.
+        user, created = users._default_manager.get_or_create(
+            username=username, defaults={"password": make_password(None)}
+        )
+        user = users._default_manager.select_for_update().get(pk=user.pk)
+        if not created and user.has_usable_password():
             raise SignInRefused(
                 "That name belongs to a local account",
                 f"A stopdesk account named {username} signs in with a password here, so single sign-on does not "

@@ -13,7 +13,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from django.contrib import auth
 from django.contrib.auth import BACKEND_SESSION_KEY
+from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils.deprecation import MiddlewareMixin
@@ -47,13 +49,16 @@ class SsoRecheck(SessionRefresh):
     def is_refreshable_url(self, request: HttpRequest) -> bool:
         return (
             provider.enabled()
-            and request.user.is_authenticated
-            and request.session.get(BACKEND_SESSION_KEY) == provider.BACKEND
+            and _came_through_provider(request)
             and request.path not in self.exempt_urls
             and not request.path.startswith("/static/")
         )
 
     def process_request(self, request: HttpRequest) -> HttpResponse | None:
+        if not provider.enabled() and _came_through_provider(request):
+            # Single sign-on was turned off: nobody can re-check this session's roles any more.
+            auth.logout(request)
+            return redirect_to_login(request.get_full_path())
         if not self.is_refreshable_url(request):
             return None
         if request.session.get("oidc_id_token_expiration", 0) > time.time():
@@ -71,6 +76,10 @@ class SsoRecheck(SessionRefresh):
             request.session["oidc_login_next"] = _page(request, request.headers.get("Referer", ""))
             return HttpResponseRedirect(response["Location"], status=303)
         return response  # type: ignore[no-any-return]
+
+
+def _came_through_provider(request: HttpRequest) -> bool:
+    return request.user.is_authenticated and request.session.get(BACKEND_SESSION_KEY) == provider.BACKEND
 
 
 def _page(request: HttpRequest, url: str) -> str:

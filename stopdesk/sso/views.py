@@ -140,6 +140,19 @@ class _Callback(OIDCAuthenticationCallbackView):
         state = request.GET.get("state")
         self.confirming = pending if pending and state and pending.get("state") == state else None
         error = request.GET.get("error")
+        if error and self.confirming is not None:
+            # A confirmation the person cancelled or the provider refused: nothing is approved, and
+            # the session goes on as it was (its own re-check is the middleware's).
+            request.session.pop(REAUTH_PENDING, None)
+            states = request.session.get("oidc_states", {})
+            states.pop(state, None)
+            request.session["oidc_states"] = states
+            return problem(
+                request,
+                "Your sign-in was not confirmed",
+                f"{provider.name()} answered {error}; nothing was approved. Go back and confirm again.",
+                403,
+            )
         if error:
             was_signed_in = request.user.is_authenticated
             super().get(request)  # drops the state and signs out, as the library does

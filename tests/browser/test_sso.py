@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from django.contrib.auth.models import User
 
 from stopdesk.sso import provider as sso_provider
+from stopdesk.states import CompensationState
 from tests.oidc_provider import CLIENT_ID, CLIENT_SECRET, KID, TestProvider, running
 from tests.web.conftest import system_url
 from tests.web.scenes import crm_effect, proposal
@@ -355,3 +356,25 @@ def test_a_local_account_is_never_taken_over_by_a_provider_name(live_server, con
     page.get_by_role("heading", name="That name belongs to a local account").wait_for()
     page.goto(f"{live_server.url}/tasks/")
     page.wait_for_url(re.compile(r"/login/"))
+
+
+def test_a_confirmation_without_a_fresh_sign_in_does_not_count(live_server, idp, tampering, page, roles, crm):
+    """A provider that answers the confirmation without asking again (its auth_time from before
+    the request) approves nothing."""
+    from reconcile.models import Compensation
+
+    compensation = proposal(crm_effect(system_url("crm")), roles["reviewer"])
+    tampering.forge = lambda claims: jwt.encode(claims, idp.key, algorithm="RS256", headers={"kid": KID})
+    _sign_in(page, live_server.url, "dora")
+    page.wait_for_url(f"{live_server.url}/tasks/")
+    page.goto(f"{live_server.url}/compensations/{compensation.pk}/")
+    an_hour_ago = int(time.time()) - 3600
+    tampering.forge = lambda claims: jwt.encode(
+        {**claims, "auth_time": an_hour_ago}, idp.key, algorithm="RS256", headers={"kid": KID}
+    )
+    page.get_by_role("link", name=f"Confirm with {NAME}").click()
+    _sign_in_at_provider(page, "dora", PEOPLE["dora"]["password"])
+    page.get_by_role("heading", name="Your sign-in was not confirmed").wait_for()
+    page.goto(f"{live_server.url}/compensations/{compensation.pk}/")
+    assert page.get_by_role("button", name="Approve and run").count() == 0
+    assert Compensation.objects.get(pk=compensation.pk).state == CompensationState.PROPOSED

@@ -148,3 +148,12 @@ def test_a_password_session_is_never_sent_to_the_provider(sso_on, roles):
     client = Client()
     client.force_login(roles["operator"], backend="django.contrib.auth.backends.ModelBackend")
     assert client.get("/tasks/").status_code == 200
+
+
+def test_a_provider_session_ends_when_single_sign_on_is_turned_off(settings, roles):
+    settings.STOPDESK_OIDC = {}
+    client = Client()
+    client.force_login(roles["operator"], backend=sso_provider.BACKEND)
+    answer = client.get("/tasks/")
+    assert answer.status_code == 302 and answer["Location"].startswith("/login/")
+    assert "_auth_user_id" not in client.session
