@@ -220,7 +220,7 @@ def test_sign_out_ends_the_provider_session_too(live_server, configure, page):
     page.get_by_role("heading", name="Sign in to the test provider").wait_for()
 
 
-def test_an_approval_is_confirmed_by_a_fresh_sign_in_at_the_provider(live_server, configure, page, roles, crm):
+def test_an_approval_is_confirmed_by_a_fresh_sign_in_at_the_provider(live_server, configure, page, roles, crm, shots):
     from reconcile.models import Compensation
 
     compensation = proposal(crm_effect(system_url("crm")), roles["reviewer"])
@@ -229,6 +229,7 @@ def test_an_approval_is_confirmed_by_a_fresh_sign_in_at_the_provider(live_server
     started = time.time()
     page.goto(f"{live_server.url}/compensations/{compensation.pk}/")
     assert page.get_by_role("button", name="Approve and run").count() == 0  # no password here to enter
+    page.screenshot(path=str(shots / "sso-approval-confirm.png"), full_page=True)
     page.get_by_role("link", name=f"Confirm with {NAME}").click()
     # The provider asks again although its session is alive (prompt=login, max_age=0).
     _sign_in_at_provider(page, "dora", PEOPLE["dora"]["password"])
@@ -325,12 +326,13 @@ def test_the_same_token_re_signed_with_the_providers_key_is_accepted(live_server
     assert _groups("alice") == {"operators", "reviewers"}
 
 
-def test_a_provider_that_cannot_be_reached_is_explained_on_a_page(live_server, configure, page):
+def test_a_provider_that_cannot_be_reached_is_explained_on_a_page(live_server, configure, page, shots):
     configure(issuer="http://127.0.0.1:9")  # nothing listens on the discard port
     page.goto(f"{live_server.url}/login/")
     page.get_by_role("link", name=f"Sign in with {NAME}").click()
     page.get_by_role("heading", name="Single sign-on is not working").wait_for()
     assert "could not reach the provider" in page.locator("[role=alert]").inner_text()
+    page.screenshot(path=str(shots / "sso-provider-unreachable.png"), full_page=True)
     # Local accounts still sign in.
     page.get_by_role("link", name="Back to sign-in").click()
     page.get_by_label("Username").fill("operator")
