@@ -249,6 +249,16 @@ STOPDESK_MECHANISMS.setdefault("openai", {})["options"] = {
     "api_key": os.environ.get("OPENAI_API_KEY", ""),
 }
 
+# OpenAI's webhooks (POST /hooks/openai, reconcile/views_webhooks.py): the endpoint's signing
+# secret from OpenAI's dashboard (whsec_...). Unset, the endpoint answers 503 and stopdesk polls.
+# Set, they wake a read-back at once, so the openai mechanism's polling, now only the fallback,
+# is slower unless its timings are set: a still-running response is read again after 30 s, not
+# 5 s, and a `cancelled` is first re-read for a flip after 60 s.
+STOPDESK_OPENAI_WEBHOOK_SECRET = os.environ.get("OPENAI_WEBHOOK_SECRET", "").strip()
+if STOPDESK_OPENAI_WEBHOOK_SECRET:
+    STOPDESK_MECHANISMS["openai"].setdefault("recheck_interval_s", 30.0)
+    STOPDESK_MECHANISMS["openai"].setdefault("watch_first_s", 60.0)
+
 # Where agents watch for Stop: the watch server (docs/OPERATIONS.md, "Where watches go"). Set, the
 # web door answers its watch path at once with this address; empty, it serves watches itself.
 STOPDESK_WATCH_URL = config.watch_url()

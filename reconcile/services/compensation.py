@@ -109,7 +109,7 @@ def _propose(
 ) -> Compensation:
     """Inside the caller's transaction when it has one (proposing again closes the old one in it)."""
     with transaction.atomic():
-        record = ExternalRecord.objects.select_for_update().select_related("item").get(pk=record_id)
+        record = ExternalRecord.objects.select_for_update(of=("self",)).select_related("item").get(pk=record_id)
         if action not in {a.name for a in compensation_actions(record)}:
             raise CompensationRefused(f"{action!r} is not an action {record.system} offers for this record.")
         if _in_progress(record):

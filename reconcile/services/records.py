@@ -75,7 +75,11 @@ def record_read_answered(
             answered_at=timezone.now(), ok=ok, version=version, status=status[:64], fields=shown or {}, error=error
         )
         reading.refresh_from_db()
-        record = ExternalRecord.objects.select_for_update().select_related("item").get(pk=reading.external_record_id)
+        record = (
+            ExternalRecord.objects.select_for_update(of=("self",))
+            .select_related("item")
+            .get(pk=reading.external_record_id)
+        )
         if not ok:
             _event(record, "record_read_failed", reading.actor, f"Could not read it: {error}", reading)
             return reading
@@ -170,7 +174,10 @@ def records_accept_as_is(*, record_ids: Iterable[int], by: Any, note: str) -> li
         raise RecordDecisionRefused(f"Accept at most {BULK_LIMIT} effects at once.")
     with transaction.atomic():
         records = list(
-            ExternalRecord.objects.select_for_update().select_related("item").filter(pk__in=ids).order_by("pk")
+            ExternalRecord.objects.select_for_update(of=("self",))
+            .select_related("item")
+            .filter(pk__in=ids)
+            .order_by("pk")
         )
         if len(records) != len(ids):
             raise RecordDecisionRefused("Some of the chosen effects do not exist.")
@@ -195,7 +202,7 @@ def record_flag_for_reversal(*, record_id: int, by: Any, note: str = "") -> Reco
     if not by.has_perm(DECIDE_PERMISSION):
         raise RecordDecisionRefused("Putting an effect on the reversal list needs the reviewer role.")
     with transaction.atomic():
-        record = ExternalRecord.objects.select_for_update().select_related("item").get(pk=record_id)
+        record = ExternalRecord.objects.select_for_update(of=("self",)).select_related("item").get(pk=record_id)
         if record.decisions.filter(kind__in=(D.ACCEPTED, D.FLAGGED)).exists():
             raise RecordDecisionRefused("Someone already decided about this effect.")
         return _decide(record, D.FLAGGED, by, note.strip())

@@ -355,7 +355,9 @@ def item_attach_record(
     if (problem := record_id_problem(record_id)) is not None:
         raise InvalidRecordId(f"The record id {record_id[:80]!r} {problem}.")
     with transaction.atomic():
-        item = WorkItem.objects.select_for_update().select_related("task").get(pk=item_id)
+        # The item's row only (`of`): with its task joined, FOR UPDATE took the task row too, and
+        # every registration and Stop of the task queued behind a record being attached.
+        item = WorkItem.objects.select_for_update(of=("self",)).select_related("task").get(pk=item_id)
         _lock_record_key(system, record_id)
         record, created = ExternalRecord.objects.update_or_create(
             item=item,

@@ -238,3 +238,40 @@ def test_the_settle_sweep_reads_a_window_of_unsettled_tasks_and_carries_on_from_
     assert (settled, after) == ([tasks[3].pk], tasks[3].pk)
     assert tasks_settle_sweep(after=after, scan=2) == ([], 0)  # the end: the next run starts over
     assert set(Task.objects.filter(settled_at__isnull=False).values_list("pk", flat=True)) == set(missed)
+
+
+def test_attaching_a_record_leaves_the_task_row_free_for_stop_and_new_work():
+    """Attaching a record locks its item, not its task: while an attach's transaction is open, a
+    new tool call of the same task registers and Stop commits. Locking the item with its task
+    joined took the task row FOR UPDATE too, and every registration and Stop of the task queued
+    behind a record being attached (and, with the gate in the circle, deadlocked)."""
+    from stopdesk.services.items import item_attach_record
+
+    task = make_task()
+    item = make_item(task, state=S.RUNNING)
+    attached, release = threading.Event(), threading.Event()
+
+    def attach_and_hold():
+        with transaction.atomic():
+            item_attach_record(item_id=item.pk, system="crm", record_id="r-1", effect="created", actor="test")
+            attached.set()
+            release.wait(WAIT)
+
+    holder = Worker(attach_and_hold)
+    holder.start()
+    assert attached.wait(WAIT)
+    try:
+        start = Worker(
+            lambda: item_register_started(task_id=task.pk, actor="test", kind=Kind.REMOTE_TOOL, noun="lookup")
+        )
+        start.start()
+        started = start.outcome()  # the task row was free: no wait behind the open attach
+        assert started is not None and WorkItem.objects.get(pk=started).state == S.RUNNING
+        stop = Worker(lambda: task_request_stop(task_id=task.pk, actor="test", dispatch=lambda ids: None))
+        stop.start()
+        assert stop.outcome().created
+        assert lock_waiters() == 0
+    finally:
+        release.set()
+        holder.outcome()
+    assert Task.objects.get(pk=task.pk).stop_requested_at is not None
