@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-needs test-faults test-sqlite soak bench lint format lock clean reference-servers fuzz-steering
+.PHONY: run test test-needs test-faults test-sqlite soak bench lint format lock clean reference-servers oidc-provider fuzz-steering
 
 # The developer's venv: requirements-dev.lock, the server with every framework extra and the test
 # and lint tools. The image installs requirements.lock alone (the server), see the Dockerfile.
@@ -30,9 +30,9 @@ test: test-needs
 ## skipped (with STOPDESK_REQUIRE_SERVICES=1, as in CI, they fail); one line says which and why.
 CHROMIUM := /usr/bin/chromium
 NPM := $(shell command -v npm)
-test-needs: $(STAMP) $(if $(NPM),reference-servers)
+test-needs: $(STAMP) $(if $(NPM),reference-servers oidc-provider)
 	@test -n "$(NPM)" || \
-		echo "make test: npm not found: the MCP reference-server tests will not run (apt-get install nodejs npm)"
+		echo "make test: npm not found: the MCP reference-server and single sign-on tests will not run (apt-get install nodejs npm)"
 	@test -x $(CHROMIUM) || \
 		echo "make test: no Chromium at $(CHROMIUM): the browser tests will not run (apt-get install chromium)"
 
@@ -91,6 +91,15 @@ $(REF)/node_modules/.installed: $(REF)/package.json $(REF)/package-lock.json
 $(REF)/git-venv/.installed: $(REF)/git-server.lock $(STAMP)
 	@test -x $(REF)/git-venv/bin/python || $(PY) -m venv $(REF)/git-venv
 	$(REF)/git-venv/bin/python -m pip install --quiet --disable-pip-version-check -r $(REF)/git-server.lock
+	@touch $@
+
+## The OpenID Connect provider the single sign-on tests sign in through: node's oidc-provider
+## (npm, pinned in package-lock.json).
+OIDC := tests/oidc_provider
+oidc-provider: $(OIDC)/node_modules/.installed
+
+$(OIDC)/node_modules/.installed: $(OIDC)/package.json $(OIDC)/package-lock.json
+	cd $(OIDC) && npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
 
 clean:

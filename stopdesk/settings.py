@@ -12,6 +12,7 @@ from pathlib import Path
 
 from stopdesk import config, config_file
 from stopdesk.logs import logging_config
+from stopdesk.sso import environment as sso_environment
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("STOPDESK_DATA_DIR", BASE_DIR / "var"))
@@ -58,6 +59,9 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # A session that came through single sign-on is re-checked at the provider once it is older
+    # than STOPDESK_OIDC_SESSION_SECONDS; nothing happens while single sign-on is off.
+    "stopdesk.sso.middleware.SsoRecheck",
     "stopdesk.unstorable.UnstorableInputMiddleware",
 ]
 
@@ -74,6 +78,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "stopdesk.sso.context.sso",
             ],
         },
     },
@@ -127,6 +132,12 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = os.environ.get("STOPDESK_STATIC_ROOT") or (str(DATA_DIR / "staticfiles") if PRODUCTION else None)
 WHITENOISE_USE_FINDERS = DEBUG or TESTING
 
+# Local accounts always; single sign-on through an OpenID Connect provider beside them when
+# STOPDESK_OIDC_ISSUER is set (stopdesk/sso, README "Single sign-on"). Its backend answers only the
+# provider's callback, so password sign-in (and the Django admin's) is untouched.
+STOPDESK_OIDC = sso_environment.from_environment()
+AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend", "stopdesk.sso.backend.SsoBackend"]
+
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "login"
@@ -143,6 +154,7 @@ SECURE_CSP = {
     "base-uri": ["'none'"],
     "object-src": ["'none'"],
 }
+SECURE_CSP["form-action"] += sso_environment.form_origins(STOPDESK_OIDC)
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"

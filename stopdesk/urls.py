@@ -15,5 +15,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("hooks/openai", openai_webhook, name="hooks-openai"),
     path("api/v1/", include("stopdesk.api.urls")),
+    path("", include("stopdesk.sso.urls")),
     path("", include("stopdesk.views.urls")),
 ]

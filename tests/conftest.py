@@ -28,10 +28,12 @@ _AVAILABLE = {
     "redis": "reachable on 127.0.0.1",
     "reference_servers": "installed (`make test` installs them where npm is: apt-get install nodejs npm)",
     "browser": "installed at /usr/bin/chromium (apt-get install chromium)",
+    "oidc_provider": "installed (`make test` installs it where npm is: apt-get install nodejs npm)",
 }
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from tests.oidc_provider import missing as oidc_provider_missing
     from tests.reference_servers import missing as reference_servers_missing
 
     missing = {
@@ -40,6 +42,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         "reference_servers": bool(reference_servers_missing()),
         # Debian's Chromium, which tests/browser/conftest.py launches; Playwright's own download is never used.
         "browser": not shutil.which("/usr/bin/chromium"),
+        "oidc_provider": bool(oidc_provider_missing()),
     }
     for item in items:
         for marker, absent in missing.items():
