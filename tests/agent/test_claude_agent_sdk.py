@@ -265,7 +265,7 @@ def test_stop_in_the_middle_of_a_command_and_of_a_subagent(model, runtime, tmp_p
 
 
 async def _run_watching(
-    runtime: Any, task_id: int, prompt: str, opts: ClaudeAgentOptions, marker: list[str], on_message: Any
+    runtime: Any, task_id: int, prompt: str, opts: ClaudeAgentOptions, marker: list[str], on_message: Any = None
 ) -> Any:
     from stopdesk.agent.frameworks import claude_agent_sdk as integration
 
@@ -330,3 +330,67 @@ def test_a_tool_use_after_stop_is_refused_and_the_model_is_told(model, runtime, 
     assert (write.state, write.started_at) == (S.CANCELLED, None)
     assert found["Bash"][0].state == S.COMPLETED
     assert any(STOPPED_RESULT in text for text in told), told
+
+
+def test_a_process_that_outlives_the_cli_keeps_the_run_open_until_it_ends(model, runtime, tmp_path):
+    party, url = model
+    party.load_script(
+        Script.build(
+            "detached",
+            [
+                Turn(
+                    tool_calls=(
+                        ToolCall(
+                            "Bash",
+                            {
+                                "command": "setsid python3 -c 'import time; time.sleep(4)' > /dev/null 2>&1 &",
+                                "description": "start a worker",
+                            },
+                        ),
+                    )
+                ),
+                Turn(tool_calls=(ToolCall("Bash", {"command": "tail -f /dev/null", "description": "watch"}),)),
+                Turn(text="done"),
+            ],
+        )
+    )
+    task = runtime.create_task("Start a worker")
+    watching = threading.Event()
+    watcher = when(
+        lambda: (
+            WorkItem.objects.filter(task_id=task.id, label="Bash", state=S.RUNNING).exists()
+            and WorkItem.objects.filter(task_id=task.id, label="Bash").count() == 2
+        ),
+        watching,
+    )
+    operator = stop_when(watching, runtime, task.id)
+    marker: list[str] = []
+
+    began = time.monotonic()
+    with pytest.raises(RunStopped):
+        asyncio.run(
+            _run_watching(
+                runtime,
+                task.id,
+                "[script:detached] start a worker",
+                options(tmp_path, url.removesuffix("/v1")),
+                marker,
+                None,
+            )
+        )
+    took = time.monotonic() - began
+    watcher.join(5)
+    operator.join(5)
+
+    (the_run,) = [i for i in items(task.id) if i.noun == "agent run"]
+    # The worker the first command left behind ran on after the CLI had gone: the run was noted
+    # still running, and settled only once the worker ended.
+    (left,) = the_run.evidence["processes"]
+    assert "time.sleep(4)" in left["command"]
+    assert the_run.evidence["uninterruptible"]
+    assert (the_run.state, the_run.outcome) == (S.CANCELLED, "stopped before it finished")
+    assert took >= 3.5
+    assert session_processes(marker[0]) == {}
+    first, second = by_label(task.id)["Bash"]
+    assert first.state == S.COMPLETED and first.detail["tool"]["command"]["effect"] == "local_write"
+    assert second.state == S.CANCELLED
