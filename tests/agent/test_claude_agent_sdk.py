@@ -143,8 +143,8 @@ def test_a_session_records_each_tool_use_with_what_it_touched(model, runtime, tm
     assert look.detail["tool"]["command"]["effect"] == "read_only"
     assert join.handle == "call_1_0" and join.detail["tool"]["framework"] == "claude-agent-sdk"
     assert task_summary(Task.objects.get(pk=task.id)) == (
-        "Every item so far has finished; the task is still open. One agent run completed. "
-        "Two commands completed. Two file edits completed."
+        "Every item so far has finished; the task is still open. Two commands ran. Two files edited. "
+        "One agent run completed."
     )
 
 
@@ -260,7 +260,7 @@ def test_stop_in_the_middle_of_a_command_and_of_a_subagent(model, runtime, tmp_p
     assert summary == (
         "Stopped new work. One command with unknown outcome; review required. "
         "One agent run stopped before it finished. One command stopped before it finished. "
-        "One subagent run stopped before it finished. One file edit completed. One subagent launch completed."
+        "One subagent run stopped before it finished. One file edited. One subagent launch completed."
     )
 
 

@@ -93,7 +93,7 @@ def test_the_claude_agent_sdk_example_runs_to_the_end(live_server, model):
     assert agent.returncode == 0, err
     lines = out.strip().splitlines()
     assert lines[-2] == "The notes are written and checked."
-    assert lines[-1] == "Finished. One agent run completed. One command completed. One file edit completed."
+    assert lines[-1] == "Finished. One command ran. One file edited. One agent run completed."
 
 
 def test_the_claude_agent_sdk_example_stops_when_stop_is_pressed(live_server, model):
@@ -117,7 +117,7 @@ def test_the_claude_agent_sdk_example_stops_when_stop_is_pressed(live_server, mo
     assert lines[-2] == "stopped: the session was interrupted and no tool ran after Stop"
     assert lines[-1] == (
         "Stopped new work. One agent run stopped before it finished. One command stopped before it finished. "
-        "One file edit completed."
+        "One file edited."
     )
 
 

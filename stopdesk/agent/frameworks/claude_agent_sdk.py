@@ -290,12 +290,18 @@ def tool_facts(
                 "effect": facts.effect,
                 "paths_written": list(facts.paths_written),
                 "background": bool(tool_input.get("run_in_background")),
-            }
+            },
+            "told": {"noun": "command", "nouns": "commands", "done": "ran"},
         }
         return ToolDeclaration(effect=effect, noun="command"), "", detail
     if name in FILE_TOOLS:
         path = str(tool_input.get("file_path") or tool_input.get("notebook_path") or "")
-        return ToolDeclaration(noun="file edit"), "", {"files": {"paths_written": [path], "effect": "local_write"}}
+        told = {"noun": "file", "nouns": "files", "done": "edited"}
+        return (
+            ToolDeclaration(noun="file edit"),
+            "",
+            {"files": {"paths_written": [path], "effect": "local_write"}, "told": told},
+        )
     if name in READ_TOOLS:
         return ToolDeclaration(effect="read_only", noun="lookup"), "", {"files": {"effect": "read_only"}}
     if name in WEB_TOOLS:
