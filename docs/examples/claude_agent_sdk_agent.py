@@ -33,7 +33,11 @@ SCRIPT = {
     "turns": [
         {"tool_calls": [{"name": "Write", "arguments": {"file_path": f"{WORKDIR}/NOTES.md", "content": "# Notes\n"}}]},
         # A read-only command that runs for a while (the CLI refuses a bare `sleep`).
-        {"tool_calls": [{"name": "Bash", "arguments": {"command": f"timeout {3 * STEP:g} tail -f NOTES.md; cat NOTES.md"}}]},
+        {
+            "tool_calls": [
+                {"name": "Bash", "arguments": {"command": f"timeout {3 * STEP:g} tail -f NOTES.md; cat NOTES.md"}}
+            ]
+        },
         {"text": "The notes are written and checked."},
     ],
 }

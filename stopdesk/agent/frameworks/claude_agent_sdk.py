@@ -345,8 +345,10 @@ class Session:
         *,
         declarations: dict[str, ToolDeclaration] | None = None,
         on_message: Callable[[Any], Any] | None = None,
+        uninterruptible_s: float = 300.0,
     ) -> None:
         self.run = run
+        self.uninterruptible_s = uninterruptible_s
         self.declarations = dict(declarations or {})
         self.on_message = on_message
         self.marker = uuid.uuid4().hex
@@ -466,18 +468,39 @@ class Session:
     # --- the message stream --------------------------------------------------------------------
 
     async def consume(self) -> ResultMessage | None:
-        """Read the session's messages until its result (and its subagents' ends); after Stop,
-        raise `_Interrupted` once the CLI answered the interrupt."""
+        """Read the session's messages until its result (and its subagents' ends). After Stop:
+        once the CLI answered the interrupt with its result, a subagent still open is one the
+        interrupt did not stop (noted still running, asked to stop on its own) and is waited for,
+        up to `uninterruptible_s`; then `_Interrupted`. A CLI that does not answer the interrupt
+        within the run's cleanup time ends the wait too."""
         assert self.client is not None
-        async for message in self.client.receive_messages():
+        loop = asyncio.get_running_loop()
+        stream = self.client.receive_messages().__aiter__()
+        stopped_at: float | None = None
+        answered = False
+        while True:
+            timeout = None
+            if self.run.stopped.is_set():
+                stopped_at = loop.time() if stopped_at is None else stopped_at
+                if answered and not self._open_subagents():
+                    raise _Interrupted("the CLI answered the interrupt")
+                limit = self.uninterruptible_s if answered else self.run.cleanup_s
+                timeout = max(0.0, stopped_at + limit - loop.time())
+            try:
+                message = await asyncio.wait_for(anext(stream), timeout)
+            except StopAsyncIteration:
+                break
+            except TimeoutError:
+                raise _Interrupted("the session did not end in time after the interrupt") from None
             self.observe(message)
             if self.on_message is not None:
                 self.on_message(message)
             if isinstance(message, ResultMessage):
                 self.result = message
                 if self.run.stopped.is_set():
-                    raise _Interrupted(message.subtype)
-                if not self._open_subagents():
+                    answered = True
+                    self.run.later(self._stop_subagents(), "subagents")
+                elif not self._open_subagents():
                     return message
         if self.run.stopped.is_set():
             raise _Interrupted("the CLI ended")
@@ -562,11 +585,9 @@ class Session:
                 }
             },
         )
-        await self._stop_subagents()
 
     async def _stop_subagents(self) -> None:
         """A subagent the interrupt did not end: noted still running, asked to stop on its own."""
-        await asyncio.sleep(0.5)
         for sub in self._open_subagents():
             if sub.item_id is not None:
                 await self.run.note_item(
@@ -692,7 +713,7 @@ async def run_agent(
         poll_s=poll_s,
         uninterruptible_s=uninterruptible_s,
     ) as run:
-        session = Session(run, declarations=declarations, on_message=on_message)
+        session = Session(run, declarations=declarations, on_message=on_message, uninterruptible_s=uninterruptible_s)
         try:
             async with ClaudeSDKClient(session.options(options)) as client:
                 session.client = client
