@@ -15,7 +15,7 @@ from claude_agent_sdk import ClaudeAgentOptions, UserMessage
 from claude_agent_sdk.types import ToolResultBlock
 
 from reconcile.mechanisms.openai.sandbox_model import Script, ToolCall, Turn, claude_cli_env
-from stopdesk.agent.frameworks.claude_agent_sdk import run_agent, session_processes
+from stopdesk.agent.frameworks.claude_agent_sdk import CommandFacts, classify_command, run_agent, session_processes
 from stopdesk.agent.frameworks.core import STOPPED_RESULT, RunStopped
 from stopdesk.models import Task, WorkItem
 from stopdesk.states import ItemState as S
@@ -94,6 +94,27 @@ def when(condition: Any, event: threading.Event, within_s: float = 30) -> thread
 
 async def never() -> None:
     await asyncio.Event().wait()
+
+
+@pytest.mark.parametrize(
+    ("command", "facts"),
+    [
+        ("ls -la | grep x 2>&1 | head", CommandFacts("read_only")),
+        ("tail -f /dev/null", CommandFacts("read_only")),
+        ("echo hi > out.txt; cat out.txt", CommandFacts("local_write", ("/w/out.txt",))),
+        ("echo x>>log", CommandFacts("local_write", ("/w/log",))),
+        ("sed -i 's/a/b/' f.py", CommandFacts("local_write", ("/w/f.py",))),
+        ("rm -rf build /tmp/cache", CommandFacts("local_write", ("/w/build", "/tmp/cache"))),
+        ("cat a | tee copy", CommandFacts("local_write", ("/w/copy",))),
+        ("python3 -c 'import os; os.remove(\"x\")'", CommandFacts("local_write")),  # a ; inside quotes is no separator
+        ("curl -s https://example.org > page.html", CommandFacts("network", ("/w/page.html",))),
+        ("git status && git push", CommandFacts("network")),
+        ("frobnicate --all", CommandFacts("unknown")),
+        ("echo 'unbalanced", CommandFacts("unknown")),
+    ],
+)
+def test_a_command_line_is_read_for_its_effect_and_what_it_writes(command, facts):
+    assert classify_command(command, "/w") == facts
 
 
 def test_a_session_records_each_tool_use_with_what_it_touched(model, runtime, tmp_path):
