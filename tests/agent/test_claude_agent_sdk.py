@@ -15,7 +15,13 @@ from claude_agent_sdk import ClaudeAgentOptions, UserMessage
 from claude_agent_sdk.types import ToolResultBlock
 
 from reconcile.mechanisms.openai.sandbox_model import Script, ToolCall, Turn, claude_cli_env
-from stopdesk.agent.frameworks.claude_agent_sdk import CommandFacts, classify_command, run_agent, session_processes
+from stopdesk.agent.frameworks.claude_agent_sdk import (
+    CommandFacts,
+    SessionFailed,
+    classify_command,
+    run_agent,
+    session_processes,
+)
 from stopdesk.agent.frameworks.core import STOPPED_RESULT, RunStopped
 from stopdesk.models import Task, WorkItem
 from stopdesk.states import ItemState as S
@@ -415,3 +421,31 @@ def test_a_process_that_outlives_the_cli_keeps_the_run_open_until_it_ends(model,
     first, second = by_label(task.id)["Bash"]
     assert first.state == S.COMPLETED and first.detail["tool"]["command"]["effect"] == "local_write"
     assert second.state == S.CANCELLED
+
+
+def test_an_error_result_without_stop_fails_the_run(model, runtime, tmp_path):
+    party, url = model
+    party.load_script(
+        Script.build(
+            "turns",
+            [
+                Turn(tool_calls=(ToolCall("Bash", {"command": "ls", "description": "look"}),)),
+                Turn(tool_calls=(ToolCall("Bash", {"command": "pwd", "description": "where"}),)),
+                Turn(text="done"),
+            ],
+        )
+    )
+    task = runtime.create_task("Look around")
+    opts = options(tmp_path, url.removesuffix("/v1"))
+    opts.max_turns = 1
+
+    with pytest.raises(SessionFailed) as failed:
+        asyncio.run(run_agent(runtime, task.id, "[script:turns] look around", options=opts))
+
+    assert failed.value.result.subtype == "error_max_turns"
+    (the_run,) = [i for i in items(task.id) if i.noun == "agent run"]
+    assert (the_run.state, the_run.outcome) == (
+        S.FAILED,
+        "SessionFailed: the Claude Code session ended with error_max_turns",
+    )
+    assert by_label(task.id)["Bash"][0].state == S.COMPLETED

@@ -29,7 +29,8 @@ subagents, MCP tools), so the integration sits on the SDK's hooks (read in the i
 
 Stop arrives by push (`core.StopdeskRun`) and calls the client's interrupt, whose receipt (the
 messages still queued) is noted on the run's item. The CLI then kills the tools in flight and
-answers with an error result, which is a Stop here, not a failure (`RunStopped`). A subagent that
+answers with an error result, which is a Stop here, not a failure (`RunStopped`); an error
+result without Stop fails the run (`SessionFailed`). A subagent that
 reports no end is recorded still running, asked to stop on its own (`stop_task`), and settled as
 it ends (uncertain if it outlives `uninterruptible_s`). When the client disconnects, the CLI is
 gone; any process it started that still runs (a command that detached from it) is found by a
@@ -318,6 +319,15 @@ class ToolFailed(Exception):
     """The CLI reported the tool use failed (PostToolUseFailure, or an error result)."""
 
 
+class SessionFailed(Exception):
+    """The session ended with an error result (`result`: the CLI's ResultMessage), not by Stop:
+    the run is recorded failed with its subtype (`error_max_turns`, `error_during_execution`)."""
+
+    def __init__(self, result: ResultMessage) -> None:
+        super().__init__(f"the Claude Code session ended with {result.subtype}")
+        self.result = result
+
+
 class _Interrupted(Exception):
     """The session ended because Stop interrupted it (the CLI's error result after an interrupt)."""
 
@@ -500,6 +510,8 @@ class Session:
                 if self.run.stopped.is_set():
                     answered = True
                     self.run.later(self._stop_subagents(), "subagents")
+                elif message.is_error:
+                    raise SessionFailed(message)
                 elif not self._open_subagents():
                     return message
         if self.run.stopped.is_set():
