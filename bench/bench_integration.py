@@ -136,7 +136,9 @@ async def _claude_agent_sdk(base_url: str, model: str, runtime: Any, task_id: in
                 root + "/_control/scripts", json={"name": "bench-claude", "turns": [*turns, {"text": "all steps done"}]}
             )
             answer.raise_for_status()
-    home = _CLAUDE_HOME[0]
+    # A HOME of its own per session: the CLI keeps every session's transcript under it, and runs that
+    # followed others into a fuller directory would be the slower ones, whichever they are.
+    home = tempfile.mkdtemp(dir=_CLAUDE_HOME[0])
     options = ClaudeAgentOptions(
         cwd=home, allowed_tools=["Bash"], setting_sources=[], model="claude-sonnet-4-5", env=claude_cli_env(root, home)
     )
