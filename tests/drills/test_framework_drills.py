@@ -12,7 +12,7 @@ from stopdrill.drills.table import table
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
-@pytest.mark.parametrize("framework", ["openai-agents", "pydantic-ai", "langgraph"])
+@pytest.mark.parametrize("framework", ["openai-agents", "pydantic-ai", "langgraph", "claude-agent-sdk"])
 def test_every_drill_passes_for_the_framework(framework, drill_sandbox):
     report = run_drills(mechanisms=[framework], sandbox=drill_sandbox, store=False)
 

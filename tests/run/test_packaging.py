@@ -30,8 +30,18 @@ RUNTIME_INPUTS = ["client.in", "server.in"]
 ALL_INPUTS = sorted(p.name for p in REQUIREMENTS.glob("*.in"))
 # What only the developer's venv may hold: none of it in the image.
 NEVER_IN_THE_IMAGE = {"pytest", "playwright", "mypy", "ruff", "schemathesis", "hypothesis", "import-linter"}
-FRAMEWORKS = {"openai-agents": "openai_agents", "pydantic-ai": "pydantic_ai", "langgraph": "langgraph"}
-FRAMEWORK_PACKAGES = {"openai-agents": "openai-agents", "pydantic-ai": "pydantic-ai-slim", "langgraph": "langgraph"}
+FRAMEWORKS = {
+    "openai-agents": "openai_agents",
+    "pydantic-ai": "pydantic_ai",
+    "langgraph": "langgraph",
+    "claude-agent-sdk": "claude_agent_sdk",
+}
+FRAMEWORK_PACKAGES = {
+    "openai-agents": "openai-agents",
+    "pydantic-ai": "pydantic-ai-slim",
+    "langgraph": "langgraph",
+    "claude-agent-sdk": "claude-agent-sdk",
+}
 
 
 def requirements_in(*names: str) -> list[Requirement]:

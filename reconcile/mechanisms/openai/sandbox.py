@@ -17,7 +17,8 @@ official `openai` SDK parses every answer, including the awkward parts:
   order (`sandbox_hooks.py`); a ticker then moves responses on the clock, read or not;
 - a request whose `model` is `script:<name>` is answered by a scripted model
   (`sandbox_model.py`): function calls, hosted `mcp_call` items, then a final answer, over
-  Responses and Chat Completions, streamed or not. A scripted background response carries its
+  Responses and Chat Completions, streamed or not, and over Anthropic's Messages API (for the
+  Claude Code CLI). A scripted background response carries its
   turn's hosted tool calls as output items from the moment it runs, so a cancel leaves them there
   for the application to inspect, as upstream does.
 
@@ -505,6 +506,30 @@ class OpenAIStandin(SandboxParty):
         chunks = sm.chat_chunks(turn, model=model, include_usage=usage)
         return _sse(itertools.chain((f"data: {json.dumps(c)}\n\n" for c in chunks), ["data: [DONE]\n\n"]))
 
+    async def _messages(self, request: Request) -> JSONResponse | StreamingResponse:
+        """Anthropic's Messages API (what the Claude Code CLI calls), answered by a script."""
+        await self.arrive("messages")
+        try:
+            body = await request.json()
+        except ValueError:
+            return _anthropic_error(400, "invalid_request_error", "Request body is not valid JSON.")
+        if not isinstance(body, dict) or not body.get("model") or not isinstance(body.get("messages"), list):
+            return _anthropic_error(400, "invalid_request_error", "model: Field required; messages: Field required")
+        name = sm.messages_script_name(body)
+        with self.lock:
+            script = self._scripts.get(name or "")
+        if script is None:
+            return _anthropic_error(404, "not_found_error", f"model: {body['model']}")
+        index, turn = script.turn_for(body["messages"])
+        stream = bool(body.get("stream"))
+        with self.lock:
+            self._log("messages", script, index, stream=stream)
+        await anyio.sleep(turn.delay_s)
+        answer = sm.messages_answer(turn, model=str(body["model"]))
+        if not stream:
+            return JSONResponse(answer)
+        return _sse(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in sm.messages_events(answer))
+
     # --- control endpoints beyond the common ones ------------------------------------
 
     async def _control_scripts(self, request: Request) -> JSONResponse:
@@ -545,6 +570,7 @@ class OpenAIStandin(SandboxParty):
                 Route("/v1/responses/{response_id}", self._retrieve, methods=["GET"]),
                 Route("/v1/responses/{response_id}/cancel", self._cancel, methods=["POST"]),
                 Route("/v1/chat/completions", self._chat_completions, methods=["POST"]),
+                Route("/v1/messages", self._messages, methods=["POST"]),
                 Route("/_control/scripts", self._control_scripts, methods=["POST"]),
                 *self.control_routes(),
                 Route("/_control/responses", self._control_responses, methods=["GET"]),
@@ -590,6 +616,10 @@ def _summarise(value: Any) -> str:
 
 def _error(status: int, message: str, *, kind: str = "invalid_request_error", param: str | None = None) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status_code=status)
+
+
+def _anthropic_error(status: int, kind: str, message: str) -> JSONResponse:
+    return JSONResponse({"type": "error", "error": {"type": kind, "message": message}}, status_code=status)
 
 
 def _not_found(response_id: str) -> JSONResponse:

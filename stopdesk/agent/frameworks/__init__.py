@@ -3,6 +3,7 @@
 - `stopdesk.agent.frameworks.openai_agents` — `pip install "stopdesk[openai-agents]"`
 - `stopdesk.agent.frameworks.pydantic_ai` — `pip install "stopdesk[pydantic-ai]"`
 - `stopdesk.agent.frameworks.langgraph` — `pip install "stopdesk[langgraph]"`
+- `stopdesk.agent.frameworks.claude_agent_sdk` — `pip install "stopdesk[claude-agent-sdk]"`
 
 Only those modules import their framework; `core` and `declare` import none.
 """
