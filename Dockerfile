@@ -10,6 +10,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     STOPDESK_STATIC_ROOT=/app/staticfiles
 
 WORKDIR /app
+# The server's runtime lock alone (requirements/client.in and server.in, `make lock`): no test or lint
+# tools and no agent frameworks, which are in requirements-dev.lock.
 COPY requirements.lock ./
 RUN pip install --no-cache-dir -r requirements.lock
 

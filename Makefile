@@ -4,11 +4,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-faults test-sqlite soak bench lint format lock clean reference-servers fuzz-steering crewai-venv
+.PHONY: run test test-needs test-faults test-sqlite soak bench lint format lock clean reference-servers oidc-provider fuzz-steering crewai-venv
 
-$(STAMP): requirements.lock
+# The developer's venv: requirements-dev.lock, the server with every framework extra and the test
+# and lint tools. The image installs requirements.lock alone (the server), see the Dockerfile.
+$(STAMP): requirements-dev.lock
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.lock
 	@# The project itself, editable and without dependencies (the lock has them): .venv/bin/stopdesk-mcp.
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	@touch $(STAMP)
@@ -19,9 +21,20 @@ venv: $(STAMP)
 run: $(STAMP)
 	$(PY) manage.py up
 
-## The whole test suite: PostgreSQL and Redis on 127.0.0.1 when they answer.
-test: $(STAMP)
+## The whole test suite: PostgreSQL and Redis on 127.0.0.1 when they answer. First installs what a
+## registry gives (the venv; the CrewAI venv; the MCP reference servers, with npm), and names what it cannot.
+test: test-needs
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+## What the suite needs beyond the venv. Without npm or Chromium the tests that need them are
+## skipped (with STOPDESK_REQUIRE_SERVICES=1, as in CI, they fail); one line says which and why.
+CHROMIUM := /usr/bin/chromium
+NPM := $(shell command -v npm)
+test-needs: $(STAMP) crewai-venv $(if $(NPM),reference-servers oidc-provider)
+	@test -n "$(NPM)" || \
+		echo "make test: npm not found: the MCP reference-server and single sign-on tests will not run (apt-get install nodejs npm)"
+	@test -x $(CHROMIUM) || \
+		echo "make test: no Chromium at $(CHROMIUM): the browser tests will not run (apt-get install chromium)"
 
 ## Only the fault tests (also part of `make test`): real processes killed, PostgreSQL connections
 ## cut through a proxy, a broker and a watch server of their own stopped; each under a minute.
@@ -60,11 +73,11 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-## Re-resolve requirements.in into requirements.lock (in a scratch venv).
+## Resolve requirements/*.in into requirements.lock (client and server: the image) and
+## requirements-dev.lock (everything, for make test), keeping the old pins that still fit.
+## `make lock UPGRADE=1` takes the newest versions the .in files allow.
 lock:
-	rm -rf /tmp/stopdesk-lock && $(PYTHON) -m venv /tmp/stopdesk-lock
-	/tmp/stopdesk-lock/bin/pip install --quiet -r requirements.in
-	/tmp/stopdesk-lock/bin/pip freeze | grep -v '^-e' > requirements.lock
+	$(PYTHON) requirements/lock.py $(if $(UPGRADE),--upgrade)
 
 ## The official MCP reference servers the tests talk to: server-everything (npm, pinned in
 ## package-lock.json) and mcp-server-git (PyPI, in its own venv: it pins its own mcp).
@@ -82,14 +95,24 @@ $(REF)/git-venv/.installed: $(REF)/git-server.lock $(STAMP)
 
 ## The CrewAI agent side, in a venv of its own: no crewai release installs beside the server's
 ## pins (it needs mcp<2 and openai<3). Its agent talks to a stopdesk server over HTTP, so it needs
-## only the client side of this repository (on its path, without dependencies) and its own lock.
+## only the client install with the crewai extra (requirements/crewai.in), pinned by its own lock.
 CREWAI := tests/frameworks_venvs
 crewai-venv: $(CREWAI)/crewai/.installed
 
 $(CREWAI)/crewai/.installed: $(CREWAI)/crewai.lock
 	@test -x $(CREWAI)/crewai/bin/python || $(PYTHON) -m venv $(CREWAI)/crewai
 	$(CREWAI)/crewai/bin/python -m pip install --quiet --disable-pip-version-check -r $(CREWAI)/crewai.lock
-	$(CREWAI)/crewai/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	@# The project itself through its crewai extra, within the lock: the extra resolves, nothing moves.
+	$(CREWAI)/crewai/bin/python -m pip install --quiet --disable-pip-version-check -c $(CREWAI)/crewai.lock -e ".[crewai]"
+	@touch $@
+
+## The OpenID Connect provider the single sign-on tests sign in through: node's oidc-provider
+## (npm, pinned in package-lock.json).
+OIDC := tests/oidc_provider
+oidc-provider: $(OIDC)/node_modules/.installed
+
+$(OIDC)/node_modules/.installed: $(OIDC)/package.json $(OIDC)/package-lock.json
+	cd $(OIDC) && npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
 
 clean:

@@ -1,6 +1,7 @@
 """`make bench`: runs every bench/bench_*.py module's `run()` and prints one line per figure:
 `name value unit  (target T, ratio R)`. Set BENCH=name1,name2 to run only some modules; the ones in
-OFF_BY_DEFAULT (the ten-million-row `scale` group, the million-row `export`) run only when named.
+OFF_BY_DEFAULT (the ten-million-row `scale` group, the million-row `export`, `image`, which downloads)
+run only when named.
 
 Benchmarks run against PostgreSQL (and Redis where they need a broker) in a scratch database that
 is created and dropped here, never the development data.
@@ -18,7 +19,7 @@ from pathlib import Path
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "stopdesk.settings")
 # Measure what production runs: DEBUG off (the debug cursor records every query).
 os.environ.setdefault("DEBUG", "0")
-OFF_BY_DEFAULT = {"bench_scale", "bench_export"}
+OFF_BY_DEFAULT = {"bench_scale", "bench_export", "bench_image"}
 
 
 def main() -> int:

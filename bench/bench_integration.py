@@ -6,6 +6,8 @@ integration.overhead_ratio.<framework>   wall time of a 20-tool-call run (each t
     The integration records through the in-process runtime into PostgreSQL; Stop is watched by
     push (the process's LISTEN connection). Results durable: every commit waits for the disk
     flush (the default).
+    For the Claude Agent SDK each step is a Bash command the Claude Code CLI runs (about 50 ms), and
+    the plain run is the same session without stopdesk's hooks.
 integration.overhead_ratio_not_durable.<framework>   the same with the operator's opt-out
     (STOPDESK_DURABLE_RESULTS=0: results and drafts commit without waiting for the flush), measured
     in the same run, alternating with the others, for comparison; no target of its own.
@@ -26,6 +28,7 @@ integration.overhead_ratio.crewai   the same 20-tool-call run with a CrewAI crew
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import threading
 import time
@@ -108,10 +111,57 @@ async def _langgraph(base_url: str, model: str, runtime: Any, task_id: int | Non
     await run_agent(runtime, task_id, graph, state, config=config)
 
 
+_CLAUDE_HOME: list[str] = []
+
+
+async def _claude_agent_sdk(base_url: str, model: str, runtime: Any, task_id: int | None) -> None:
+    """A Claude Code session whose each step is a Bash command that takes about TOOL_S (read-only;
+    the CLI refuses a bare `sleep`), against the scripted model's Messages endpoint."""
+    import tempfile
+
+    import httpx
+    from claude_agent_sdk import ClaudeAgentOptions, ClaudeSDKClient
+
+    from reconcile.mechanisms.openai.sandbox_model import claude_cli_env
+    from stopdesk.agent.frameworks.claude_agent_sdk import run_agent
+
+    root = base_url.removesuffix("/v1")
+    if not _CLAUDE_HOME:
+        _CLAUDE_HOME.append(tempfile.mkdtemp(prefix="bench-claude-"))
+        turns = [
+            {
+                "tool_calls": [
+                    {"name": "Bash", "arguments": {"command": f"timeout {TOOL_S} tail -f /dev/null; echo step {n}"}}
+                ]
+            }
+            for n in range(TOOL_CALLS)
+        ]
+        async with httpx.AsyncClient() as http:
+            answer = await http.post(
+                root + "/_control/scripts", json={"name": "bench-claude", "turns": [*turns, {"text": "all steps done"}]}
+            )
+            answer.raise_for_status()
+    # A HOME of its own per session: the CLI keeps every session's transcript under it, and runs that
+    # followed others into a fuller directory would be the slower ones, whichever they are.
+    home = tempfile.mkdtemp(dir=_CLAUDE_HOME[0])
+    options = ClaudeAgentOptions(
+        cwd=home, allowed_tools=["Bash"], setting_sources=[], model="claude-sonnet-4-5", env=claude_cli_env(root, home)
+    )
+    prompt = "[script:bench-claude] go"
+    if task_id is None:
+        async with ClaudeSDKClient(options) as client:
+            await client.query(prompt)
+            async for _ in client.receive_response():
+                pass
+        return
+    await run_agent(runtime, task_id, prompt, options=options)
+
+
 FRAMEWORKS: dict[str, Callable[[str, str, Any, int | None], Awaitable[None]]] = {
     "openai_agents": _openai_agents,
     "pydantic_ai": _pydantic_ai,
     "langgraph": _langgraph,
+    "claude_agent_sdk": _claude_agent_sdk,
 }
 
 
@@ -197,7 +247,11 @@ def run() -> list[Figure]:
     figures = []
     with BackgroundServer(party.app, name="openai") as server:
         base_url = server.url + "/v1"
+        # BENCH_FRAMEWORKS=claude_agent_sdk,...: only these (default: every one).
+        chosen = {n for n in os.environ.get("BENCH_FRAMEWORKS", "").split(",") if n} or set(FRAMEWORKS)
         for name, agent in FRAMEWORKS.items():
+            if name not in chosen:
+                continue
             asyncio.run(agent(base_url, model, None, None))  # warm-up: imports, connections
             plain: list[float] = []
             recorded: dict[bool, list[float]] = {True: [], False: []}  # by results durable

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from reconcile.models import Compensation, DrillResult, DrillRun, Escalation, RecordDecision, RecordReading
+from reconcile.models import (
+    Compensation,
+    DrillResult,
+    DrillRun,
+    Escalation,
+    ProviderWebhook,
+    RecordDecision,
+    RecordReading,
+)
 from stopdesk.admin_dates import DateRangeFilter, date_range
 from stopdesk.admin_export import ExportMixin
 from stopdesk.admin_scale import ReadOnlyAdmin, id_search, recent_values
@@ -169,6 +177,16 @@ class DrillResultInline(admin.TabularInline):
 
     def has_add_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
         return False
+
+
+@admin.register(ProviderWebhook)
+class ProviderWebhookAdmin(ReadOnlyAdmin):
+    """Each webhook delivery kept once by its id: what it named and how many items it woke. The
+    read-back it asked for is the item's cancellation attempt, by `system:webhook`."""
+
+    list_display = ("id", "received_at", "provider", "event_type", "handle", "woke")
+    list_filter = ("provider", "event_type")
+    search_fields = ("handle", "webhook_id")
 
 
 @admin.register(DrillRun)

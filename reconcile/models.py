@@ -169,3 +169,23 @@ class DrillResult(models.Model):
 
     def __str__(self) -> str:
         return f"{self.drill} on {self.mechanism}: {'pass' if self.passed else 'FAIL'}"
+
+
+class ProviderWebhook(models.Model):
+    """One webhook delivery a provider sent (OpenAI's `response.*` events), kept by its
+    `webhook-id` so a redelivery is known as one, also after a restart. A delivery is only a
+    wake-up: it names the work (`handle`, a response id) and nothing it says is recorded as the
+    work's outcome; the read-back it asks for is (`reconcile.services.webhooks`)."""
+
+    provider = models.CharField(max_length=32)
+    webhook_id = models.CharField(max_length=200, help_text="The delivery's webhook-id header.")
+    event_type = models.CharField(max_length=64)
+    handle = models.CharField(max_length=200, db_index=True, help_text="The work it names (a response id).")
+    received_at = models.DateTimeField(default=timezone.now)
+    woke = models.PositiveIntegerField(default=0, help_text="Items it asked to read back when it arrived.")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["provider", "webhook_id"], name="webhook_once")]
+
+    def __str__(self) -> str:
+        return f"{self.provider} {self.event_type} for {self.handle}"

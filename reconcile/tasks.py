@@ -5,6 +5,7 @@ from celery import shared_task
 from reconcile import tasks_compensation  # noqa: F401  (autodiscovery imports only this module)
 from reconcile.services.cancel import item_cancel, items_cancel
 from reconcile.services.reconcile import sweep_once
+from reconcile.services.webhooks import item_wake
 from stopdesk.celery import app
 from stopdesk.models import WorkItem
 from stopdesk.notify.heartbeat import heartbeat_record
@@ -29,6 +30,21 @@ def cancel_item(item_id: int) -> str:
 @shared_task(name="reconcile.cancel_items", time_limit=600, soft_time_limit=580)
 def cancel_items(item_ids: list[int], mechanism: str) -> int:
     return len(items_cancel(item_ids=item_ids, mechanism=mechanism))
+
+
+# A provider's webhook asked for this item's read-back (reconcile/services/webhooks.py).
+@shared_task(name="reconcile.wake_item", time_limit=60, soft_time_limit=50)
+def wake_item(item_id: int) -> str:
+    return item_wake(item_id=item_id).state
+
+
+def wakes_dispatch(item_ids: list[int]) -> None:
+    """Queue one read-back per item a webhook woke (run inline when Celery runs eagerly)."""
+    for item_id in item_ids:
+        if app.conf.task_always_eager:
+            wake_item.apply(args=[item_id])
+        else:
+            wake_item.apply_async(args=[item_id])
 
 
 @shared_task(name="reconcile.sweep", time_limit=300, soft_time_limit=280)

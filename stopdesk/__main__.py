@@ -47,7 +47,20 @@ def ready(component: str) -> None:
     raise SystemExit(0 if found["ok"] else 1)
 
 
+NOT_INSTALLED = 'stopdesk: the server is not installed here (only the client is): pip install "stopdesk[server]"'
+
+
+def _require_server() -> None:
+    """`pip install stopdesk` is the HTTP client alone (httpx): say so in one line, not a traceback."""
+    import importlib.util
+
+    if importlib.util.find_spec("django") is None:
+        print(NOT_INSTALLED, file=sys.stderr)
+        raise SystemExit(1)
+
+
 def main(argv: list[str]) -> None:
+    _require_server()
     if argv[:1] == ["mcp-stdio"]:
         # Run by an MCP client, not an operator: it checks only the database, and stdout is its wire.
         from stopdesk.gateway.shim import main as shim

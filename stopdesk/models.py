@@ -148,6 +148,8 @@ class WorkItem(models.Model):
             models.Index(fields=["state", "id"], name="item_state"),
             # The review queue's late results (rare rows, in the order the queue shows them).
             models.Index(fields=["updated_at", "id"], condition=Q(needs_review=True), name="item_late_results"),
+            # A provider's webhook names its work by handle (a response id): one probe per delivery.
+            models.Index(fields=["handle"], condition=~Q(handle=""), name="item_handle"),
         ]
 
     def __str__(self) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from stopdesk import config, config_file
 from stopdesk.logs import logging_config
+from stopdesk.sso import environment as sso_environment
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("STOPDESK_DATA_DIR", BASE_DIR / "var"))
@@ -58,6 +59,9 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # A session that came through single sign-on is re-checked at the provider once it is older
+    # than STOPDESK_OIDC_SESSION_SECONDS; nothing happens while single sign-on is off.
+    "stopdesk.sso.middleware.SsoRecheck",
     "stopdesk.unstorable.UnstorableInputMiddleware",
 ]
 
@@ -74,6 +78,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "stopdesk.sso.context.sso",
             ],
         },
     },
@@ -127,6 +132,12 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = os.environ.get("STOPDESK_STATIC_ROOT") or (str(DATA_DIR / "staticfiles") if PRODUCTION else None)
 WHITENOISE_USE_FINDERS = DEBUG or TESTING
 
+# Local accounts always; single sign-on through an OpenID Connect provider beside them when
+# STOPDESK_OIDC_ISSUER is set (stopdesk/sso, README "Single sign-on"). Its backend answers only the
+# provider's callback, so password sign-in (and the Django admin's) is untouched.
+STOPDESK_OIDC = sso_environment.from_environment()
+AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend", "stopdesk.sso.backend.SsoBackend"]
+
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "login"
@@ -143,6 +154,7 @@ SECURE_CSP = {
     "base-uri": ["'none'"],
     "object-src": ["'none'"],
 }
+SECURE_CSP["form-action"] += sso_environment.form_origins(STOPDESK_OIDC)
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
@@ -236,6 +248,16 @@ STOPDESK_MECHANISMS.setdefault("openai", {})["options"] = {
     "base_url": os.environ.get("OPENAI_BASE_URL", ""),
     "api_key": os.environ.get("OPENAI_API_KEY", ""),
 }
+
+# OpenAI's webhooks (POST /hooks/openai, reconcile/views_webhooks.py): the endpoint's signing
+# secret from OpenAI's dashboard (whsec_...). Unset, the endpoint answers 503 and stopdesk polls.
+# Set, they wake a read-back at once, so the openai mechanism's polling, now only the fallback,
+# is slower unless its timings are set: a still-running response is read again after 30 s, not
+# 5 s, and a `cancelled` is first re-read for a flip after 60 s.
+STOPDESK_OPENAI_WEBHOOK_SECRET = os.environ.get("OPENAI_WEBHOOK_SECRET", "").strip()
+if STOPDESK_OPENAI_WEBHOOK_SECRET:
+    STOPDESK_MECHANISMS["openai"].setdefault("recheck_interval_s", 30.0)
+    STOPDESK_MECHANISMS["openai"].setdefault("watch_first_s", 60.0)
 
 # Where agents watch for Stop: the watch server (docs/OPERATIONS.md, "Where watches go"). Set, the
 # web door answers its watch path at once with this address; empty, it serves watches itself.

@@ -32,6 +32,9 @@ exactly the items `stopdesk.review_state.needs_review` selects, the definition t
 and filter use too; a record already reversed is told with its compensation ("One record
 created, then archived by compensation #2.") and no longer asks for review.
 
+Completed work an item says how to tell (`detail["tool"]["told"]`: a noun, its plural and a verb,
+as a coding agent's tool uses carry them) is told so: "Two files edited.", "One command ran.".
+
 An effect is told by its item's `detail["effect"]` where it has one (a hosted tool's call that
 sent an email: "One email sent by a hosted tool", "... after Stop"), otherwise by the item's noun.
 
@@ -103,8 +106,13 @@ def task_summary(task: Task) -> str:
     reported = KT("evidence__late_result__reported")
     rows = (
         WorkItem.objects.filter(task=task)
-        .annotate(reported=reported)
-        .values("state", "reported", "noun", "noun_plural", "kind")
+        .annotate(
+            reported=reported,
+            told_noun=KT("detail__tool__told__noun"),
+            told_nouns=KT("detail__tool__told__nouns"),
+            told_done=KT("detail__tool__told__done"),
+        )
+        .values("state", "reported", "noun", "noun_plural", "kind", "told_noun", "told_nouns", "told_done")
         .annotate(
             n=Count("id"),
             started=Count("id", filter=Q(started_at__isnull=False)),
@@ -252,6 +260,13 @@ def compose(rows: list[dict[str, Any]], effects: list[dict[str, Any]], *, stoppe
             told[(phrase, group, True)] += review_count
             told[(phrase, group, False)] += count - review_count
 
+        if outcome == S.COMPLETED and not is_late and row.get("told_done"):
+            # Told by what it did ("Two files edited."), as the item says; it has no record elsewhere.
+            noun = row.get("told_noun") or row["noun"]
+            told_as = _Group(noun, row.get("told_nouns") or pluralize(noun))
+            done = str(row["told_done"])
+            tell(_Phrase(done, done, COMPLETED.order), n, review, group=told_as)
+            continue
         if is_late and row["state"] == S.CANCELLED:
             crossed += n  # recorded cancelled (by Stop or the boundary), yet it ran: Stop met it in flight
         if outcome == S.COMPLETED:

@@ -13,6 +13,7 @@ launcher itself is killed before it can, its guard process does the same (`stopd
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -50,6 +51,7 @@ USER_SETTINGS = {
     "outbox": "STOPDESK_OUTBOX_URL",
 }
 LABELS = {"openai": "OpenAI", "mcp": "MCP", "crm": "CRM", "outbox": "Outbox"}
+OPENAI_HOOK_PATH = "/hooks/openai"  # where the web door takes OpenAI's webhooks
 RECEIVER = "webhooks"  # the sandbox's webhook receiver: not a system of the user's
 WEB_URL_FILE = "web.url"
 # The configuration file `up` writes when the user has none: the sandbox MCP server, named for the
@@ -139,6 +141,7 @@ class Launcher:
     stopping: threading.Event = field(default_factory=threading.Event)
     signal_name: str = ""
     metrics_token: str = ""
+    openai_webhook_secret: str = ""  # made by start_sandbox when the OpenAI stand-in runs
     watch_port: int = 0  # 0: the first free port from the web port + 6 (past the sandbox's), else any
     gateway_port: int = 0  # 0: the web port + 7 when free, else any
 
@@ -226,7 +229,16 @@ class Launcher:
         self.sandbox = start_all(ports=wanted or None, only=stand_ins)
         if "openai" in stand_ins:
             # Drafts take long enough that a person can stop them mid-run, short enough to finish.
-            self.sandbox.openai.configure(run_s=max(5.0, self.pace * 4.5))
+            # Its webhooks come to the web door's /hooks/openai, signed with a secret made here, as
+            # OpenAI's would: at least once, some twice, in no particular order.
+            self.openai_webhook_secret = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
+            self.sandbox.openai.configure(
+                run_s=max(5.0, self.pace * 4.5),
+                webhook_url=self.url + OPENAI_HOOK_PATH,
+                webhook_secret=self.openai_webhook_secret,
+                webhook_duplicate_rate=0.2,
+                webhook_jitter_s=0.5,
+            )
         self.metrics_token = os.environ.get("STOPDESK_METRICS_TOKEN") or secrets.token_urlsafe(16)
 
     def register_receiver(self) -> None:
@@ -254,6 +266,7 @@ class Launcher:
         env["STOPDESK_WATCH_URL"] = self.watch_url
         if "openai" in self.sandbox.urls:
             env["OPENAI_API_KEY"] = env.get("STOPDESK_SANDBOX_OPENAI_KEY", "sk-sandbox")
+            env["OPENAI_WEBHOOK_SECRET"] = self.openai_webhook_secret
         if "mcp" in self.sandbox.urls and not config_file.path():
             env[config_file.VARIABLE] = str(self.demo_config(self.sandbox.urls["mcp"]))
         env.setdefault("LOG_LEVEL", "INFO")
@@ -387,6 +400,11 @@ class Launcher:
         lines += self.systems_lines(urls)
         lines += [
             f"  Webhooks   {urls[RECEIVER]}  (signed notifications, verified there; GET lists them)",
+            *(
+                [f"  From OpenAI {self.url}{OPENAI_HOOK_PATH}  (the stand-in's response.* webhooks, signed)"]
+                if self.openai_webhook_secret
+                else []
+            ),
             f"  Metrics    curl -H 'Authorization: Bearer {self.metrics_token}' {self.url}/metrics",
         ]
         lines += [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 from django.conf import settings
@@ -25,19 +26,25 @@ def _on_redis() -> bool:
 _AVAILABLE = {
     "postgres": "reachable on 127.0.0.1",
     "redis": "reachable on 127.0.0.1",
-    "reference_servers": "installed (run `make reference-servers`)",
-    "crewai": "installed (run `make crewai-venv`)",
+    "reference_servers": "installed (`make test` installs them where npm is: apt-get install nodejs npm)",
+    "browser": "installed at /usr/bin/chromium (apt-get install chromium)",
+    "oidc_provider": "installed (`make test` installs it where npm is: apt-get install nodejs npm)",
+    "crewai": "installed (`make test` builds it: make crewai-venv)",
 }
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from tests.frameworks_venvs import crewai_missing
+    from tests.oidc_provider import missing as oidc_provider_missing
     from tests.reference_servers import missing as reference_servers_missing
 
     missing = {
         "postgres": not _on_postgres(),
         "redis": not _on_redis(),
         "reference_servers": bool(reference_servers_missing()),
+        # Debian's Chromium, which tests/browser/conftest.py launches; Playwright's own download is never used.
+        "browser": not shutil.which("/usr/bin/chromium"),
+        "oidc_provider": bool(oidc_provider_missing()),
         "crewai": crewai_missing(),
     }
     for item in items:

@@ -177,7 +177,7 @@ def _reconcile_claimed(*, item_id: int, actor: str, now: datetime) -> Result:
     action = choose_action(item, mechanism)
     attempt = CancellationAttempt.objects.create(item=item, mechanism=mechanism.name, action=action, sent_at=now)
     observation = observe(mechanism, ItemRef.of(item), action)
-    return _attempt_apply(item, mechanism, attempt, observation, action=action, actor=actor, now=now)
+    return attempt_apply(item, mechanism, attempt, observation, action=action, actor=actor, now=now)
 
 
 def observe(mechanism: Mechanism, ref: ItemRef, action: str) -> Observation:
@@ -203,7 +203,7 @@ def choose_action(item: WorkItem, mechanism: Mechanism) -> str:
     return "cancel"
 
 
-def _attempt_close(attempt_id: int, observation: Observation) -> None:
+def attempt_close(attempt_id: int, observation: Observation) -> None:
     CancellationAttempt.objects.filter(pk=attempt_id).update(answered_at=timezone.now(), **attempt_result(observation))
 
 
@@ -295,7 +295,7 @@ def item_observe(*, item_id: int, observation: Observation, action: str, actor: 
     item = WorkItem.objects.get(pk=item_id)
     mechanism = registry.get(item.mechanism)
     attempt = CancellationAttempt.objects.create(item=item, mechanism=mechanism.name, action=action, sent_at=now)
-    return _attempt_apply(item, mechanism, attempt, observation, action=action, actor=actor, now=now)
+    return attempt_apply(item, mechanism, attempt, observation, action=action, actor=actor, now=now)
 
 
 @dataclass(frozen=True)
@@ -468,7 +468,7 @@ def items_flag_overdue(*, now: datetime | None = None, limit: int = OVERDUE_BATC
     )
 
 
-def _attempt_apply(
+def attempt_apply(
     item: WorkItem,
     mechanism: Mechanism,
     attempt: CancellationAttempt,
@@ -479,7 +479,7 @@ def _attempt_apply(
     now: datetime,
 ) -> Result:
     """Close the attempt row with what was observed, then let the engine decide and apply it."""
-    _attempt_close(attempt.pk, observation)
+    attempt_close(attempt.pk, observation)
     return item_apply(
         item_id=item.pk,
         mechanism=mechanism,

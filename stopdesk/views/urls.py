@@ -1,4 +1,3 @@
-from django.contrib.auth.views import LogoutView
 from django.urls import path
 from django.views.generic import RedirectView
 
@@ -8,7 +7,6 @@ from stopdesk.views import auth, items, queue, records, review, tasks
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="task-list"), name="home"),
     path("login/", auth.RateLimitedLoginView.as_view(), name="login"),
-    path("logout/", LogoutView.as_view(), name="logout"),
     path("reauth/", auth.reauth, name="reauth"),
     path("tasks/", tasks.task_list, name="task-list"),
     path("tasks/<int:task_id>/", tasks.task_detail, name="task-detail"),

@@ -1,4 +1,5 @@
-"""Drill drivers for agents built with a framework (OpenAI Agents SDK, pydantic-ai, LangGraph).
+"""Drill drivers for agents built with a framework (OpenAI Agents SDK, pydantic-ai, LangGraph, the
+Claude Agent SDK).
 
 The child is a real framework agent run against the sandbox's scripted model: the model asks for
 one tool call, `create_lead`, declared as an external action on the CRM (idempotency key, status
@@ -8,6 +9,10 @@ before the model's answer, no tool call exists and the child is the discarded dr
 reached the run before it asked the model anything, the run itself, recorded never started).
 
     python manage.py stopdrill --mechanism openai-agents --mechanism pydantic-ai --mechanism langgraph
+    python manage.py stopdrill --mechanism claude-agent-sdk
+
+The Claude Code CLI runs its tools itself, so its agent gets `create_lead` as a tool of an SDK MCP
+server in the drill's process (`mcp__drill__create_lead`), declared by name.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ SCRIPT = Script.build("drill-lead", [Turn(tool_calls=(ToolCall("create_lead", {"
 
 class FrameworkDriver(Driver):
     framework: ClassVar[str]
+    script: ClassVar[Script] = SCRIPT  # what the scripted model answers this framework's agent
     expected = {
         "before_dispatch": frozenset({"cancelled"}),
         "during_tool_call": frozenset({"completed"}),
@@ -90,7 +96,7 @@ class FrameworkDriver(Driver):
             crm.configure(latency_s=0.5)
             ctx.cleanups.append(lambda: crm.configure(latency_s=0.0))
         model_url = sandbox.urls["openai"]
-        model = sandbox.sandbox.openai.load_script(SCRIPT)
+        model = sandbox.sandbox.openai.load_script(self.script)
         declaration = {
             "system": sandbox.system("crm"),
             "idempotency_key": lambda args: key,
@@ -244,6 +250,55 @@ class LangGraphDriver(FrameworkDriver):
         messages = {"messages": [{"role": "user", "content": "Add Acme as a lead"}]}
         state = await run_agent(runtime, task_id, graph, messages, poll_s=0.05)
         return state["messages"][-1].content
+
+
+CLAUDE_TOOL = "mcp__drill__create_lead"
+
+
+@register_driver
+class ClaudeAgentSDKDriver(FrameworkDriver):
+    mechanism = "claude-agent-sdk"
+    tool = "claude-agent-sdk (crm lead)"
+    script = Script.build(
+        "drill-lead-claude", [Turn(tool_calls=(ToolCall(CLAUDE_TOOL, {"name": "Acme"}),)), Turn(text="done")]
+    )
+
+    async def run_agent(self, runtime: Any, task_id: int, base_url: str, model: str, tool: Any) -> Any:
+        import tempfile
+
+        # In the body: the framework is an optional extra, needed only when this drill runs.
+        from claude_agent_sdk import ClaudeAgentOptions, create_sdk_mcp_server
+        from claude_agent_sdk import tool as sdk_tool
+
+        from reconcile.mechanisms.openai.sandbox_model import claude_cli_env
+        from stopdesk.agent.frameworks.claude_agent_sdk import run_agent
+
+        @sdk_tool("create_lead", "Create a lead in the CRM.", {"name": str})
+        async def create_lead(args: dict[str, Any]) -> dict[str, Any]:
+            try:
+                text = await tool(str(args["name"]))
+            except Exception as exc:
+                return {"content": [{"type": "text", "text": f"{type(exc).__name__}: {exc}"}], "is_error": True}
+            return {"content": [{"type": "text", "text": text}]}
+
+        home = tempfile.mkdtemp(prefix="stopdrill-claude-")
+        options = ClaudeAgentOptions(
+            cwd=home,
+            mcp_servers={"drill": create_sdk_mcp_server("drill", tools=[create_lead])},
+            allowed_tools=[CLAUDE_TOOL],
+            setting_sources=[],
+            model="claude-sonnet-4-5",
+            env=claude_cli_env(base_url.removesuffix("/v1"), home),
+        )
+        result = await run_agent(
+            runtime,
+            task_id,
+            f"[script:{self.script.name}] Add Acme as a lead",
+            options=options,
+            declarations={CLAUDE_TOOL: declaration_of(tool)},
+            poll_s=0.05,
+        )
+        return result.result if result is not None else None
 
 
 @register_driver

@@ -159,7 +159,7 @@ def run_drill(drill: Drill, driver: Driver, sandbox: DrillSandbox | None, target
 
 def drivers_for(mechanisms: list[str] | None) -> tuple[list[Driver], list[str]]:
     """Drivers for the named mechanisms (default: every registered one), and the names without one.
-    The framework drivers (openai-agents, pydantic-ai, langgraph) are not mechanisms, so they run
+    The framework drivers (openai-agents, pydantic-ai, langgraph, claude-agent-sdk) are not mechanisms, so they run
     only when named."""
 
     names = mechanisms or registry.names()

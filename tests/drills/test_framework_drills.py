@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(tran
 @pytest.mark.parametrize(
     "framework",
     # CrewAI runs in its own venv and process (make crewai-venv), over HTTP.
-    ["openai-agents", "pydantic-ai", "langgraph", pytest.param("crewai", marks=pytest.mark.crewai)],
+    ["openai-agents", "pydantic-ai", "langgraph", "claude-agent-sdk", pytest.param("crewai", marks=pytest.mark.crewai)],
 )
 def test_every_drill_passes_for_the_framework(framework, drill_sandbox):
     report = run_drills(mechanisms=[framework], sandbox=drill_sandbox, store=False)

@@ -99,3 +99,14 @@ def test_a_bad_watch_url_names_stopdesk_watch_url(env: dict[str, str], url: str)
     env["STOPDESK_WATCH_URL"] = url
     line = one_line(run(["manage.py", "check"], env))
     assert line.startswith(PREFIX + "STOPDESK_WATCH_URL") and "watch server's address" in line
+
+
+def test_single_sign_on_without_its_role_mapping_says_how_to_write_one(env: dict[str, str]) -> None:
+    env.update(
+        STOPDESK_OIDC_ISSUER="https://sso.example.com/realms/acme",
+        STOPDESK_OIDC_CLIENT_ID="stopdesk",
+        STOPDESK_OIDC_CLIENT_SECRET="s3cret",
+    )
+    line = one_line(run(["manage.py", "check"], env))
+    assert "STOPDESK_OIDC_ROLES is empty" in line and "approver=" in line
+    assert "s3cret" not in line

@@ -116,6 +116,7 @@ def test_up_serves_the_login_page_runs_the_demo_task_and_stops_cleanly(up: Up) -
         time.sleep(0.3)
     assert ("agent run", "running") in states, states
     assert [s for s in states if s[0] == "draft"] == [("draft", "running"), ("draft", "running")]
+    _the_openai_stand_ins_webhooks_reach_the_web_door(up)
     assert processes_with(up.marker), "the web server and the worker run with the data folder in their environment"
     gateway_url = _the_gateway_records_a_call_to_the_sandbox_mcp_server(up)
 
@@ -144,6 +145,24 @@ def test_up_serves_the_login_page_runs_the_demo_task_and_stops_cleanly(up: Up) -
         httpx.get(f"{watch_url}/healthz", timeout=2)
     with pytest.raises(httpx.ConnectError):
         httpx.get(gateway_url, timeout=2)
+
+
+def _the_openai_stand_ins_webhooks_reach_the_web_door(up: Up) -> None:
+    """A draft the stand-in finishes now is announced by its signed webhook, which the web door
+    verifies with the secret `up` gave it and keeps; the read-back then records the draft."""
+    found = re.search(r"OpenAI\s+(http://\S+?)/v1", up.output)
+    assert found, up.output
+    (handle,) = up.query("SELECT handle FROM stopdesk_workitem WHERE noun = 'draft' ORDER BY id LIMIT 1")[0]
+    assert re.fullmatch(r"resp_[0-9a-f]+", handle)
+    httpx.post(f"{found[1]}/_control/responses/{handle}/finish", json={"status": "completed"}, timeout=10)
+    deadline, rows, draft = time.monotonic() + 30, [], []
+    while time.monotonic() < deadline:
+        rows = up.query(f"SELECT event_type FROM reconcile_providerwebhook WHERE handle = '{handle}'")
+        draft = up.query(f"SELECT state FROM stopdesk_workitem WHERE handle = '{handle}'")
+        if rows and draft == [("completed",)]:
+            break
+        time.sleep(0.3)
+    assert ("response.completed",) in rows and draft == [("completed",)], (rows, draft)
 
 
 def _the_gateway_records_a_call_to_the_sandbox_mcp_server(up: Up) -> str:

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import json
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from reconcile.mechanisms.openai.sandbox import OpenAIStandin
 from stopdrill.sandbox.server import BackgroundServer
@@ -239,3 +248,99 @@ def test_http_control_endpoints_steer_the_standin_from_another_process(openai_st
     assert [r["id"] for r in listed] == [created.id]
     assert control.post("/reset").status_code == 200
     assert party.responses() == []
+
+
+# --- webhooks --------------------------------------------------------------------------------
+
+HOOK_SECRET = "whsec_" + base64.b64encode(b"stand-in-webhook-test-secret-32b").decode()
+
+
+class Receiver:
+    """A webhook endpoint on loopback that keeps what it was sent and fails the first `failing`
+    deliveries with 500, as an endpoint that is down for a moment does."""
+
+    def __init__(self, failing: int = 0) -> None:
+        self.failing = failing
+        self.got: list[tuple[bytes, dict[str, str]]] = []
+
+    def app(self) -> Starlette:
+        async def take(request: Request) -> Response:
+            self.got.append((await request.body(), dict(request.headers)))
+            return Response(status_code=500 if len(self.got) <= self.failing else 200)
+
+        return Starlette(routes=[Route("/hooks/openai", take, methods=["POST"])])
+
+
+@contextlib.contextmanager
+def hooks_to(party: OpenAIStandin, receiver: Receiver) -> Iterator[BackgroundServer]:
+    with BackgroundServer(receiver.app, name="receiver") as server:
+        party.configure(webhook_url=server.url + "/hooks/openai", webhook_secret=HOOK_SECRET)
+        yield server
+
+
+def arrived(receiver: Receiver, count: int, within_s: float = 5.0) -> list[tuple[bytes, dict[str, str]]]:
+    deadline = time.monotonic() + within_s
+    while len(receiver.got) < count and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return list(receiver.got)
+
+
+def verified(body: bytes, headers: dict[str, str]) -> Any:
+    """What the official SDK makes of a delivery (raises if the signature does not verify)."""
+    return openai.OpenAI(api_key="unused", webhook_secret=HOOK_SECRET).webhooks.unwrap(body, headers)
+
+
+def test_a_background_response_that_ends_sends_a_webhook_the_sdk_verifies(openai_standin: Standin) -> None:
+    party, server = openai_standin
+    receiver = Receiver()
+    with hooks_to(party, receiver):
+        created = start(sdk(server))
+        ((body, headers),) = arrived(receiver, 1)
+        event = verified(body, headers)
+        assert (event.type, event.data.id) == ("response.completed", created.id)
+        assert json.loads(body)["object"] == "event" and headers["webhook-id"].startswith("wh_")
+        # Nobody read it: the run ended on the stand-in's clock and the webhook said so.
+        assert party.counts.count("retrieve") == 0
+        sdk(server).responses.create(model="gpt-sandbox", input="foreground", background=False)
+        time.sleep(0.3)
+        assert len(receiver.got) == 1  # a foreground response sends none
+
+
+def test_a_delivery_without_a_2xx_is_tried_again_with_its_id_and_a_fresh_signature(openai_standin: Standin) -> None:
+    party, server = openai_standin
+    receiver = Receiver(failing=2)
+    with hooks_to(party, receiver):
+        created = start(sdk(server))
+        got = arrived(receiver, 3, within_s=8.0)
+        assert len(got) == 3
+        assert {headers["webhook-id"] for _, headers in got} == {got[0][1]["webhook-id"]}
+        assert all(verified(body, headers).data.id == created.id for body, headers in got)
+        sent = [s for s in party.webhooks_sent() if s["response_id"] == created.id]
+        assert [(s["attempt"], s["status"]) for s in sent] == [(1, 500), (2, 500), (3, 200)]
+
+
+def test_a_cancel_that_flips_sends_both_events(openai_standin: Standin) -> None:
+    party, server = openai_standin
+    receiver = Receiver()
+    with hooks_to(party, receiver):
+        party.run_s = 30.0
+        party.arm("flip_to_completed")
+        created = start(sdk(server))
+        sdk(server).responses.cancel(created.id)
+        got = arrived(receiver, 2)
+        assert sorted(verified(body, headers).type for body, headers in got) == [
+            "response.cancelled",
+            "response.completed",
+        ]
+
+
+def test_an_unstored_background_response_is_not_found_once_its_retention_is_over(openai_standin: Standin) -> None:
+    party, server = openai_standin
+    party.configure(unstored_retention_s=0.3)
+    client = sdk(server)
+    kept, unstored = start(client, store=True), start(client, store=False)
+    assert wait_for(client, unstored.id, "completed") == "completed"  # readable while it is kept
+    time.sleep(0.5)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+    assert client.responses.retrieve(kept.id).status == "completed"

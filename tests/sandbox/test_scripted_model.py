@@ -144,3 +144,73 @@ def test_an_unknown_script_is_a_404_naming_the_model_and_a_bad_script_a_400(open
     assert good.json() == {"model": "script:http"}
     with pytest.raises(ValueError, match="status"):
         Script.build("s", [Turn(mcp_calls=(HostedMcpCall("a", "b", status="weird"),))])
+
+
+# --- Anthropic's Messages API (what the Claude Code CLI calls) ---------------------------------
+
+
+def _sse_events(text: str) -> list[dict]:
+    return [json.loads(line.removeprefix("data: ")) for line in text.splitlines() if line.startswith("data: ")]
+
+
+def test_messages_answers_the_turn_as_tool_use_blocks_then_text(openai_standin: Standin) -> None:
+    party, server = openai_standin
+    model = party.load_script(TWO_TOOLS)
+    url = server.url + "/v1/messages"
+    ask = {"model": model, "max_tokens": 100, "messages": [{"role": "user", "content": "Add Acme"}]}
+
+    first = httpx.post(url, json=ask, timeout=5).json()
+    assert first["stop_reason"] == "tool_use"
+    assert [(b["type"], b["name"], b["input"], b["id"]) for b in first["content"]] == [
+        ("tool_use", "lookup", {"q": "acme"}, "call_0_0"),
+        ("tool_use", "create_lead", {"name": "Acme"}, "call_0_1"),
+    ]
+    results = [{"type": "tool_result", "tool_use_id": b["id"], "content": "ok"} for b in first["content"]]
+    history = [
+        *ask["messages"],
+        {"role": "assistant", "content": first["content"]},
+        {"role": "user", "content": results},
+    ]
+
+    streamed = httpx.post(url, json={**ask, "messages": history, "stream": True}, timeout=5)
+    events = _sse_events(streamed.text)
+    assert [e["type"] for e in events] == [
+        "message_start",
+        "content_block_start",
+        *["content_block_delta"] * 4,  # "Created the lead for Acme." in pieces of eight
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+    text = "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta")
+    assert text == "Created the lead for Acme."
+    assert events[-2]["delta"]["stop_reason"] == "end_turn"
+    assert [(e["endpoint"], e["turn"], e["stream"]) for e in party.model_log()] == [
+        ("messages", 0, False),
+        ("messages", 1, True),
+    ]
+
+
+def test_messages_follows_the_script_a_subagent_prompt_names(openai_standin: Standin) -> None:
+    party, server = openai_standin
+    party.load_script(Script.build("sub", [Turn(text="the subagent's answer")]))
+    ask = {
+        "model": "claude-sonnet-4-5",  # a subagent inherits its parent's model; its prompt names the script
+        "max_tokens": 100,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "[script:sub] survey the logs"}]}],
+    }
+
+    answer = httpx.post(server.url + "/v1/messages", json=ask, timeout=5)
+
+    assert answer.json()["content"] == [{"type": "text", "text": "the subagent's answer"}]
+
+
+def test_messages_refuses_a_request_without_messages_or_an_unknown_model(openai_standin: Standin) -> None:
+    _party, server = openai_standin
+    url = server.url + "/v1/messages"
+
+    missing = httpx.post(url, json={"model": "script:two-tools"}, timeout=5)
+    unknown = httpx.post(url, json={"model": "claude-x", "messages": [{"role": "user", "content": "hi"}]}, timeout=5)
+
+    assert missing.status_code == 400 and missing.json()["error"]["type"] == "invalid_request_error"
+    assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "not_found_error"

@@ -13,7 +13,7 @@ from django.contrib.auth.models import Group
 from django.test import Client
 from django.urls import reverse
 
-from reconcile.models import Compensation, Escalation
+from reconcile.models import Compensation, Escalation, ProviderWebhook
 from stopdesk.models import CancellationAttempt, Event, ExternalRecord, StopRequest, Task, WorkItem
 from tests.factories import make_task
 from tests.web.conftest import htmx
@@ -23,7 +23,8 @@ pytestmark = pytest.mark.django_db
 
 
 def test_every_ledger_model_is_in_the_admin():
-    for model in (Task, WorkItem, ExternalRecord, StopRequest, CancellationAttempt, Event, Compensation, Escalation):
+    ledger = (Task, WorkItem, ExternalRecord, StopRequest, CancellationAttempt, Event, Compensation, Escalation)
+    for model in (*ledger, ProviderWebhook):
         assert admin.site.is_registered(model), model
 
 
@@ -33,7 +34,7 @@ def test_admin_changelists_render_for_a_superuser(roles):
     client.force_login(roles["admin"])
     for name in ("task", "workitem", "externalrecord", "stoprequest", "cancellationattempt", "event"):
         assert client.get(reverse(f"admin:stopdesk_{name}_changelist")).status_code == 200, name
-    for name in ("compensation", "escalation"):
+    for name in ("compensation", "escalation", "providerwebhook"):
         assert client.get(reverse(f"admin:reconcile_{name}_changelist")).status_code == 200, name
 
 

@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import json
 import logging
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
 import httpx
 import mcp_types as types
-from django.utils import timezone
 from mcp.shared.exceptions import MCPError
 
 from reconcile.mechanisms.base import LEDGER_FINAL, Capability, ItemRef, Mechanism, MechanismSettings, Observation, Seen
@@ -213,7 +213,7 @@ class McpToolCall(Mechanism):
         if item.state in LEDGER_FINAL:
             return Observation(LEDGER_FINAL[item.state], remote_status=f"ledger: {item.state}")
         check = _status_check(item)
-        caller_alive = item.lease_until is not None and item.lease_until > timezone.now()
+        caller_alive = item.lease_until is not None and item.lease_until > datetime.now(UTC)
         if item.state == ItemState.RUNNING and caller_alive:
             return Observation(Seen.RUNNING, remote_status="caller alive", message="The caller cancels its own call.")
         annotations = (item.detail.get("mcp") or {}).get("annotations") or {}
@@ -256,7 +256,7 @@ def _status_check(item: ItemRef) -> dict[str, Any] | None:
 
 
 def _owner_alive(item: ItemRef) -> bool:
-    return item.lease_until is not None and item.lease_until > timezone.now()
+    return item.lease_until is not None and item.lease_until > datetime.now(UTC)
 
 
 def _owner_gone(what: str, detail: dict[str, Any] | None = None) -> Observation:

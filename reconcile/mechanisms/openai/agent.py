@@ -5,15 +5,20 @@ The adapter that cancels and reads these responses back is `reconcile.mechanisms
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import openai as sdk
 
 from reconcile.mechanisms.openai.adapter import client_for
 from reconcile.mechanisms.registry import mechanism_settings
+from reconcile.services.webhooks import webhook_wake_recorded
+from reconcile.tasks import wakes_dispatch
 from stopdesk.models import WorkItem
 from stopdesk.services.items import item_set_handle
 from stopdesk.services.transitions import item_submit
+
+log = logging.getLogger(__name__)
 
 
 def openai_client(
@@ -62,4 +67,10 @@ def response_create(
     # Only the id: the reconciler cancels and reads back at the configured endpoint, never at one
     # an item names (the server's key goes with it).
     item_set_handle(item_id=item_id, handle=response.id, actor=actor)
+    # A fast response's webhook can overtake the create's answer; it was kept, and is acted on now.
+    # Only a shortcut: if it cannot be queued, Stop's read-back and the polling still settle it.
+    try:
+        wakes_dispatch(webhook_wake_recorded(mechanism="openai", handle=response.id))
+    except Exception:
+        log.exception("queueing the read-back an early webhook asked for (%s) failed", response.id)
     return response

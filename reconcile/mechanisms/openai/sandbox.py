@@ -9,9 +9,16 @@ official `openai` SDK parses every answer, including the awkward parts:
   setting: 409 like ogx/Llama Stack (default) or the unchanged object like sglang;
 - there is no list endpoint, so a create whose answer was lost leaves an orphan that only
   the `/_control/responses` side channel (for tests, not for the code under test) can see;
+- a background response created with `store=false` is kept only about ten minutes after it ends
+  (`unstored_retention_s`), then its retrieve answers 404, so a read-back that comes too late finds
+  nothing;
+- with `webhook_url` and `webhook_secret` configured, each background response that ends sends
+  OpenAI's `response.*` webhook there, signed, at least once, sometimes twice, in no particular
+  order (`sandbox_hooks.py`); a ticker then moves responses on the clock, read or not;
 - a request whose `model` is `script:<name>` is answered by a scripted model
   (`sandbox_model.py`): function calls, hosted `mcp_call` items, then a final answer, over
-  Responses and Chat Completions, streamed or not. A scripted background response carries its
+  Responses and Chat Completions, streamed or not, and over Anthropic's Messages API (for the
+  Claude Code CLI). A scripted background response carries its
   turn's hosted tool calls as output items from the moment it runs, so a cancel leaves them there
   for the application to inspect, as upstream does.
 
@@ -22,9 +29,11 @@ a test cares about.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import re
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -38,6 +47,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from reconcile.mechanisms.openai import sandbox_model as sm
+from reconcile.mechanisms.openai.sandbox_hooks import WebhookSender
 from stopdrill.sandbox.common import SandboxParty
 
 RUNNING = frozenset({"queued", "in_progress"})
@@ -77,6 +87,7 @@ class StoredResponse:
     cancel_requests: int = 0
     cancel_ignored: bool = False
     flip_at: float | None = None  # monotonic time at which a `cancelled` turns `completed`
+    ended_at: float | None = None  # wall clock of its latest terminal status (the provider's final state)
     history: list[str] = field(default_factory=list)
     tool_items: list[dict[str, Any]] = field(default_factory=list)  # tool calls a script launched, while it runs
     tool_items_completed: list[dict[str, Any]] = field(default_factory=list)  # ... and once it has completed
@@ -129,7 +140,13 @@ class OpenAIStandin(SandboxParty):
         "flip_after_s",
         "cancel_on_terminal",
         "output_text",
+        "webhook_url",
+        "webhook_secret",
+        "webhook_duplicate_rate",
+        "webhook_jitter_s",
+        "unstored_retention_s",
     )
+    TICK_S = 0.01  # how often, with webhooks on, responses are moved on the clock
 
     def __init__(
         self,
@@ -140,6 +157,11 @@ class OpenAIStandin(SandboxParty):
         flip_after_s: float = 0.3,
         cancel_on_terminal: CancelOnTerminal = "409",
         output_text: str = "",
+        webhook_url: str = "",
+        webhook_secret: str = "",
+        webhook_duplicate_rate: float = 0.0,
+        webhook_jitter_s: float = 0.0,
+        unstored_retention_s: float = 600.0,
     ) -> None:
         super().__init__(latency_s=latency_s)
         self.queue_s = queue_s
@@ -151,6 +173,57 @@ class OpenAIStandin(SandboxParty):
         self._armed: list[set[str]] = []
         self._scripts: dict[str, sm.Script] = {}
         self._model_log: list[dict[str, Any]] = []
+        self.webhook_url = webhook_url
+        self.webhook_secret = webhook_secret
+        self.webhook_duplicate_rate = webhook_duplicate_rate
+        self.webhook_jitter_s = webhook_jitter_s
+        self.unstored_retention_s = unstored_retention_s
+        self._ended: list[tuple[str, str]] = []  # (status, response id) not yet handed to the sender
+        self._sender: WebhookSender | None = None
+        self._hooks_apply()
+
+    # --- webhooks ---------------------------------------------------------------------
+
+    def configure(self, **changes: Any) -> dict[str, Any]:
+        config = super().configure(**changes)
+        if any(name.startswith("webhook_") for name in changes):
+            self._hooks_apply()
+        return config
+
+    def _hooks_apply(self) -> None:
+        """(Re)start the sender and its ticker for the configured URL, or stop them."""
+        with self.lock:
+            old, self._sender = self._sender, None
+            if self.webhook_url and self.webhook_secret:
+                self._sender = WebhookSender(
+                    url=self.webhook_url,
+                    secret=self.webhook_secret,
+                    duplicate_rate=self.webhook_duplicate_rate,
+                    jitter_s=self.webhook_jitter_s,
+                )
+                threading.Thread(target=self._tick, args=(self._sender,), name="openai-ticker", daemon=True).start()
+        if old is not None:
+            old.close()
+
+    def _tick(self, sender: WebhookSender) -> None:
+        """Move every response on the clock (a run ends whether or not anyone reads it) and hand
+        the ones that ended to the sender, until the sender is replaced."""
+        while True:
+            time.sleep(self.TICK_S)
+            with self.lock:
+                if self._sender is not sender:
+                    return
+                for stored in self._responses.values():
+                    if stored.status in RUNNING or stored.flip_at is not None:
+                        self._advance(stored)
+                ended, self._ended = self._ended, []
+            for status, response_id in ended:
+                sender.event(status, response_id)
+
+    def webhooks_sent(self) -> list[dict[str, Any]]:
+        """Every webhook attempt so far: id, type, response, attempt, HTTP status, time."""
+        sender = self._sender
+        return [dataclasses.asdict(sent) for sent in list(sender.sent)] if sender is not None else []
 
     # --- Python control API -----------------------------------------------------------
 
@@ -190,6 +263,15 @@ class OpenAIStandin(SandboxParty):
                 self._advance(stored)
             return [s.to_json() for s in self._responses.values()]
 
+    def ended_at(self, response_id: str) -> float | None:
+        """When (wall clock) the response last reached a terminal status, or None."""
+        with self.lock:
+            stored = self._responses.get(response_id)
+            if stored is None:
+                return None
+            self._advance(stored)
+            return stored.ended_at
+
     def finish(self, response_id: str, status: str = "completed") -> dict[str, Any]:
         """Force a response to a terminal status now, whatever it was (a late flip, too)."""
         if status not in TERMINAL:
@@ -205,6 +287,7 @@ class OpenAIStandin(SandboxParty):
         with self.lock:
             self._responses.clear()
             self._armed.clear()
+            self._ended.clear()
             self._model_log.clear()
 
     # --- state machine ----------------------------------------------------------------
@@ -215,13 +298,16 @@ class OpenAIStandin(SandboxParty):
         if stored.status in RUNNING:
             elapsed = now - stored.started
             if elapsed >= stored.queue_s + stored.run_s:
-                self._set_status(stored, self._outcome(stored))
+                # Dated when the run ended on the clock, not when someone looked.
+                ended = time.time() - (elapsed - stored.queue_s - stored.run_s)
+                self._set_status(stored, self._outcome(stored), at=ended)
             elif elapsed >= stored.queue_s and stored.status == "queued":
                 self._set_status(stored, "in_progress")
         elif stored.status == "cancelled" and stored.flip_at is not None and now >= stored.flip_at:
             # The Azure case: termination was not guaranteed and the output arrived anyway.
+            flipped = time.time() - (now - stored.flip_at)
             stored.flip_at = None
-            self._set_status(stored, "completed")
+            self._set_status(stored, "completed", at=flipped)
 
     def _outcome(self, stored: StoredResponse) -> str:
         if self._has_fault_locked(FAIL, [stored.id]):
@@ -230,13 +316,16 @@ class OpenAIStandin(SandboxParty):
             return "incomplete"
         return "completed"
 
-    def _set_status(self, stored: StoredResponse, status: str) -> None:
+    def _set_status(self, stored: StoredResponse, status: str, at: float | None = None) -> None:
         stored.status = status
         stored.history.append(status)
         stored.error = None
         stored.incomplete_reason = None
         if status in TERMINAL:
-            stored.completed_at = time.time() if status == "completed" else None
+            stored.ended_at = at or time.time()
+            stored.completed_at = stored.ended_at if status == "completed" else None
+            if stored.background and self._sender is not None:
+                self._ended.append((status, stored.id))
         if status == "failed":
             stored.error = {"code": "server_error", "message": "The stand-in was told to fail this run."}
         elif status == "incomplete":
@@ -309,7 +398,15 @@ class OpenAIStandin(SandboxParty):
             if stored is None or not (stored.store or stored.background):
                 return _not_found(response_id)
             self._advance(stored)
+            if self._gone(stored):
+                return _not_found(response_id)
             return JSONResponse(stored.to_json())
+
+    def _gone(self, stored: StoredResponse) -> bool:
+        """A background response created with store=false is kept only for polling: about ten
+        minutes after it ended (`unstored_retention_s`) it is not found. Caller holds the lock."""
+        ended = stored.ended_at
+        return not stored.store and ended is not None and time.time() - ended > self.unstored_retention_s
 
     async def _cancel(self, request: Request) -> JSONResponse:
         response_id = request.path_params["response_id"]
@@ -409,6 +506,30 @@ class OpenAIStandin(SandboxParty):
         chunks = sm.chat_chunks(turn, model=model, include_usage=usage)
         return _sse(itertools.chain((f"data: {json.dumps(c)}\n\n" for c in chunks), ["data: [DONE]\n\n"]))
 
+    async def _messages(self, request: Request) -> JSONResponse | StreamingResponse:
+        """Anthropic's Messages API (what the Claude Code CLI calls), answered by a script."""
+        await self.arrive("messages")
+        try:
+            body = await request.json()
+        except ValueError:
+            return _anthropic_error(400, "invalid_request_error", "Request body is not valid JSON.")
+        if not isinstance(body, dict) or not body.get("model") or not isinstance(body.get("messages"), list):
+            return _anthropic_error(400, "invalid_request_error", "model: Field required; messages: Field required")
+        name = sm.messages_script_name(body)
+        with self.lock:
+            script = self._scripts.get(name or "")
+        if script is None:
+            return _anthropic_error(404, "not_found_error", f"model: {body['model']}")
+        index, turn = script.turn_for(body["messages"])
+        stream = bool(body.get("stream"))
+        with self.lock:
+            self._log("messages", script, index, stream=stream)
+        await anyio.sleep(turn.delay_s)
+        answer = sm.messages_answer(turn, model=str(body["model"]))
+        if not stream:
+            return JSONResponse(answer)
+        return _sse(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in sm.messages_events(answer))
+
     # --- control endpoints beyond the common ones ------------------------------------
 
     async def _control_scripts(self, request: Request) -> JSONResponse:
@@ -420,6 +541,9 @@ class OpenAIStandin(SandboxParty):
 
     async def _control_responses(self, request: Request) -> JSONResponse:
         return JSONResponse({"data": self.responses()})
+
+    async def _control_webhooks(self, request: Request) -> JSONResponse:
+        return JSONResponse({"data": self.webhooks_sent()})
 
     async def _control_arm(self, request: Request) -> JSONResponse:
         body = await request.json()
@@ -446,10 +570,12 @@ class OpenAIStandin(SandboxParty):
                 Route("/v1/responses/{response_id}", self._retrieve, methods=["GET"]),
                 Route("/v1/responses/{response_id}/cancel", self._cancel, methods=["POST"]),
                 Route("/v1/chat/completions", self._chat_completions, methods=["POST"]),
+                Route("/v1/messages", self._messages, methods=["POST"]),
                 Route("/_control/scripts", self._control_scripts, methods=["POST"]),
                 *self.control_routes(),
                 Route("/_control/responses", self._control_responses, methods=["GET"]),
                 Route("/_control/arm", self._control_arm, methods=["POST"]),
+                Route("/_control/webhooks", self._control_webhooks, methods=["GET"]),
                 Route("/_control/responses/{response_id}/finish", self._control_finish, methods=["POST"]),
             ]
         )
@@ -490,6 +616,10 @@ def _summarise(value: Any) -> str:
 
 def _error(status: int, message: str, *, kind: str = "invalid_request_error", param: str | None = None) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status_code=status)
+
+
+def _anthropic_error(status: int, kind: str, message: str) -> JSONResponse:
+    return JSONResponse({"type": "error", "error": {"type": kind, "message": message}}, status_code=status)
 
 
 def _not_found(response_id: str) -> JSONResponse:

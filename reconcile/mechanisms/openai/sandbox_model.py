@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -378,3 +379,81 @@ def _chat_tool_call(call: ToolCall) -> dict[str, Any]:
 
 def _chunks(text: str, size: int = 8) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)] or [""]
+
+
+# --- Anthropic Messages ----------------------------------------------------------------------
+# The same scripts over Anthropic's Messages wire (`POST /v1/messages`), which the Claude Code CLI
+# speaks (the Claude Agent SDK drives it, with ANTHROPIC_BASE_URL naming this server). A subagent
+# the CLI starts inherits the model, so a conversation whose first user message names a script
+# (`[script:<name>]`, e.g. in a Task's prompt) follows that script instead.
+
+SCRIPT_MARKER = re.compile(r"\[script:([A-Za-z0-9_.-]+)\]")
+
+
+def messages_script_name(body: dict[str, Any]) -> str | None:
+    messages = body.get("messages") or []
+    first = next((m for m in messages if isinstance(m, dict) and m.get("role") == "user"), None)
+    found = SCRIPT_MARKER.search(json.dumps(first)) if first is not None else None
+    return found.group(1) if found else script_name(str(body.get("model", "")))
+
+
+def messages_content(turn: Turn) -> list[dict[str, Any]]:
+    content: list[dict[str, Any]] = [{"type": "text", "text": turn.text}] if turn.text or not turn.tool_calls else []
+    content += [{"type": "tool_use", "id": c.call_id, "name": c.name, "input": c.arguments} for c in turn.tool_calls]
+    return content
+
+
+def messages_answer(turn: Turn, *, model: str) -> dict[str, Any]:
+    return {
+        "id": f"msg_{uuid.uuid4().hex[:24]}",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": messages_content(turn),
+        "stop_reason": "tool_use" if turn.tool_calls else "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 12, "output_tokens": 8},
+    }
+
+
+def messages_events(answer: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The SSE events of a streamed Messages answer: message_start, each content block (started
+    empty, then its delta: text, or the tool input's JSON), message_delta with the stop reason,
+    message_stop."""
+    start = {**answer, "content": [], "stop_reason": None, "usage": {"input_tokens": 12, "output_tokens": 1}}
+    yield {"type": "message_start", "message": start}
+    for index, block in enumerate(answer["content"]):
+        if block["type"] == "text":
+            yield {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}
+            for piece in _chunks(block["text"]):
+                yield {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": piece}}
+        else:
+            yield {"type": "content_block_start", "index": index, "content_block": {**block, "input": {}}}
+            partial = json.dumps(block["input"])
+            yield {
+                "type": "content_block_delta",
+                "index": index,
+                "delta": {"type": "input_json_delta", "partial_json": partial},
+            }
+        yield {"type": "content_block_stop", "index": index}
+    delta = {"stop_reason": answer["stop_reason"], "stop_sequence": None}
+    yield {"type": "message_delta", "delta": delta, "usage": {"output_tokens": 8}}
+    yield {"type": "message_stop"}
+
+
+def claude_cli_env(base_url: str, home: str) -> dict[str, str]:
+    """The environment that points the Claude Code CLI at this stand-in (`base_url`, without
+    `/v1`) and at nothing else: a throwaway key, no telemetry, error reports, update checks or other
+    traffic, a HOME of its own, and any other host sent to a proxy that is not there."""
+    return {
+        "ANTHROPIC_BASE_URL": base_url,
+        "ANTHROPIC_API_KEY": "sk-ant-stand-in-not-a-key",
+        "DISABLE_TELEMETRY": "1",
+        "DISABLE_ERROR_REPORTING": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "HOME": home,
+        "HTTPS_PROXY": "http://127.0.0.1:9",
+        "HTTP_PROXY": "http://127.0.0.1:9",
+        "NO_PROXY": "127.0.0.1,localhost",
+    }

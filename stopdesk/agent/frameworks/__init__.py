@@ -3,6 +3,7 @@
 - `stopdesk.agent.frameworks.openai_agents` — `pip install "stopdesk[openai-agents]"`
 - `stopdesk.agent.frameworks.pydantic_ai` — `pip install "stopdesk[pydantic-ai]"`
 - `stopdesk.agent.frameworks.langgraph` — `pip install "stopdesk[langgraph]"`
+- `stopdesk.agent.frameworks.claude_agent_sdk` — `pip install "stopdesk[claude-agent-sdk]"`
 - `stopdesk.agent.frameworks.crewai` — `pip install "stopdesk[crewai]"` (client side only: crewai
   cannot be installed beside the server; the crew records over HTTP)
 

@@ -325,6 +325,48 @@ class StopdeskRun:
             else:
                 await self._settle_interrupted(flight, "still in flight when the run ended after Stop")
 
+    # --- for integrations whose tools run in another process (claude_agent_sdk) ---------------
+
+    def item_of(self, call_id: str) -> int | None:
+        """The item of a tool call in flight."""
+        flight = self._in_flight.get(call_id)
+        return flight.item_id if flight is not None else None
+
+    async def register_started(self, **register: Any) -> int:
+        """A child item of the run's own (a subagent's run), through the boundary."""
+        return await self._register_started(submit_key="", mechanism="manual", **register)
+
+    async def report(self, item_id: int, *, status: str, detail: str) -> None:
+        await self._finish(item_id, status=status, detail=_clip_text(detail), flushed=False)
+
+    async def report_stopped(self, item_id: int, detail: str) -> None:
+        await self._stopped(item_id, _clip_text(detail))
+
+    async def uncertain(self, item_id: int, detail: str) -> None:
+        await self._call("mark_uncertain", item_id, detail=_clip_text(detail))
+
+    async def note_item(self, item_id: int, message: str, evidence: dict[str, Any]) -> None:
+        """An observation on an item, its state unchanged (still running after Stop)."""
+        if hasattr(self.runtime, "note_evidence"):
+            await self._call("note_evidence", item_id, message=message, evidence=evidence)
+
+    async def note(self, message: str, evidence: dict[str, Any]) -> None:
+        """The same, on the run's own item."""
+        if self.item_id is not None:
+            await self.note_item(self.item_id, message, evidence)
+
+    async def give_up_run(self, detail: str) -> None:
+        """The run's item is uncertain (work of it outlived `uninterruptible_s`): settled here, so
+        the run's end does not call it stopped."""
+        if self.item_id is not None:
+            item_id, self.item_id = self.item_id, None
+            await self.flush()
+            await self.uncertain(item_id, detail)
+
+    def later(self, work: Awaitable[Any], name: str) -> asyncio.Future[Any]:
+        """A ledger write off the caller's path, awaited before the run ends."""
+        return self._later(work, name)
+
     # --- tool bodies Stop cannot interrupt ------------------------------------------------------
 
     def _outlive(self, flight: _InFlight) -> None:
@@ -394,9 +436,11 @@ class StopdeskRun:
         mechanism: str = "",
         extra: dict[str, Any] | None = None,
         stopped_result: Any = STOPPED_RESULT,
+        parent: int | None = None,
     ) -> Any:
         """Register, pass the boundary, run `body`, record the outcome. After Stop the body never
-        runs and `stopped_result` is returned instead (the model reads it as the tool's answer)."""
+        runs and `stopped_result` is returned instead (the model reads it as the tool's answer).
+        `parent`: the item the call belongs under (a subagent's run), else none."""
         key = declaration.idempotency_key(arguments) if declaration.idempotency_key and declaration.external else ""
         detail = {
             "tool": {
@@ -411,6 +455,7 @@ class StopdeskRun:
         if declaration.http:
             detail["http"] = {"system": declaration.system, **declaration.http}
         external = declaration.external
+        placed: dict[str, Any] = {"parent": parent} if parent is not None else {}
         registration = asyncio.ensure_future(
             self._register_started(
                 submit_key=key if external else "",
@@ -421,6 +466,7 @@ class StopdeskRun:
                 label=name,
                 idempotency_key=key,
                 detail=detail,
+                **placed,
             )
         )
         try:
