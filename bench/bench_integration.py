@@ -247,7 +247,7 @@ def run() -> list[Figure]:
     figures = []
     with BackgroundServer(party.app, name="openai") as server:
         base_url = server.url + "/v1"
-        # BENCH_FRAMEWORKS=claude_agent_sdk,...: only these (default: every one).
+        # BENCH_FRAMEWORKS=claude_agent_sdk,crewai,...: only these (default: every one).
         chosen = {n for n in os.environ.get("BENCH_FRAMEWORKS", "").split(",") if n} or set(FRAMEWORKS)
         for name, agent in FRAMEWORKS.items():
             if name not in chosen:
@@ -287,7 +287,8 @@ def run() -> list[Figure]:
             figures.append(Figure(f"integration.run_queries_per_run.{name}", run_item, "queries", target=1))
             every = sum(counted.by_method.values()) / TOOL_CALLS
             figures.append(Figure(f"integration.queries_per_tool_call.{name}", every, "queries"))
-        figures.extend(_crewai(base_url, model))
+        if not os.environ.get("BENCH_FRAMEWORKS") or "crewai" in os.environ["BENCH_FRAMEWORKS"].split(","):
+            figures.extend(_crewai(base_url, model))
     return figures
 
 
