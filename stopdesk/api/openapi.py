@@ -175,7 +175,8 @@ def _watch_operation() -> dict[str, Any]:
             "401": {"description": ERROR_TEXT[401], **error},
             "307": {
                 "description": "Served by the watch server, not here (`STOPDESK_WATCH_URL` is set): repeat the "
-                "request at `Location`; the body's `watch_url` names the server, for every later watch.",
+                "request at `Location`; the body's `watch_url` names the server, for every later watch. "
+                "A look with no wait (`timeout=0`) is answered here all the same.",
                 **error,
             },
             "404": {"description": ERROR_TEXT[404], **error},

@@ -100,7 +100,9 @@ async def answer_many(*, method: str, authorization: str, body: bytes) -> tuple[
 
 @csrf_exempt
 async def watch_stop(request: HttpRequest, task_id: str) -> JsonResponse:
-    if settings.STOPDESK_WATCH_URL and request.method == "GET":
+    # A look with no wait (`timeout=0`, the clients' `task_stopped`) is one indexed read that holds
+    # no thread, so the web door answers it itself; only a watch that waits goes to the watch server.
+    if settings.STOPDESK_WATCH_URL and request.method == "GET" and not _no_wait(request.GET.get("timeout")):
         return elsewhere(settings.STOPDESK_WATCH_URL, task_id, request.META.get("QUERY_STRING", ""))
     status, body = await answer(
         method=request.method or "",
@@ -119,6 +121,13 @@ async def watch_many(request: HttpRequest) -> JsonResponse:
         method=request.method or "", authorization=request.headers.get("Authorization", ""), body=request.body
     )
     return _json_response(status, body, allow="POST")
+
+
+def _no_wait(timeout: str | None) -> bool:
+    try:
+        return timeout is not None and float(timeout) == 0
+    except ValueError:
+        return False  # the watch server refuses it, naming the field
 
 
 def elsewhere(watch_url: str, task_id: str | None, query: str) -> JsonResponse:

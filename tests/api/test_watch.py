@@ -140,6 +140,26 @@ def test_a_web_door_that_sends_watches_round_in_a_circle_ends_the_watch_with_the
     assert refused.value.code == "watch_redirect_loop"
 
 
+def test_a_look_with_no_wait_is_answered_by_the_web_door_itself_when_watches_go_elsewhere(
+    live_server, runtime_token, settings
+):
+    """`task_stopped` (a watch with timeout=0) holds no thread, so the web door answers it even
+    when a watch server takes the waiting watches; before, it got the 307 meant for a waiting
+    watch and the client failed to read it as an answer."""
+    runtime, token = runtime_token
+    task = task_create(title="Analyse invoices", actor="test", runtime=runtime)
+    settings.STOPDESK_WATCH_URL = "http://127.0.0.1:9"  # nothing listens there: a follow would fail
+    with Client(live_server.url, token) as sd:
+        assert sd.task_stopped(task.pk) is False
+        task_request_stop(task_id=task.pk, actor="test", dispatch=lambda ids: None)
+        assert sd.task_stopped(task.pk) is True
+        waiting = httpx.get(
+            f"{live_server.url}/api/v1/tasks/{task.pk}/stop/watch?timeout=5",
+            headers={"Authorization": f"Bearer {token}"},
+        )
+    assert waiting.status_code == 307 and waiting.json()["error"] == "watch_elsewhere"
+
+
 def test_the_api_document_names_the_watch_server_when_one_is_configured(settings):
     from stopdesk.api.openapi import document
 
