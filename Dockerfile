@@ -19,8 +19,6 @@ COPY manage.py pyproject.toml ./
 COPY stopdesk ./stopdesk
 COPY reconcile ./reconcile
 COPY stopdrill ./stopdrill
-COPY templates ./templates
-COPY static ./static
 
 # Static files are collected at build time and served by whitenoise from the web process. The build
 # needs settings to load, not a secret: a throwaway key and host are used for this step only.

@@ -71,7 +71,7 @@ WSGI_APPLICATION = "stopdesk.wsgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [BASE_DIR / "stopdesk" / "templates"],  # first: its admin/ overrides Django's own
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -126,7 +126,6 @@ USE_TZ = True
 FORMAT_MODULE_PATH = ["stopdesk.formats"]
 
 STATIC_URL = "static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
 # whitenoise serves STATIC_ROOT, filled by collectstatic (the image does it at build time); in
 # development and tests there is none and it serves straight from the finders.
 STATIC_ROOT = os.environ.get("STOPDESK_STATIC_ROOT") or (str(DATA_DIR / "staticfiles") if PRODUCTION else None)

@@ -34,6 +34,8 @@ NOT_FILES = {"Node.js"}  # words that look like a file name
 NOT_FILES |= {"claude_desktop_config.json", ".cursor/mcp.json", ".codex/config.toml", ".vscode/mcp.json"}
 # The file an operator writes with audit_export, named where AUDIT.md shows a run of it.
 NOT_FILES |= {"audit.jsonl", "./audit.jsonl"}
+# Django's own admin templates, which the admin's pages extend.
+NOT_FILES |= {"admin/change_list.html", "admin/base_site.html"}
 
 EXTENSIONS = "py|md|toml|html|css|js|json|yml|yaml|in|txt|cfg|ini|sh|sql|csv|jsonl"
 URL = re.compile(r"[a-z][a-z+.-]*://\S+")

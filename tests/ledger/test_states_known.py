@@ -50,7 +50,7 @@ def test_the_summary_tells_an_item_in_every_state(state):
 
 def test_the_task_page_groups_and_colours_every_state():
     assert sorted(GROUP_ORDER) == sorted(STATES) and len(GROUP_ORDER) == len(STATES)
-    css = (Path(__file__).parents[2] / "static" / "stopdesk" / "app.css").read_text()
+    css = (Path(__file__).parents[2] / "stopdesk" / "static" / "stopdesk" / "app.css").read_text()
     for state in STATES:
         assert f".pill.{state}" in css, state
 

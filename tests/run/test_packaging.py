@@ -213,6 +213,10 @@ def test_the_server_install_alone_passes_check(source: Path, tmp_path: Path) -> 
         "import django; django.setup(); import gunicorn, uvicorn, stopdesk;"
         "from stopdesk.wsgi import application; application.load_middleware();"
         "import stopdesk.asgi, stopdesk.gateway.server, stopdesk.celery, stopdesk.tasks, reconcile.tasks;"
+        # and the pages it serves: their templates and static files come with the package
+        "from django.template.loader import get_template; get_template('tasks/detail.html');"
+        "from django.contrib.staticfiles import finders;"
+        "assert finders.find('stopdesk/app.css') and finders.find('vendor/htmx-2.0.11/htmx.min.js');"
         "print(stopdesk.__file__)"
     )
     loaded = subprocess.run(
