@@ -19,6 +19,7 @@ import redis
 from stopdesk.celery import app
 from stopdrill.drills.core import DrillContext, drill_settings
 from stopdrill.drills.sandbox import DrillSandbox, start_drill_sandbox
+from tests.broker_pools import forget_broker_connections
 from tests.workers.conftest import ROOT
 from tests.workers.conftest import Worker as _Worker
 
@@ -113,10 +114,7 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
 
 
 def _forget_connections() -> None:
-    # Celery caches its connection pool and producer pool on first use; drop both so the next
-    # call connects to the broker configured now.
-    app._pool = None
-    app.amqp._producer_pool = None
+    forget_broker_connections(app)
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from stopdesk.services.items import item_register, item_set_handle
 from stopdesk.services.transitions import item_start
 from stopdesk.states import ItemState, Kind
 from stopdrill.sandbox.server import BackgroundServer
+from tests.broker_pools import forget_broker_connections
 from tests.factories import make_task
 from tests.reconcile.conftest import configure_openai
 from tests.reconcile.helpers import stop
@@ -308,13 +309,13 @@ def test_a_delivery_whose_read_back_cannot_be_queued_is_refused_and_not_kept(hoo
     item, response_id = running_draft(url)
     saved = {k: celery_app.conf[k] for k in ("task_always_eager", "broker_url", "task_publish_retry")}
     celery_app.conf.update(task_always_eager=False, broker_url="redis://127.0.0.1:9/0", task_publish_retry=False)
-    celery_app.pool.force_close_all()
+    forget_broker_connections(celery_app)
     try:
         delivery = signed(event("response.completed", response_id), webhook_id="wh_later")
         answer = httpx.post(live_server.url + "/hooks/openai", **delivery, timeout=30)
     finally:
         celery_app.conf.update(saved)
-        celery_app.pool.force_close_all()
+        forget_broker_connections(celery_app)
     assert answer.status_code == 503 and "deliver again" in answer.json()["error"]
     assert not ProviderWebhook.objects.filter(webhook_id="wh_later").exists()
     again = signed(event("response.completed", response_id), webhook_id="wh_later")
