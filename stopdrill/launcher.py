@@ -401,7 +401,7 @@ class Launcher:
         lines += [
             f"  Webhooks   {urls[RECEIVER]}  (signed notifications, verified there; GET lists them)",
             *(
-                [f"  From OpenAI {self.url}{OPENAI_HOOK_PATH}  (the stand-in's response.* webhooks, signed)"]
+                [f"  OpenAI in  {self.url}{OPENAI_HOOK_PATH}  (the stand-in's response.* webhooks, signed)"]
                 if self.openai_webhook_secret
                 else []
             ),
