@@ -263,8 +263,10 @@ async def _stopped(task_id: int, upstream_id: UpstreamId | None = None) -> MCPEr
 
 
 def _client_cancelled(*, upstream_id: UpstreamId) -> None:
-    record_client_cancel(item_id=upstream_id.item_id)
+    # The call's upstream id first, then its end: whoever sees the item settled sees which
+    # upstream request it was (the other order left a moment where it had ended without it).
     upstream_id.record()
+    record_client_cancel(item_id=upstream_id.item_id)
 
 
 def _record_and_word(*, task_id: int, upstream_id: UpstreamId | None) -> str:
