@@ -9,6 +9,7 @@ Django's until the settings are set up."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from dataclasses import dataclass
@@ -71,6 +72,8 @@ def main(argv: list[str] | None = None) -> None:
         invocation = parse(argv)
     except UsageError as exc:
         _fail(f"{exc}\n{USAGE}", 2)
+    if importlib.util.find_spec("django") is None:  # `pip install stopdesk` is the client alone
+        _fail('the MCP gateway is part of the server, not installed here: pip install "stopdesk[server]"', 1)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "stopdesk.settings")
     import anyio
     import django

@@ -250,6 +250,14 @@ def test_the_client_install_brings_httpx_alone_and_runs_the_readme_agent(
         server.stderr.strip()
         == 'stopdesk: the server is not installed here (only the client is): pip install "stopdesk[server]"'
     )
+    # So does the MCP gateway's stdio shim, which the client install puts on the PATH too.
+    shim = subprocess.run(
+        [python.parent / "stopdesk-mcp", "--", "true"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert shim.returncode == 1 and shim.stdout == ""
+    assert shim.stderr.strip() == (
+        'stopdesk-mcp: the MCP gateway is part of the server, not installed here: pip install "stopdesk[server]"'
+    )
 
     token = runtime_create(name="client-install", actor="test")[1]
     env = {k: v for k, v in clean_env(tmp_path).items() if k not in ("PYTHONPATH", "DJANGO_SETTINGS_MODULE")}
