@@ -2,10 +2,13 @@
 
 The SDK's server side speaks both revisions to clients (2026-07-28, and 2025-11-25 with its
 `initialize` handshake and `Mcp-Session-Id`); upstream calls go through `open_client`, in the
-revision the upstream offers. `tools/list` is forwarded as it is. Every `tools/call` is first
-registered as an item of the caller's task (`sessions.py`), then made by `mcp_call_tool`, which
-records the upstream, tool, revision and annotations, passes the boundary before anything is
-sent, and cancels the upstream call the way its revision means it when Stop comes. A call Stop
+revision the upstream offers. `tools/list` is forwarded as it is. A `tools/call` costs the
+ledger two trips: before anything is sent, one transaction takes the retry gate and registers
+the call as an item of the caller's task (`sessions.py`) with everything known of it (upstream,
+tool, revision, annotations from the last listing) and passes the boundary, with the task's Stop
+already watched; after the answer, one statement records the result with the upstream's id of
+the call, before the client hears it. In between, `call_passed` makes the call and cancels it
+the way its revision means it when Stop comes. A call Stop
 refused or ended is answered with an MCP error saying who stopped it and why; a call the client
 cancels is cancelled upstream and recorded (`client_cancel.py`); a call identical to one whose
 outcome the client never learned is held while that outcome is unknown, and refused once it is
@@ -15,9 +18,11 @@ JSON-RPC id of the call once it was sent (`upstream_request_id`, on either trans
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
-from collections.abc import AsyncIterator, Mapping
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +39,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
-from reconcile.mechanisms.mcp.agent import mcp_call_tool
+from reconcile.mechanisms.mcp.agent import ProgressSeen, StopPushed, call_passed, describe, listening
+from reconcile.mechanisms.mcp.agent.common import record_failure, unwrap
 from reconcile.mechanisms.mcp.servers import (
     Connection,
     ServerConfigError,
@@ -56,10 +62,12 @@ from stopdesk.gateway.sessions import (
     stopped_words,
 )
 from stopdesk.gateway.upstreams import UpstreamConnections
-from stopdesk.models import WorkItem
 from stopdesk.protocol.spec import noun_of
-from stopdesk.services.errors import LedgerError, TaskStopped, ToolNotReady
-from stopdesk.services.items import item_record_detail, item_register
+from stopdesk.push.hub import stop_hub
+from stopdesk.services.errors import LedgerError, TaskClosed, TaskStopped, ToolNotReady
+from stopdesk.services.items import item_finish, item_record_detail, item_register_started
+from stopdesk.services.sql import is_postgres
+from stopdesk.services.transitions import item_close_running
 from stopdesk.states import ItemState, Kind
 
 PATH = "/mcp/{name}"
@@ -80,7 +88,13 @@ class UpstreamGateway:
     """The gateway in front of one upstream MCP server."""
 
     def __init__(
-        self, spec: ServerSpec, tasks: SessionTasks, ledger: LedgerThreads, *, poll_s: float, timeout_s: float
+        self,
+        spec: ServerSpec,
+        tasks: SessionTasks,
+        ledger: LedgerThreads,
+        *,
+        poll_s: float,
+        timeout_s: float,
     ) -> None:
         self.spec = spec
         self.tasks = tasks
@@ -89,6 +103,9 @@ class UpstreamGateway:
         self.timeout_s = timeout_s
         self.known_tools: dict[str, types.Tool] = {}  # the upstream's tools, as last listed
         self.upstream = UpstreamConnections(spec, timeout_s=timeout_s)
+        # How long a call Stop cancelled keeps its connection for the progress the server goes on
+        # sending (evidence).
+        self.after_cancel_s = float(mechanism_settings("mcp").options.get("after_cancel_s", 2.0))
 
     def build_server(self) -> Server[Any]:
         return Server(
@@ -124,6 +141,8 @@ class UpstreamGateway:
         # listing, not one started per tools/list), apart from any session's calls.
         async with self.upstream.lend(LISTING) as conn:
             listing = await conn.client.list_tools(cursor=cursor)
+            if cursor is None:
+                conn.tools = listing  # what calls are described from (`_describe`), as fresh as the client's
         self.known_tools.update({tool.name: tool for tool in listing.tools})
         return listing
 
@@ -146,27 +165,76 @@ class UpstreamGateway:
         arguments = dict(params.arguments or {})
         facts = self._call_facts(ctx, params.name, arguments)
         await self._refuse_if_not_ready(params.name)
+        mcp_facts = await self._describe(params.name, arguments)
+        loop = asyncio.get_running_loop()
+        stopped = asyncio.Event()
         try:
-            # One trip to the ledger (one thread, one connection) for the task, the gate and the item.
-            task_id, item = await in_thread(self._register, caller=caller_of(ctx, self.spec.name), facts=facts)
+            # One trip to the ledger before anything is sent: the session's task, the retry gate, the
+            # item with everything known of the call, and the boundary.
+            entered = await in_thread(
+                self._enter,
+                caller=caller_of(ctx, self.spec.name),
+                facts=facts,
+                mcp_facts=mcp_facts,
+                on_stop=lambda: loop.call_soon_threadsafe(stopped.set),
+            )
         except UnknownTask as exc:
             raise MCPError(code=INVALID_PARAMS, message=str(exc)) from exc
         except ToolNotReady as exc:  # the registration's own readiness check
             raise MCPError(code=NOT_READY, message=str(exc)) from exc
+        except TaskStopped as exc:  # registered after Stop, and cancelled: the upstream is never contacted
+            assert exc.task_id is not None
+            raise await _stopped(exc.task_id) from None
         except LedgerError as exc:  # a closed task: nothing was sent
             raise MCPError(code=REFUSED, message=str(exc)) from exc
-        if item.state == ItemState.CANCELLED:  # registered after Stop: the upstream is never contacted
-            raise await _stopped(task_id)
-        return await self._forward(task_id, item.pk, facts, arguments)
+        try:
+            return await self._forward(entered, facts, mcp_facts, arguments, StopPushed(stopped, entered.unwatch))
+        finally:
+            entered.unwatch()
 
-    def _register(self, *, caller: Caller, facts: dict[str, Any]) -> tuple[int, WorkItem]:
-        task_id = self.tasks.task_for(caller)
+    async def _describe(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """The call's MCP facts (revision, transport, annotations, status check) from a connection
+        kept for listings: known before the ledger is asked, without a session's connection, so a
+        call the boundary refuses reaches nothing upstream."""
+        try:
+            async with self.upstream.lend(LISTING) as conn:
+                return await describe(conn, tool, arguments)
+        except (LookupError, ServerConfigError) as exc:  # no such tool, or arguments its status check
+            raise MCPError(code=INVALID_PARAMS, message=str(exc)) from exc  # needs: nothing is recorded or sent
+
+    def _enter(
+        self, *, caller: Caller, facts: dict[str, Any], mcp_facts: dict[str, Any], on_stop: Callable[[], Any]
+    ) -> Entered:
+        """The task's Stop watched first, then the gate and the registration with its boundary, as
+        one transaction: a Stop that commits after the boundary is pushed to the watch, and one
+        before it refuses the call. A session's task, kept in memory, may have been closed since
+        it was read: then its next task is read and the call registered there."""
+        for attempt in (1, 2):
+            task_id = self.tasks.task_for(caller)
+            unwatch = stop_hub().watch(task_id, lambda _task, _at: on_stop())
+            try:
+                item_id = self._register_passed(task_id, facts, mcp_facts)
+                if item_id is None:  # a task the caller named that is not there
+                    raise self.tasks.unknown(caller)
+                return Entered(task_id, item_id, unwatch)
+            except TaskClosed:
+                unwatch()
+                if attempt == 2 or not self.tasks.forget(caller):
+                    raise
+            except BaseException:
+                unwatch()
+                raise
+        raise AssertionError("unreachable")
+
+    def _register_passed(self, task_id: int, facts: dict[str, Any], mcp_facts: dict[str, Any]) -> int | None:
         identical = {
             "task_id": task_id,
             "upstream": self.spec.name,
             "tool": facts["tool"],
             "arguments_sha256": facts["arguments_sha256"],
         }
+        read_only = bool(mcp_facts["annotations"]["readOnlyHint"])
+        stopped: TaskStopped | None = None
         with transaction.atomic():  # the gate's check and the registration, as one
             if facts["tool"] not in self.spec.idempotent_tools:
                 gate_lock(**identical)
@@ -174,59 +242,66 @@ class UpstreamGateway:
                 if earlier is not None:
                     code = TOOK_EFFECT if earlier.state == ItemState.COMPLETED else HELD
                     raise MCPError(code=code, message=refused_words(earlier))
-            item = item_register(
-                task=task_id,
-                kind=Kind.REMOTE_TOOL,
-                noun=noun_of(f"{self.spec.name}: {facts['tool']}"),
-                actor=ACTOR,
-                mechanism="mcp",
-                detail={"gateway": facts},
-            )
-        return task_id, item
+            try:
+                item_id = item_register_started(
+                    task_id=task_id,
+                    actor=ACTOR,
+                    worker="mcp",
+                    # A call that may change the world is an external action: submitted, with a key.
+                    submit_key="" if read_only else f"mcp-gateway-{uuid.uuid4().hex}",
+                    kind=Kind.REMOTE_TOOL,
+                    noun=noun_of(f"{self.spec.name}: {facts['tool']}"),
+                    mechanism="mcp",
+                    detail={"gateway": facts, "mcp": mcp_facts},
+                )
+            except TaskStopped as exc:  # recorded and cancelled: that record must commit
+                stopped = exc
+        if stopped is not None:
+            raise stopped
+        return item_id
 
-    async def _forward(self, task_id: int, item_id: int, facts: dict[str, Any], arguments: dict[str, Any]) -> Any:
-        """The call upstream, watching for Stop; the client's own cancel ends it too. However it
-        ends, the upstream's id of the call (once it was sent) goes on the item with the gateway's
-        facts: the connection lent to the call noted it."""
+    async def _forward(
+        self,
+        entered: Entered,
+        facts: dict[str, Any],
+        mcp_facts: dict[str, Any],
+        arguments: dict[str, Any],
+        stop_seen: StopPushed,
+    ) -> Any:
+        """The call upstream on one of the session's connections, watching for Stop; the client's
+        own cancel ends it too. However it ends, the upstream's id of the call (once it was sent)
+        goes on the item with the gateway's facts."""
+        task_id, item_id = entered.task_id, entered.item_id
+        tool = facts["tool"]
+        progress = ProgressSeen(token=f"stopdesk-item-{item_id}")
         lent: list[Connection] = []
-
-        @asynccontextmanager
-        async def connect() -> AsyncIterator[Connection]:
-            async with self.upstream.lend(task_id) as conn:
-                lent.append(conn)
-                yield conn
 
         def sent() -> UpstreamId:
             return UpstreamId(item_id, facts, lent[0].sent_ids.get("tools/call") if lent else None)
 
         try:
-            result = await mcp_call_tool(
-                item_id=item_id,
-                tool=facts["tool"],
-                actor=ACTOR,
-                server=self.spec,
-                arguments=arguments,
-                poll_s=self.poll_s,
-                timeout_s=self.timeout_s,
-                stop_push=True,
-                connect=connect,
-            )
+            async with self.upstream.lend(task_id) as conn, listening(conn, progress.handle):
+                lent.append(conn)
+                result = await call_passed(
+                    conn, item_id=item_id, actor=ACTOR, tool=tool, arguments=arguments, facts=mcp_facts,
+                    poll_s=self.poll_s, linger_s=self.after_cancel_s, progress=progress, stop_seen=stop_seen,
+                )  # fmt: skip
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):  # the record is written even as the handler ends
                 await in_thread(_client_cancelled, upstream_id=sent())
             raise
-        except TaskStopped:
-            self.upstream.close_task(task_id)
-            raise await _stopped(task_id, sent()) from None
         except Exception as exc:
+            await record_failure(item_id, ACTOR, exc, mcp_facts)
             await in_thread(sent().record)
-            if isinstance(exc, LookupError | ServerConfigError):  # no such tool; arguments its status check needs
-                raise MCPError(code=INVALID_PARAMS, message=str(exc)) from exc
-            raise
+            error = unwrap(exc)
+            if isinstance(error, LookupError | ServerConfigError):  # arguments its status check needs
+                raise MCPError(code=INVALID_PARAMS, message=str(error)) from exc
+            raise error from exc
         if result is None:  # Stop cancelled it upstream; the item says cancelled or uncertain
             self.upstream.close_task(task_id)
             raise await _stopped(task_id, sent())
-        await in_thread(sent().record)
+        # The ledger has the answer before the client does.
+        await in_thread(Answer(sent(), succeeded=not result.is_error, outcome=_outcome_of(result)).record)
         return result
 
     def _call_facts(self, ctx: ServerRequestContext[Any], tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -244,6 +319,42 @@ class UpstreamGateway:
 
 
 @dataclass(frozen=True)
+class Entered:
+    """A call registered and through the boundary, with its task's Stop watched."""
+
+    task_id: int
+    item_id: int
+    unwatch: Callable[[], None]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The upstream's answer to record: the item's result, in one transaction with the call's
+    upstream id."""
+
+    upstream_id: UpstreamId
+    succeeded: bool
+    outcome: str
+
+    def record(self) -> None:
+        item_id, facts = self.upstream_id.item_id, self.upstream_id.with_id()
+        # A running item's result and the call's upstream id in one statement; otherwise (SQLite,
+        # or an item a Stop settled meanwhile: a late result, or the same one) the general path.
+        if is_postgres() and item_close_running(
+            item_id=item_id, succeeded=self.succeeded, actor=ACTOR, outcome=self.outcome, detail=facts
+        ):
+            return
+        with transaction.atomic():
+            self.upstream_id.record()
+            item_finish(item_id=item_id, succeeded=self.succeeded, actor=ACTOR, outcome=self.outcome)
+
+
+def _outcome_of(result: types.CallToolResult) -> str:
+    text = " ".join(getattr(c, "text", "") for c in result.content)[:200]
+    return text or "done"
+
+
+@dataclass(frozen=True)
 class UpstreamId:
     """The upstream's JSON-RPC id of an item's call (None when it was not sent), to be recorded
     with the gateway's facts of the call."""
@@ -252,10 +363,15 @@ class UpstreamId:
     facts: dict[str, Any]
     request_id: Any
 
+    def with_id(self) -> dict[str, Any] | None:
+        """The item's `gateway` detail with the upstream id; None when nothing was sent."""
+        if self.request_id is None:
+            return None
+        return {"gateway": {**self.facts, "upstream_request_id": self.request_id}}
+
     def record(self) -> None:
-        if self.request_id is not None:
-            facts = {**self.facts, "upstream_request_id": self.request_id}
-            item_record_detail(item_id=self.item_id, detail={"gateway": facts}, actor=ACTOR)
+        if (detail := self.with_id()) is not None:
+            item_record_detail(item_id=self.item_id, detail=detail, actor=ACTOR)
 
 
 async def _stopped(task_id: int, upstream_id: UpstreamId | None = None) -> MCPError:

@@ -16,7 +16,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from stopdesk.models import StopRequest, Task
+from stopdesk.models import StopRequest
 from stopdesk.services.gateway_sessions import gateway_session_task
 
 TASK_HEADER = "x-stopdesk-task"
@@ -50,21 +50,48 @@ class Caller:
 
 
 class SessionTasks:
-    """The task of each gateway session, read from the ledger at each call (one indexed query), so
-    that every process agrees and a closed task is never reused."""
+    """The task of each gateway session. The ledger is the truth (`GatewaySession`), so that every
+    process agrees; each process keeps what it read, since a session keeps its task until the
+    task is closed: a registration in a closed task is refused (TaskClosed), and the caller then
+    `forget`s it and reads the session's next task. A task a caller names is not read at all:
+    registering in a task that is not there finds nothing (`unknown`)."""
+
+    def __init__(self) -> None:
+        self._known: dict[str, int] = {}
 
     def task_for(self, caller: Caller) -> int:
         if caller.task_meta is not None:
             return _named_task(caller.task_meta, TASK_META_KEY)
         if caller.task_header is not None:
             return _named_task(caller.task_header, TASK_HEADER)
-        key = hashlib.sha256("\0".join(caller.key()).encode()).hexdigest()
-        return gateway_session_task(key=key, title=caller.title(), actor=ACTOR)
+        key = _session_key(caller)
+        found = self._known.get(key)
+        if found is None:
+            found = self._known[key] = gateway_session_task(key=key, title=caller.title(), actor=ACTOR)
+        return found
+
+    def forget(self, caller: Caller) -> bool:
+        """Drop the session's kept task (it was found closed); False for a task the caller named."""
+        if caller.task_meta is not None or caller.task_header is not None:
+            return False
+        self._known.pop(_session_key(caller), None)
+        return True
+
+    @staticmethod
+    def unknown(caller: Caller) -> UnknownTask:
+        where, raw = (
+            (TASK_META_KEY, caller.task_meta) if caller.task_meta is not None else (TASK_HEADER, caller.task_header)
+        )
+        return UnknownTask(f"{where}: no task {str(raw).strip()!r}")
+
+
+def _session_key(caller: Caller) -> str:
+    return hashlib.sha256("\0".join(caller.key()).encode()).hexdigest()
 
 
 def _named_task(raw: Any, where: str) -> int:
     text = str(raw).strip()
-    if isinstance(raw, bool) or not text.isdigit() or not Task.objects.filter(pk=int(text)).exists():
+    if isinstance(raw, bool) or not text.isdigit():
         raise UnknownTask(f"{where}: no task {text!r}")
     return int(text)
 

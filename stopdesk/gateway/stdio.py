@@ -89,6 +89,9 @@ class OneTask(SessionTasks):
                 self.task_id = task_create(title=caller.title(), actor=ACTOR).pk
             return self.task_id
 
+    def forget(self, caller: Caller) -> bool:
+        return False  # the shim's one task: once closed, its calls are refused
+
 
 async def serve(spec: ServerSpec, tasks: OneTask, *, poll_s: float = 5.0, timeout_s: float = 300.0) -> None:
     """Serve one client on this process's stdin and stdout until it closes stdin. `stdio_server()`

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -150,7 +151,8 @@ def item_late_result_record(
 # task cannot settle with this result, and the settle check (a second round trip) is skipped.
 _CLOSE_RUNNING_SQL = """
 WITH u AS (
-    UPDATE stopdesk_workitem w SET state = %(to)s::text, updated_at = n.at, finished_at = n.at, outcome = %(outcome)s::text
+    UPDATE stopdesk_workitem w SET state = %(to)s::text, updated_at = n.at, finished_at = n.at, outcome = %(outcome)s::text,
+        detail = w.detail || %(detail)s::jsonb
     FROM (SELECT clock_timestamp() AS at) n
     WHERE w.id = %(item)s AND w.state = %(running)s::text
       AND (w.cancel_requested_at IS NOT NULL
@@ -162,7 +164,7 @@ WITH u AS (
 e AS (
     INSERT INTO stopdesk_event (at, task_id, item_id, kind, actor, from_state, to_state, message, data)
     SELECT u.updated_at, u.task_id, u.id, 'transition', %(actor)s::text, %(running)s::text, %(to)s::text,
-           %(outcome)s::text, '{}'::jsonb
+           %(outcome)s::text, %(data)s::jsonb
     FROM u
 )
 SELECT u.task_id, EXISTS (
@@ -180,6 +182,7 @@ def item_close_running(
     outcome: str = "",
     runtime_id: int | None = None,
     open_item: int | None = None,
+    detail: dict[str, Any] | None = None,
 ) -> bool:
     """Record the result of a running item (of the runtime `runtime_id`, when given) in one
     statement. Returns False, having written nothing, when the item is not running (or not there),
@@ -190,7 +193,11 @@ def item_close_running(
     (through a move that checks whether the task settled), such as a framework's run around its
     tool calls. While it is unsettled the task cannot settle, so this result is one round trip.
     A caller that settles `open_item` while such a result may still be committing checks the
-    task afterwards (`task_settle_check`)."""
+    task afterwards (`task_settle_check`).
+
+    `detail`: facts the caller itself learnt with the result (the gateway: the upstream's id of
+    an MCP call), merged into the item's detail key by key in the same statement and kept on its
+    event. Never a runtime's words: those go through `item_record_detail`, which checks them."""
     to_state = S.COMPLETED if succeeded else S.FAILED
     assert can_move(S.RUNNING, to_state) and to_state in SETTLED
     params = {
@@ -202,6 +209,8 @@ def item_close_running(
         "running": S.RUNNING.value,
         "open": open_item,
         "unsettled": [s.value for s in UNSETTLED],
+        "detail": json.dumps(detail or {}),
+        "data": json.dumps({"detail": detail} if detail else {}),
     }
     with server_side_cursor() as cursor:
         cursor.execute(_CLOSE_RUNNING_SQL, params)

@@ -20,8 +20,20 @@ session by its id where the server still has it, or records the task uncertain b
 session's owner stopped.
 """
 
-from reconcile.mechanisms.mcp.agent.calls import mcp_call_tool
+from reconcile.mechanisms.mcp.agent.calls import ProgressSeen, StopPushed, call_passed, listening, mcp_call_tool
 from reconcile.mechanisms.mcp.agent.common import ServerRef, describe
 from reconcile.mechanisms.mcp.agent.tasks import TaskOwner, mcp_run_task, mcp_start_task, task_owner
 
-__all__ = ["ServerRef", "TaskOwner", "describe", "mcp_call_tool", "mcp_run_task", "mcp_start_task", "task_owner"]
+__all__ = [
+    "ProgressSeen",
+    "ServerRef",
+    "StopPushed",
+    "TaskOwner",
+    "call_passed",
+    "describe",
+    "listening",
+    "mcp_call_tool",
+    "mcp_run_task",
+    "mcp_start_task",
+    "task_owner",
+]

@@ -99,7 +99,7 @@ async def mcp_call_tool(
         progress = ProgressSeen(token=f"stopdesk-item-{item_id}")
         linger = _after_cancel_s() if after_cancel_s is None else after_cancel_s
         opened = connect() if connect is not None else mcp_servers.open_client(spec, timeout_s=timeout_s)
-        async with opened as conn, _listening(conn, progress.handle):
+        async with opened as conn, listening(conn, progress.handle):
             facts = await describe(conn, tool, arguments)
             stop_seen: StopPushed | None = None
             try:
@@ -111,16 +111,13 @@ async def mcp_call_tool(
                 refused = exc
             if refused is None:
                 try:
-                    result = await _call_watching(conn, item_id, tool, arguments, poll_s, progress, stop_seen)
+                    result = await call_passed(
+                        conn, item_id=item_id, actor=actor, tool=tool, arguments=arguments, facts=facts,
+                        poll_s=poll_s, linger_s=linger, progress=progress, stop_seen=stop_seen,
+                    )  # fmt: skip
                 finally:
                     if stop_seen is not None:
                         stop_seen.unwatch()
-                if result is None:
-                    await _record_cancelled(item_id, actor, facts, conn.sent_ids.get("tools/call"))
-                    # Keep the session: progress after the cancel is evidence, and a stdio server
-                    # is not killed in the middle of what it may still be doing.
-                    await anyio.sleep(linger)
-                    await _record_progress(item_id, progress)
     except Exception as exc:
         await record_failure(item_id, actor, exc, facts)
         raise unwrap(exc) from exc
@@ -131,8 +128,34 @@ async def mcp_call_tool(
     return result
 
 
+async def call_passed(
+    conn: Connection,
+    *,
+    item_id: int,
+    actor: str,
+    tool: str,
+    arguments: dict[str, Any],
+    facts: dict[str, Any],
+    poll_s: float,
+    linger_s: float,
+    progress: ProgressSeen,
+    stop_seen: StopPushed | None = None,
+) -> types.CallToolResult | None:
+    """The call of an item that has passed the boundary, watching the ledger (and the pushed Stop);
+    Stop cancels it the way its revision means it. Returns the result (for the caller to record),
+    or None when Stop cancelled it: the item is then recorded cancelled or uncertain, and the
+    session is kept `linger_s` for progress the server keeps sending (evidence), so a stdio server
+    is not killed in the middle of what it may still be doing."""
+    result = await _call_watching(conn, item_id, tool, arguments, poll_s, progress, stop_seen)
+    if result is None:
+        await _record_cancelled(item_id, actor, facts, conn.sent_ids.get("tools/call"))
+        await anyio.sleep(linger_s)
+        await _record_progress(item_id, progress)
+    return result
+
+
 @asynccontextmanager
-async def _listening(conn: Connection, listener: Callable[..., Any]) -> AsyncIterator[None]:
+async def listening(conn: Connection, listener: Callable[..., Any]) -> AsyncIterator[None]:
     conn.listeners.add(listener)
     try:
         yield
