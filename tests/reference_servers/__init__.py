@@ -5,7 +5,9 @@
 - `mcp-server-git` (PyPI, its own venv) over stdio, behind a tee that records each JSON-RPC line
   in both directions; it works on a temporary git repository;
 - the TypeScript SDK (`@modelcontextprotocol/sdk`, npm), which `ts_client.mjs` uses to play an MCP
-  client no one here wrote.
+  client no one here wrote;
+- the MCP Inspector (`@modelcontextprotocol/inspector`, npm), whose CLI is another such client,
+  run headless (`INSPECTOR_CLI`: its launcher, given `--cli`).
 """
 
 from __future__ import annotations
@@ -27,10 +29,13 @@ EVERYTHING_JS = HERE / "node_modules" / "@modelcontextprotocol" / "server-everyt
 GIT_SERVER = HERE / "git-venv" / "bin" / "mcp-server-git"
 TS_SDK = HERE / "node_modules" / "@modelcontextprotocol" / "sdk" / "package.json"
 TS_CLIENT = HERE / "ts_client.mjs"
+INSPECTOR_CLI = (
+    HERE / "node_modules" / "@modelcontextprotocol" / "inspector" / "clients" / "launcher" / "build" / "index.js"
+)
 
 
 def missing() -> list[str]:
-    """The reference servers that are not installed (empty when both are)."""
+    """The reference servers and clients that are not installed (empty when all are)."""
     absent = []
     if not EVERYTHING_JS.exists():
         absent.append("server-everything (npm)")
@@ -38,6 +43,8 @@ def missing() -> list[str]:
         absent.append("mcp-server-git (PyPI)")
     if not TS_SDK.exists():
         absent.append("@modelcontextprotocol/sdk (npm)")
+    if not INSPECTOR_CLI.exists():
+        absent.append("@modelcontextprotocol/inspector (npm)")
     return absent
 
 
