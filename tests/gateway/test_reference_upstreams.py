@@ -1,5 +1,5 @@
 """The gateway in front of upstreams no one here wrote: the official server-everything over
-Streamable HTTP (it speaks 2025-11-25 only: the gateway falls back) and mcp-server-git over stdio
+Streamable HTTP (it speaks 2025-11-25 only: the gateway falls back) and over stdio, and mcp-server-git over stdio
 (a Python SDK server: the gateway keeps the process and its session across calls). The client is
 the MCP Python SDK's, in both revisions. Each test checks what the upstream received (a recording
 proxy or tee), what the client was told and how the item ended."""
@@ -26,11 +26,12 @@ from tests.factories import make_task
 from tests.gateway.test_gateway_calls import MODES, through_gateway
 from tests.reconcile.conftest import clock, configure_mcp_server, everything_party, git_repo, git_server
 from tests.reconcile.helpers import sweep_until_settled
-from tests.reference_servers import git_log, read_wire, slow_pre_commit
+from tests.reference_servers import EVERYTHING_JS, git_log, read_wire, slow_pre_commit, tee_command
 
 __all__ = ["clock", "everything_party", "git_repo", "git_server"]
 
 S = ItemState
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres, pytest.mark.reference_servers]
 
 
@@ -79,6 +80,63 @@ def everything_gateway(settings, timings, everything_party) -> Iterator[tuple[An
 def git_gateway(settings, timings, git_server) -> Iterator[tuple[Path, str]]:  # type: ignore[no-untyped-def]
     for front_url in gateway_for(settings, "git", **git_server["config"]):  # type: ignore[arg-type]
         yield git_server["wire"], front_url  # type: ignore[misc]
+
+
+@pytest.fixture
+def everything_stdio_gateway(settings, timings, tmp_path) -> Iterator[tuple[Path, str]]:  # type: ignore[no-untyped-def]
+    """server-everything over stdio (its default transport), behind the recording tee."""
+    wire = tmp_path / "everything-wire.jsonl"
+    command, args = tee_command(wire, "node", str(EVERYTHING_JS), "stdio")
+    for front_url in gateway_for(settings, "everything", command=command, args=args, cwd=str(REPO)):
+        yield wire, front_url
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_stop_during_server_everythings_long_operation_over_stdio_cancels_it_by_its_upstream_id(
+    everything_stdio_gateway, mode
+):
+    """The same Stop with server-everything as a stdio upstream: the gateway sends
+    `notifications/cancelled` down the server's stdin, naming the id the server saw; the call
+    after Stop is refused and never written to the server."""
+    wire, url = everything_stdio_gateway
+    task = make_task()
+    calls = lambda: [  # noqa: E731
+        m
+        for m in read_wire(wire)
+        if m["dir"] == "in"
+        and m["msg"].get("method") == "tools/call"
+        and m["msg"]["params"]["name"].startswith("trigger")
+    ]
+    presser = press_stop_when(lambda: calls(), task.pk)
+
+    async def long_then_echo(client: Client) -> Any:
+        with pytest.raises(MCPError) as stopped:
+            await client.call_tool("trigger-long-running-operation", {"duration": 10, "steps": 5})
+        assert stopped.value.error.code == STOPPED
+        await client.call_tool("echo", {"message": "after stop"})
+
+    began = time.monotonic()
+    with pytest.raises(MCPError, match=r"^stopped by user:operator: enough$"):
+        through_gateway(url, long_then_echo, mode=mode, task_id=task.pk)
+    presser.join()
+    assert time.monotonic() - began < 8  # told at Stop, not after the 10 s operation
+    [call] = calls()
+    received = [m["msg"] for m in read_wire(wire) if m["dir"] == "in"]
+    [cancelled] = [m for m in received if m.get("method") == "notifications/cancelled"]
+    assert cancelled["params"]["requestId"] == call["msg"]["id"]  # the upstream's id, not the client's
+    assert [m["params"]["name"] for m in received if m.get("method") == "tools/call"] == [
+        "trigger-long-running-operation"
+    ]
+    items = {item.detail["gateway"]["tool"]: item for item in WorkItem.objects.filter(task=task)}
+    operation = items["trigger-long-running-operation"]
+    assert (operation.detail["mcp"]["transport"], operation.detail["mcp"]["cancel_wire"]) == (
+        "stdio",
+        "notifications/cancelled",
+    )
+    assert operation.detail["gateway"]["upstream_request_id"] == call["msg"]["id"]
+    assert operation.detail["mcp"]["revision"] == "2025-11-25"  # server-everything refused 2026-07-28
+    assert operation.state == S.CANCELLED  # server-everything says it is read-only
+    assert items["echo"].state == S.CANCELLED  # refused at the boundary, never sent
 
 
 @pytest.mark.parametrize("mode", MODES)

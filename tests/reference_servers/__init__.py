@@ -156,10 +156,11 @@ def git_log(repo: Path) -> list[str]:
     return out.stdout.split("\n")[:-1]
 
 
-def tee_command(wire_log: Path) -> tuple[str, list[str]]:
-    """The stdio command for mcp-server-git behind the recording tee (`python -m
-    tests.reference_servers.tee WIRE -- mcp-server-git`)."""
-    return sys.executable, ["-m", "tests.reference_servers.tee", str(wire_log), "--", str(GIT_SERVER)]
+def tee_command(wire_log: Path, *server: str) -> tuple[str, list[str]]:
+    """The stdio command for a server behind the recording tee (`python -m
+    tests.reference_servers.tee WIRE -- SERVER...`); mcp-server-git unless `server` says otherwise."""
+    command = list(server) or [str(GIT_SERVER)]
+    return sys.executable, ["-m", "tests.reference_servers.tee", str(wire_log), "--", *command]
 
 
 def read_wire(wire_log: Path) -> list[dict[str, Any]]:
