@@ -3,6 +3,11 @@
 - `gateway.added_ms.p50/p99`: a `read_value` call through the gateway minus the same call made
   directly to the upstream (the sandbox MCP server), both from the SDK client over one session,
   percentile against percentile.
+- `gateway.sdk_hop_ms.p50/p99`: the same call through a bare forwarding server built from the same
+  SDK parts as the gateway (a low-level `Server` on Streamable HTTP whose `tools/call` is the SDK
+  client's call on one kept connection) and no ledger, minus the direct call: what any MCP proxy
+  written on this SDK adds before it records anything, measured in the same run; beside it
+  `gateway.ledger_ms.p50/p99`, the gateway's call minus the bare hop's (the two ledger trips).
 - `gateway.stop_to_upstream_cancel_ms.p50/p99`: SESSIONS clients (200; `BENCH_GATEWAY_SESSIONS`),
   each on its own task with a `slow_lookup` in flight; each task is stopped in turn, and the time
   runs from the Stop's commit to the upstream seeing its call interrupted.
@@ -27,6 +32,7 @@ import httpx2
 from bench.harness import Figure
 
 CALLS = 60
+ROUNDS = 3
 SESSIONS = int(os.environ.get("BENCH_GATEWAY_SESSIONS", "200"))
 LOOKUP_S = 120  # the calls in flight outlast starting all the sessions
 
@@ -51,9 +57,15 @@ def run() -> list[Figure]:
             options["after_cancel_s"] = 0.0
             settings.STOPDESK_MECHANISMS = mechanisms
             registry.reset()
-            with BackgroundServer(gateway_app, name="gateway") as front:
-                direct = _call_times(upstream.url + "/mcp")
-                through = _call_times(front.url + "/mcp/sandbox")
+            with (
+                BackgroundServer(gateway_app, name="gateway") as front,
+                BackgroundServer(lambda: _bare_hop(upstream.url + "/mcp"), name="hop") as hop,
+            ):
+                direct, bare, through = [], [], []
+                for _ in range(ROUNDS):  # alternating, so a busy moment falls on all three
+                    direct += _call_times(upstream.url + "/mcp")
+                    bare += _call_times(hop.url + "/mcp")
+                    through += _call_times(front.url + "/mcp/sandbox")
                 idle = _idle_queries_per_s(connections["default"].settings_dict["NAME"])
                 stops = _stop_to_cancel(party, front.url + "/mcp/sandbox")
     finally:
@@ -64,6 +76,10 @@ def run() -> list[Figure]:
     return [
         Figure("gateway.added_ms.p50", statistics.median(through) - statistics.median(direct), "ms", target=2.0),
         Figure("gateway.added_ms.p99", _p99(through) - _p99(direct), "ms", target=10.0),
+        Figure("gateway.sdk_hop_ms.p50", statistics.median(bare) - statistics.median(direct), "ms"),
+        Figure("gateway.sdk_hop_ms.p99", _p99(bare) - _p99(direct), "ms"),
+        Figure("gateway.ledger_ms.p50", statistics.median(through) - statistics.median(bare), "ms"),
+        Figure("gateway.ledger_ms.p99", _p99(through) - _p99(bare), "ms"),
         Figure("gateway.call_ms.direct.p50", statistics.median(direct), "ms"),
         Figure("gateway.call_ms.through.p50", statistics.median(through), "ms"),
         Figure("gateway.stop_to_upstream_cancel_ms.p50", statistics.median(stops), "ms"),
@@ -83,6 +99,36 @@ def _idle_queries_per_s(database: str) -> float:
     with _Transactions(database) as count:  # each read waits for late statistics to land first
         before, opened = count(), count.at
         return (count() - before) / (count.at - opened)
+
+
+def _bare_hop(upstream_url: str) -> Any:
+    """A forwarding MCP server with no ledger: `tools/list` and `tools/call` passed to the upstream
+    on one SDK client connection kept open for the server's life."""
+    from collections.abc import AsyncIterator
+    from contextlib import asynccontextmanager
+
+    from mcp import Client
+    from mcp.server import Server
+    from starlette.applications import Starlette
+
+    kept: list[Any] = []
+
+    async def list_tools(ctx: Any, params: Any) -> Any:
+        return await kept[0].list_tools()
+
+    async def call_tool(ctx: Any, params: Any) -> Any:
+        return await kept[0].call_tool(params.name, dict(params.arguments or {}))
+
+    server: Server[Any] = Server("bench-hop", on_list_tools=list_tools, on_call_tool=call_tool)
+    app = server.streamable_http_app(streamable_http_path="/mcp")
+
+    @asynccontextmanager
+    async def lifespan(_app: Any) -> AsyncIterator[None]:
+        async with Client(upstream_url) as client, server.session_manager.run():
+            kept.append(client)
+            yield
+
+    return Starlette(routes=app.routes, lifespan=lifespan)
 
 
 def _call_times(url: str) -> list[float]:
