@@ -197,6 +197,10 @@ class UpstreamGateway:
         kept for listings: known before the ledger is asked, without a session's connection, so a
         call the boundary refuses reaches nothing upstream."""
         try:
+            kept = self.upstream.listed(LISTING)
+            listing = kept.tools if kept is not None else None
+            if kept is not None and listing is not None and any(t.name == tool for t in listing.tools):
+                return await describe(kept, tool, arguments)  # from its kept listing: nothing is sent
             async with self.upstream.lend(LISTING) as conn:
                 return await describe(conn, tool, arguments)
         except (LookupError, ServerConfigError) as exc:  # no such tool, or arguments its status check

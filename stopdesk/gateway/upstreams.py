@@ -80,6 +80,14 @@ class UpstreamConnections:
             else:
                 kept.close()
 
+    def listed(self, task_id: int) -> Connection | None:
+        """An open connection of the task's, idle or lent, whose tool list is kept: to describe a
+        call from (reading what it keeps, never sending on it), with no connection taken."""
+        for kept in [*self._idle.get(task_id, ()), *self._lent.get(task_id, ())]:
+            if not kept.closed and kept.conn is not None and kept.conn.tools is not None:
+                return kept.conn
+        return None
+
     def close_task(self, task_id: int) -> None:
         """The task was stopped: close its connections (those lent out as their calls end)."""
         for kept in [*self._idle.pop(task_id, []), *self._lent.get(task_id, ())]:
