@@ -160,7 +160,8 @@ class UpstreamGateway:
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
         with ledger_threads(self.ledger):
-            return await self._listing(params)
+            listing = await self._listing(params)
+        return listing if modern_client(ctx) else self.client_tasks.with_task_support(listing)
 
     async def _listing(self, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         listing = await self._upstream_tools(params.cursor if params else None)

@@ -212,6 +212,17 @@ class ClientTasks:
                 self._owners = None
                 owners.cancel_scope.cancel()
 
+    def with_task_support(self, listing: types.ListToolsResult) -> types.ListToolsResult:
+        """For a 2025-11-25 client: the tools configured `task` say they may run as tasks, as that
+        revision's tools do (a 2026-07-28 upstream's listing carries no `taskSupport`)."""
+        tools = [
+            tool.model_copy(update={"execution": types.ToolExecution(task_support="optional")})
+            if tool.name in self.spec.task_tools and tool.execution is None
+            else tool
+            for tool in listing.tools
+        ]
+        return listing.model_copy(update={"tools": tools})
+
     def serve(self, server: Server[Any]) -> None:
         server.add_request_handler("tasks/get", types.GetTaskRequestParams, self._get)
         server.add_request_handler("tasks/result", types.GetTaskPayloadRequestParams, self._result)

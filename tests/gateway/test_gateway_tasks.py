@@ -126,18 +126,22 @@ def exports_started(party: tools.MCPToolServer) -> list[str]:
 def test_a_task_call_completes_and_is_recorded_with_its_upstream_task_id_as_handle(gateway, mode, upstream):
     gateway.party.configure(revisions=upstream)
 
-    async def body(client: TaskClient) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
+    async def body(client: TaskClient) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None, list[str]]:
         created = await client.call_as_task(tools.EXPORT_REPORT, {"name": "q3", "seconds": 0.3})
         done = await client.until(created["taskId"], {"completed", "failed", "cancelled"})
-        result = None if client.modern else await client.request("tasks/result", {"taskId": created["taskId"]})
-        return created, done, result
+        if client.modern:  # the extension has no tasks/result and no tasks/list: tasks/get carries the result
+            return created, done, None, []
+        result = await client.request("tasks/result", {"taskId": created["taskId"]})
+        listed = await client.request("tasks/list", {})
+        return created, done, result, [t["taskId"] for t in listed["tasks"]]
 
-    created, done, result = with_task_client(gateway.url, body, mode=mode)
+    created, done, result, listed = with_task_client(gateway.url, body, mode=mode)
     assert created["status"] == "working"
     assert done["status"] == "completed", done
     text = "report 'q3' exported"
     if mode == "legacy":
         assert result is not None and result["content"][0]["text"] == text
+        assert listed == [created["taskId"]]  # the session's tasks
     else:
         assert done["result"]["content"][0]["text"] == text  # 2026-07-28: tasks/get carries the result
     item = owner_done(WorkItem.objects.get())
@@ -282,3 +286,51 @@ def test_a_2026_07_28_client_that_can_take_a_task_gets_a_plain_call_for_a_tool_n
     (upstream_call,) = gateway.party.wire("tools/call")
     assert item.detail["gateway"]["upstream_request_id"] == upstream_call["id"]
     assert "client_task_id" not in item.detail["gateway"] and gateway.party.tasks() == []
+
+
+def test_a_2025_11_25_client_in_front_of_a_2026_07_28_upstream_sees_the_task_tools_and_runs_one(gateway):
+    """The upstream speaks 2026-07-28 (its tools carry no taskSupport); the 2025-11-25 client sees
+    the tools configured `task` as optional tasks, and its task runs as the upstream's own."""
+
+    async def body(client: TaskClient) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+        listing = await client.client.list_tools()
+        created = await client.call_as_task(tools.EXPORT_REPORT, {"name": "mixed", "seconds": 0.1})
+        await client.until(created["taskId"], {"completed", "failed", "cancelled"})
+        return listing, created, await client.request("tasks/result", {"taskId": created["taskId"]})
+
+    listing, created, result = with_task_client(gateway.url, body, mode="legacy")
+    support = {t.name: t.execution.task_support if t.execution else None for t in listing.tools}
+    assert support[tools.EXPORT_REPORT] == support[tools.SLOW_LOOKUP] == "optional"
+    assert support[tools.SLOW_WRITE] is None
+    assert result["content"][0]["text"] == "report 'mixed' exported"
+    item = owner_done(WorkItem.objects.get())
+    assert item.state == S.COMPLETED and item.detail["mcp"]["revision"] == "2026-07-28"
+    assert item.detail["gateway"]["client_revision"] == "2025-11-25"
+    assert item.handle == exports_started(gateway.party)[0] != created["taskId"]
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+def test_an_upstream_that_answers_without_a_task_finishes_the_item_and_the_client_hears_its_answer(gateway, mode):
+    """A 2026-07-28 upstream decides per call and answers this one at once. A 2026-07-28 client then
+    gets that answer (the gateway decides as the upstream did); a 2025-11-25 client, which asked for
+    a task, gets one already completed, whose tasks/result is that answer."""
+    gateway.party.set_fault(tools.TASKS_DECLINE, target=tools.EXPORT_REPORT)
+
+    async def body(client: TaskClient) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        params: dict[str, Any] = {"name": tools.EXPORT_REPORT, "arguments": {"name": "now", "seconds": 0.05}}
+        if not client.modern:
+            params["task"] = {}
+        answer = await client.request("tools/call", params)
+        if client.modern:
+            return answer, None
+        return answer, await client.request("tasks/result", {"taskId": answer["task"]["taskId"]})
+
+    answer, result = with_task_client(gateway.url, body, mode=mode)
+    if mode == "auto":
+        assert answer["resultType"] == "complete" and answer["content"][0]["text"] == "report 'now' exported"
+    else:
+        assert answer["task"]["status"] == "completed"
+        assert result is not None and result["content"][0]["text"] == "report 'now' exported"
+    item = WorkItem.objects.get()
+    assert item.state == S.COMPLETED and item.handle == ""  # no task upstream, so no task id to hold
+    assert gateway.party.tasks() == [] and gateway.party.counts.count("tasks/get") == 0
