@@ -151,7 +151,7 @@ class ClientTask:
         if self.status in TERMINAL:
             return
         if self.owner.cancelled_by == "stop":
-            self.status = "cancelled"  # the message is the Stop's words (`words`)
+            self.status = "cancelled"  # its message, the Stop's words, is read when served (`_current`)
             return
         if not self.done:
             return
