@@ -73,7 +73,7 @@ MCP_SERVER_KEYS = {
 # The MCP revisions a server may be pinned to, or "auto" (the newest it offers).
 MCP_REVISIONS = ("auto", "2026-07-28", "2025-11-25")
 # What may be declared of one tool of a server: its status check, and whether repeating it is harmless.
-TOOL_KEYS = {"status_check": "table", "idempotent": "true/false"}
+TOOL_KEYS = {"status_check": "table", "idempotent": "true/false", "task": "true/false"}
 CHECK_KEYS = {"tool": "text", "arguments": "table", "completed_if_contains": "text"}
 SECRET_HINTS = {
     "bearer_token": "bearer_token_env",
@@ -233,8 +233,9 @@ def read(path: str) -> dict[str, dict[str, Any]]:
         for tool, declared in (server.get("tools") or {}).items():
             where = f"{key}.tools.{tool}"
             f.known(f.table(declared, where), TOOL_KEYS, where)
-            if "idempotent" in declared:
-                f.value(declared["idempotent"], TOOL_KEYS["idempotent"], f"{where}.idempotent")
+            for flag in ("idempotent", "task"):
+                if flag in declared:
+                    f.value(declared[flag], TOOL_KEYS[flag], f"{where}.{flag}")
             check = f.table(declared.get("status_check", {}), f"{where}.status_check")
             f.known(check, CHECK_KEYS, f"{where}.status_check")
             for field, value in check.items():

@@ -14,7 +14,9 @@ cancels is cancelled upstream and recorded (`client_cancel.py`); a call identica
 outcome the client never learned is held while that outcome is unknown, and refused once it is
 known to have taken effect (`retry_gate.py`); under readiness `enforce`, tools that are not ready
 are left out of `tools/list` and refused (`readiness.py`). Each item records the upstream's
-JSON-RPC id of the call once it was sent (`upstream_request_id`, on either transport)."""
+JSON-RPC id of the call once it was sent (`upstream_request_id`, on either transport). A call the
+client asks to run as a task goes the same way to the boundary, then runs as a task upstream,
+owned by the agent side (`tasks.py`)."""
 
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ import anyio
 import mcp_types as types
 from django.db import transaction
 from mcp.server import Server
-from mcp.server.context import ServerRequestContext
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 from starlette.applications import Starlette
@@ -60,6 +62,15 @@ from stopdesk.gateway.sessions import (
     SessionTasks,
     UnknownTask,
     stopped_words,
+)
+from stopdesk.gateway.tasks import (
+    ClientTasks,
+    TaskServer,
+    modern_client,
+    new_client_task_id,
+    refuse_unless_runnable,
+    upstream_runs_tasks,
+    wants_task,
 )
 from stopdesk.gateway.upstreams import UpstreamConnections
 from stopdesk.protocol.spec import noun_of
@@ -103,18 +114,40 @@ class UpstreamGateway:
         self.timeout_s = timeout_s
         self.known_tools: dict[str, types.Tool] = {}  # the upstream's tools, as last listed
         self.upstream = UpstreamConnections(spec, timeout_s=timeout_s)
+        self.client_tasks = ClientTasks(spec, ledger, stopped_code=STOPPED)
         # How long a call Stop cancelled keeps its connection for the progress the server goes on
         # sending (evidence).
         self.after_cancel_s = float(mechanism_settings("mcp").options.get("after_cancel_s", 2.0))
 
     def build_server(self) -> Server[Any]:
-        return Server(
+        server = TaskServer(
             f"stopdesk-gateway-{self.spec.name}",
             version="1.0",
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
             get_tool_input_schema=self._input_schema,
         )
+        self.client_tasks.serve(server)
+        server.middleware.append(self._task_call)
+        return server
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """For the gateway's lifetime: the upstream connections and the owners of upstream tasks."""
+        async with self.upstream.running(), self.client_tasks.running():
+            yield
+
+    async def _task_call(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        # A call that may become a task is answered here, before the SDK's `tools/call` handler,
+        # whose result check would refuse a 2025-11-25 CreateTaskResult.
+        if ctx.method != "tools/call" or not wants_task(ctx):
+            return await call_next(ctx)
+        try:
+            params = types.CallToolRequestParams.model_validate(ctx.params or {}, by_name=False)
+        except ValueError as exc:
+            raise MCPError(code=INVALID_PARAMS, message=f"invalid tools/call params: {exc}") from exc
+        with ledger_threads(self.ledger):
+            return await self._call(ctx, params, task_wanted=True)
 
     def _input_schema(self, name: str) -> Mapping[str, Any] | None:
         """For the SDK's `Mcp-Param-*` header check on 2026-07-28 calls: the tool's schema as the
@@ -127,7 +160,8 @@ class UpstreamGateway:
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
         with ledger_threads(self.ledger):
-            return await self._listing(params)
+            listing = await self._listing(params)
+        return listing if modern_client(ctx) else self.client_tasks.with_task_support(listing)
 
     async def _listing(self, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         listing = await self._upstream_tools(params.cursor if params else None)
@@ -161,11 +195,20 @@ class UpstreamGateway:
         with ledger_threads(self.ledger):
             return await self._call(ctx, params)
 
-    async def _call(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Any:
+    async def _call(
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams, *, task_wanted: bool = False
+    ) -> Any:
         arguments = dict(params.arguments or {})
         facts = self._call_facts(ctx, params.name, arguments)
         await self._refuse_if_not_ready(params.name)
         mcp_facts = await self._describe(params.name, arguments)
+        as_task = task_wanted and upstream_runs_tasks(self.spec, mcp_facts)
+        if task_wanted and not modern_client(ctx):
+            refuse_unless_runnable(
+                self.spec, mcp_facts, params.name
+            )  # asked for with params.task: no plain call instead
+        if as_task:
+            facts["client_task_id"] = new_client_task_id()
         loop = asyncio.get_running_loop()
         stopped = asyncio.Event()
         try:
@@ -187,10 +230,18 @@ class UpstreamGateway:
             raise await _stopped(exc.task_id) from None
         except LedgerError as exc:  # a closed task: nothing was sent
             raise MCPError(code=REFUSED, message=str(exc)) from exc
+        if as_task:  # its owner watches the Stop from here on, and unwatches when it ends
+            return await self.client_tasks.start(
+                ctx, client_task_id=facts["client_task_id"], ledger_task_id=entered.task_id, item_id=entered.item_id,
+                tool=params.name, arguments=arguments, stopped=stopped, unwatch=entered.unwatch,
+            )  # fmt: skip
         try:
-            return await self._forward(entered, facts, mcp_facts, arguments, StopPushed(stopped, entered.unwatch))
+            result = await self._forward(entered, facts, mcp_facts, arguments, StopPushed(stopped, entered.unwatch))
         finally:
             entered.unwatch()
+        if task_wanted:  # a 2026-07-28 client that could take a task, for a tool that runs as none
+            return {**result.model_dump(by_alias=True, mode="json", exclude_none=True), "resultType": "complete"}
+        return result
 
     async def _describe(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
         """The call's MCP facts (revision, transport, annotations, status check) from a connection
@@ -439,21 +490,21 @@ def gateway_app(*, host: str = "127.0.0.1", poll_s: float = 5.0, timeout_s: floa
     specs = configured_servers(mechanism_settings("mcp").options)
     routes: list[BaseRoute] = []
     managers = []
-    upstreams = []
+    gateways = []
     for name, spec in sorted(specs.items()):
         gateway = UpstreamGateway(spec, tasks, ledger, poll_s=poll_s, timeout_s=timeout_s)
         server = gateway.build_server()
         app = server.streamable_http_app(streamable_http_path=PATH.format(name=name), host=host)
         routes.extend(app.routes)
         managers.append(server.session_manager)
-        upstreams.append(gateway.upstream)
+        gateways.append(gateway)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
             stack.callback(ledger.close)  # last: the calls below may still write as they end
-            for upstream in upstreams:
-                await stack.enter_async_context(upstream.running())
+            for gateway in gateways:
+                await stack.enter_async_context(gateway.running())
             for manager in managers:
                 await stack.enter_async_context(manager.run())
             yield

@@ -101,7 +101,7 @@ async def serve(spec: ServerSpec, tasks: OneTask, *, poll_s: float = 5.0, timeou
     try:
         gateway = UpstreamGateway(spec, tasks, ledger, poll_s=poll_s, timeout_s=timeout_s)
         server = gateway.build_server()
-        async with gateway.upstream.running(), stdio_server() as (read, write):
+        async with gateway.running(), stdio_server() as (read, write):
             await server.run(read, write, server.create_initialization_options())
     finally:
         ledger.close()  # last: a call may still write as the session ends

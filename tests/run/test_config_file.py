@@ -89,7 +89,7 @@ def error_of(path: str) -> str:
         (
             '[mcp.servers.r]\nurl = "http://h/mcp"\n[mcp.servers.r.tools.send]\nidempotant = true\n',
             "mcp.servers.r.tools.send.idempotant",
-            "there is no such key; use one of idempotent, status_check",
+            "there is no such key; use one of idempotent, status_check, task",
         ),
         ('[http.systems.crm]\nbase_url = "crm.example"\n', "http.systems.crm.base_url", "is not an http(s) URL"),
         ('[http.systems.crm]\nlookup_url = "/x"\n', "http.systems.crm", "needs its 'base_url'"),
@@ -152,11 +152,13 @@ def test_a_trusted_server_and_an_idempotent_tool_reach_the_server_configuration(
         write(
             tmp_path,
             '[mcp.servers.r]\nurl = "https://h/mcp"\ntrusted = true\n'
-            "[mcp.servers.r.tools.lookup]\nidempotent = true\n[mcp.servers.r.tools.send]\nidempotent = false\n",
+            "[mcp.servers.r.tools.lookup]\nidempotent = true\n[mcp.servers.r.tools.send]\nidempotent = false\n"
+            "[mcp.servers.r.tools.export]\ntask = true\n",
         )
     )
     spec = configured_servers(found["mcp"]["options"])["r"]
     assert spec.trusted is True and spec.idempotent_tools == frozenset({"lookup"})
+    assert spec.task_tools == frozenset({"export"})  # run as a task for a 2026-07-28 client that can take one
     assert configured_servers({"servers": {"r": {"url": "https://h/mcp"}}})["r"].trusted is False
 
 
@@ -165,6 +167,7 @@ def test_a_trusted_server_and_an_idempotent_tool_reach_the_server_configuration(
     [
         ({"trusted": "yes"}, "mcp server 'r': 'trusted' must be true or false, not 'yes'"),
         ({"tools": {"send": {"idempotent": 1}}}, "mcp server 'r', tool 'send': 'idempotent' must be true or false"),
+        ({"tools": {"export": {"task": "yes"}}}, "mcp server 'r', tool 'export': 'task' must be true or false"),
     ],
 )
 def test_a_settings_module_server_with_a_flag_that_is_not_true_or_false_is_refused(server: dict, says: str) -> None:

@@ -1,7 +1,8 @@
 """An MCP tool server built with the official `mcp` SDK (low-level `Server`, streamable HTTP).
 
 Tools:
-- `slow_lookup` (read-only): sleeps, answers. Cancelling it costs nothing.
+- `slow_lookup` (read-only, `execution.taskSupport: "optional"`): sleeps, answers. Cancelling it
+  costs nothing; as a task it is the read-only task Stop may call cancelled.
 - `slow_write` (destructive): sleeps, then records an effect in the ledger. Cancelling the
   caller's scope makes the SDK deliver CancelledError into the tool, whose `finally`
   journals the interruption. With the `ignore_cancel` fault it runs to the end and the
@@ -74,6 +75,7 @@ SLOW_LOOKUP = "slow_lookup"
 SLOW_WRITE = "slow_write"
 READ_VALUE = "read_value"
 EXPORT_REPORT = "export_report"
+TASK_TOOLS = frozenset({EXPORT_REPORT, SLOW_LOOKUP})  # the tools that may run as tasks
 
 
 def _tools() -> list[types.Tool]:
@@ -84,6 +86,7 @@ def _tools() -> list[types.Tool]:
             description="Look something up slowly. Changes nothing.",
             input_schema={"type": "object", "properties": {"query": {"type": "string"}, "seconds": seconds}},
             annotations=types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
+            execution=types.ToolExecution(task_support="optional"),
         ),
         types.Tool(
             name=SLOW_WRITE,
@@ -332,15 +335,16 @@ class MCPToolServer(SandboxParty):
                 and _declares_tasks(params)
                 and not self.has_fault(TASKS_DECLINE, params.get("name"))
             )
-            if _modern(ctx) and tasks_wanted and params.get("name") == EXPORT_REPORT:
-                # 2026-07-28: the server decides; it makes a task of every export for a client that can take one.
+            if _modern(ctx) and tasks_wanted and params.get("name") in TASK_TOOLS:
+                # 2026-07-28: the server decides; it makes a task of every call that may be one, for a
+                # client that can take one.
                 return self._start_task(params, "", extension=True)
         return await call_next(ctx)
 
     def _start_task(self, params: Mapping[str, Any], session: str, *, extension: bool = False) -> dict[str, Any]:
         """Answer a task-augmented tools/call with CreateTaskResult; the work runs on."""
         name = params.get("name")
-        if name != EXPORT_REPORT:
+        if name not in TASK_TOOLS:
             # The spec's answer for a tool whose taskSupport is (implicitly) forbidden.
             raise MCPError(code=METHOD_NOT_FOUND, message=f"Tool {name!r} does not support task execution")
         if self._task_group is None:
@@ -349,10 +353,12 @@ class MCPToolServer(SandboxParty):
         with self.lock:
             ttl = min(int(requested), self.max_ttl_ms) if isinstance(requested, int) else self.default_ttl_ms
             poll = self.poll_interval_ms
-        record = self.task_registry.create(EXPORT_REPORT, session=session, ttl_ms=ttl, poll_interval_ms=poll)
+        record = self.task_registry.create(str(name), session=session, ttl_ms=ttl, poll_interval_ms=poll)
         arguments = dict(params.get("arguments") or {})
 
         async def work() -> dict[str, Any]:
+            if name == SLOW_LOOKUP:
+                return _dump(await self._slow_lookup(arguments))
             return await self._export_report(arguments, record.task_id)
 
         self._task_group.start_soon(self.task_registry.run, record, work)

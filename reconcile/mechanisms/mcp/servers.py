@@ -137,6 +137,9 @@ class ServerSpec:
     revision: str = AUTO  # what to ask for: AUTO, MODERN or LEGACY
     trusted: bool = False  # its annotations are the operator's word, not only the server's hints
     idempotent_tools: frozenset[str] = frozenset()  # repeating one of these does no harm
+    # Tools a gateway runs as tasks for a 2026-07-28 client that declares the tasks extension: that
+    # revision lists no `taskSupport` (its server decides per call), so the operator says which.
+    task_tools: frozenset[str] = frozenset()
 
     def public(self) -> dict[str, Any]:
         """What the ledger may record about the server: where it is, never how we authenticate."""
@@ -206,14 +209,16 @@ def _spec(name: str, raw: Any) -> ServerSpec:
         raise ServerConfigError(f"mcp server {name!r}: 'trusted' must be true or false, not {trusted!r}")
     checks: dict[str, StatusCheck] = {}
     idempotent: set[str] = set()
+    task_tools: set[str] = set()
     for tool, declared in (raw.get("tools") or {}).items():
-        flag = (declared or {}).get("idempotent", False)
-        if not isinstance(flag, bool):
-            raise ServerConfigError(
-                f"mcp server {name!r}, tool {tool!r}: 'idempotent' must be true or false, not {flag!r}"
-            )
-        if flag:
-            idempotent.add(tool)
+        for setting, chosen in (("idempotent", idempotent), ("task", task_tools)):
+            flag = (declared or {}).get(setting, False)
+            if not isinstance(flag, bool):
+                raise ServerConfigError(
+                    f"mcp server {name!r}, tool {tool!r}: {setting!r} must be true or false, not {flag!r}"
+                )
+            if flag:
+                chosen.add(tool)
         check = (declared or {}).get("status_check")
         if check is None:
             continue
@@ -239,6 +244,7 @@ def _spec(name: str, raw: Any) -> ServerSpec:
         revision=revision,
         trusted=trusted,
         idempotent_tools=frozenset(idempotent),
+        task_tools=frozenset(task_tools),
     )
 
 

@@ -8,7 +8,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +20,7 @@ from mcp.shared.exceptions import MCPError
 from reconcile.mechanisms.base import Observation, Seen
 from reconcile.mechanisms.mcp import servers as mcp_servers
 from reconcile.mechanisms.mcp.adapter import INVALID_PARAMS, NOT_FOUND_AT_ONCE, task_observation
+from reconcile.mechanisms.mcp.agent.calls import StopPushed
 from reconcile.mechanisms.mcp.agent.common import (
     ServerRef,
     describe,
@@ -102,6 +103,20 @@ class TaskOwner:
     error: BaseException | None = None
     final: Observation | None = None
     detail: dict[str, Any] = field(default_factory=dict)  # the item's recorded MCP facts
+    # Who asked the owner to cancel the task, once it sent `tasks/cancel`: "stop" (the task's Stop)
+    # or "client" (a gateway's client cancelled its own task, `cancel_wanted`).
+    cancelled_by: str = ""
+    cancel_wanted: bool = False
+    # Kept for a gateway that answers its client: the upstream's answer to the call (what
+    # `tasks/result` gives, or the answer a server gave at once without a task), and a hook run in
+    # the owner's own loop once the task id is recorded (`started`) and again once the owner ends.
+    keep_result: bool = False
+    result: dict[str, Any] | None = None
+    on_change: Callable[[], None] | None = None
+
+    def changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     def join(self, timeout: float | None = None) -> bool:
         if self.thread is not None:
@@ -129,10 +144,15 @@ async def mcp_run_task(
     ttl_ms: int | None = None,
     poll_s: float = 0.5,
     owner: TaskOwner | None = None,
+    passed: bool = False,
+    stop_seen: StopPushed | None = None,
 ) -> Observation:
     """Start a task-augmented call and own its session until the task is final or Stop has been
     reconciled through it. Returns the last observation recorded. Raises TaskStopped if Stop
-    came first."""
+    came first. `passed`: the item was registered through the boundary already (the gateway
+    does both in one statement), so only the task's facts are recorded, with its handle.
+    `stop_seen`: the task's Stop pushed by the process's StopHub, so `poll_s` only paces the
+    lease and the read-backs."""
 
     owner = owner or TaskOwner(item_id)
     ref = server if server is not None else url
@@ -149,12 +169,13 @@ async def mcp_run_task(
             if not _can_run_as_task(conn, facts):
                 raise ValueError(f"{tool!r} on {spec.name} cannot run as a task")
             try:
-                await pass_boundary(item_id, actor, facts)
+                if not passed:
+                    await pass_boundary(item_id, actor, facts)
             except TaskStopped as exc:
                 refused = exc
             else:
                 final = await _start_and_own(
-                    conn, owner, facts, arguments or {}, tool, ttl_ms, poll_s, timeout_s, actor
+                    conn, owner, facts, arguments or {}, tool, ttl_ms, poll_s, timeout_s, actor, stop_seen
                 )
     except Exception as exc:
         if not owner.started.is_set():
@@ -178,6 +199,7 @@ async def _start_and_own(
     poll_s: float,
     timeout_s: float,
     actor: str,
+    stop_seen: StopPushed | None = None,
 ) -> Observation:
 
     item_id = owner.item_id
@@ -199,8 +221,9 @@ async def _start_and_own(
     owner.task_id = task["task_id"]
     owner.detail = detail
     owner.started.set()
+    owner.changed()
     poll = max(poll_s, (task["poll_ms"] or 0) / 1000 / 4)
-    return await _own(conn, owner, facts, created, poll, timeout_s, actor)
+    return await _own(conn, owner, facts, created, poll, timeout_s, actor, stop_seen)
 
 
 def _created_task(answer: dict[str, Any], tool: str) -> dict[str, Any] | None:
@@ -225,6 +248,8 @@ def _created_task(answer: dict[str, Any], tool: str) -> dict[str, Any] | None:
 async def _answered_without_a_task(owner: TaskOwner, answer: dict[str, Any], actor: str) -> Observation:
     """The server ran the call at once and answered its result: the item ends with it."""
     result = types.CallToolResult.model_validate(answer, by_name=False)
+    if owner.keep_result:
+        owner.result = result.model_dump(by_alias=True, mode="json", exclude_none=True)
     text = " ".join(getattr(c, "text", "") for c in result.content)[:200]
     await in_thread(
         item_finish, item_id=owner.item_id, succeeded=not result.is_error, actor=actor, outcome=text or "done"
@@ -243,8 +268,10 @@ async def _own(
     poll_s: float,
     timeout_s: float,
     actor: str,
+    stop_seen: StopPushed | None = None,
 ) -> Observation:
-    """Hold the session: heartbeat, read the task back, cancel it on Stop, record the end."""
+    """Hold the session: heartbeat, read the task back, cancel it on Stop (or when its gateway
+    client cancelled it), record the end."""
 
     annotations = facts["annotations"]
     task_id = owner.task_id
@@ -252,7 +279,7 @@ async def _own(
     cancelled_at: float | None = None
     while True:
         stop = await in_thread(item_heartbeat, item_id=owner.item_id)  # also: the owner is alive
-        if stop and cancelled_at is None:
+        if (stop or owner.cancel_wanted) and cancelled_at is None:
             cancelled_at = time.monotonic()
             try:
                 cancel = _cancel_answer(await _raw_request(conn, "tasks/cancel", {"taskId": task_id}, timeout_s))
@@ -262,8 +289,13 @@ async def _own(
                 cancel = "-32602; looked it up"  # already terminal, or unknown: the read-back says which
             observation = await _get(conn, task_id, annotations, created, timeout_s, cancel=cancel)
             await in_thread(item_observe, item_id=owner.item_id, observation=observation, action="cancel", actor=actor)
+            # Said once the cancel was sent and its read-back recorded, not before.
+            owner.cancelled_by = "stop" if stop else "client"
+            owner.changed()
         else:
             observation = await _get(conn, task_id, annotations, created, timeout_s)
+            if owner.keep_result and observation.seen in (Seen.COMPLETED, Seen.FAILED):
+                owner.result = await _task_result(conn, task_id, timeout_s)
             if observation.seen != Seen.RUNNING:
                 await in_thread(
                     item_observe, item_id=owner.item_id, observation=observation, action="inspect", actor=actor
@@ -275,7 +307,34 @@ async def _own(
             # Still working at the deadline: the reconciler records it uncertain; the session is let go.
             await _end_session(owner, observation, actor)
             return observation
-        await anyio.sleep(poll_s)
+        if stop_seen is None:
+            await anyio.sleep(poll_s)
+        else:
+            with anyio.move_on_after(poll_s):
+                await stop_seen.event.wait()
+            if cancelled_at is not None:
+                # Seen once; after the cancel only the read-backs pace the loop.
+                stop_seen.event.clear()
+
+
+async def _task_result(conn: Connection, task_id: str, timeout_s: float) -> dict[str, Any] | None:
+    """What the call answered, for a gateway's client: `tasks/result` (2025-11-25; the task is
+    terminal, so it answers at once), or the result a 2026-07-28 `tasks/get` carries. None when
+    the server no longer has it."""
+    try:
+        if not mcp_servers.is_modern(conn.revision):
+            answer = await _raw_request(conn, "tasks/result", {"taskId": task_id}, timeout_s)
+            return {k: v for k, v in answer.items() if k != "_meta"}
+        task = await _raw_request(conn, "tasks/get", {"taskId": task_id}, timeout_s)
+    except MCPError as exc:
+        log.info("the result of task %s could not be read: %s", task_id, error_text(exc))
+        return None
+    if isinstance(task.get("result"), dict):
+        return dict(task["result"])
+    if isinstance(task.get("error"), dict):
+        text = f"MCP error {task['error'].get('code')}: {task['error'].get('message')}"
+        return {"content": [{"type": "text", "text": text}], "isError": True}
+    return None
 
 
 def _cancel_answer(answer: dict[str, Any]) -> str:
@@ -298,6 +357,7 @@ async def _end_session(owner: TaskOwner, observation: Observation, actor: str) -
     session = {**owner.detail.get("session", {}), "ended": f"Reconciled by the session's owner: {said}"}
     owner.detail = {**owner.detail, "session": session}
     await in_thread(item_record_detail, item_id=owner.item_id, detail={"mcp": owner.detail}, actor=actor)
+    owner.changed()
 
 
 async def _get(
