@@ -42,7 +42,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
 from reconcile.mechanisms.mcp.agent import ProgressSeen, StopPushed, call_passed, describe, listening
-from reconcile.mechanisms.mcp.agent.common import record_failure, unwrap
+from reconcile.mechanisms.mcp.agent.common import Described, record_failure, unwrap
 from reconcile.mechanisms.mcp.servers import (
     Connection,
     ServerConfigError,
@@ -113,6 +113,10 @@ class UpstreamGateway:
         self.poll_s = poll_s
         self.timeout_s = timeout_s
         self.known_tools: dict[str, types.Tool] = {}  # the upstream's tools, as last listed
+        # The upstream as last described, for a call made when no open connection keeps a
+        # listing: a call a stopped session makes after its connections were closed is refused
+        # without starting anything upstream. A client's new listing replaces it.
+        self.described: Described | None = None
         self.upstream = UpstreamConnections(spec, timeout_s=timeout_s)
         self.client_tasks = ClientTasks(spec, ledger, stopped_code=STOPPED)
         # How long a call Stop cancelled keeps its connection for the progress the server goes on
@@ -177,6 +181,7 @@ class UpstreamGateway:
             listing = await conn.client.list_tools(cursor=cursor)
             if cursor is None:
                 conn.tools = listing  # what calls are described from (`_describe`), as fresh as the client's
+                self.described = Described.of(conn)
         self.known_tools.update({tool.name: tool for tool in listing.tools})
         return listing
 
@@ -244,16 +249,22 @@ class UpstreamGateway:
         return result
 
     async def _describe(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        """The call's MCP facts (revision, transport, annotations, status check) from a connection
-        kept for listings: known before the ledger is asked, without a session's connection, so a
-        call the boundary refuses reaches nothing upstream."""
+        """The call's MCP facts (revision, transport, annotations, status check), known before the
+        ledger is asked: from the tool list an open connection keeps, or as last described
+        (nothing sent), else listed on the connection kept for listings, which the call then uses if its session has none
+        (`lend(or_from=)`). A call the boundary refuses sends no `tools/call` upstream."""
         try:
-            kept = self.upstream.listed(LISTING)
-            listing = kept.tools if kept is not None else None
-            if kept is not None and listing is not None and any(t.name == tool for t in listing.tools):
-                return await describe(kept, tool, arguments)  # from its kept listing: nothing is sent
+            for kept in self.upstream.listed():
+                if Described.of(kept).knows(tool):
+                    facts = await describe(kept, tool, arguments)  # from its kept listing: nothing is sent
+                    self.described = Described.of(kept)
+                    return facts
+            if self.described is not None and self.described.knows(tool):
+                return self.described.facts(tool, arguments)  # as last seen on a connection closed since
             async with self.upstream.lend(LISTING) as conn:
-                return await describe(conn, tool, arguments)
+                facts = await describe(conn, tool, arguments)
+                self.described = Described.of(conn)
+                return facts
         except (LookupError, ServerConfigError) as exc:  # no such tool, or arguments its status check
             raise MCPError(code=INVALID_PARAMS, message=str(exc)) from exc  # needs: nothing is recorded or sent
 
@@ -335,7 +346,7 @@ class UpstreamGateway:
             return UpstreamId(item_id, facts, lent[0].sent_ids.get("tools/call") if lent else None)
 
         try:
-            async with self.upstream.lend(task_id) as conn, listening(conn, progress.handle):
+            async with self.upstream.lend(task_id, or_from=LISTING) as conn, listening(conn, progress.handle):
                 lent.append(conn)
                 result = await call_passed(
                     conn, item_id=item_id, actor=ACTOR, tool=tool, arguments=arguments, facts=mcp_facts,

@@ -61,10 +61,12 @@ class UpstreamConnections:
                 holders.cancel_scope.cancel()
 
     @asynccontextmanager
-    async def lend(self, task_id: int) -> AsyncIterator[Connection]:
-        """An idle connection of the task's, or a new one; kept for the task's next call if the
-        call ended normally, closed otherwise (a failed or cancelled call may leave it broken)."""
-        kept = self._take_idle(task_id) or await self._open(task_id)
+    async def lend(self, task_id: int, *, or_from: int | None = None) -> AsyncIterator[Connection]:
+        """An idle connection of the task's, else an idle one of `or_from`'s (the connection kept
+        for listings, which then becomes the task's: a stdio server is not started twice for a
+        client's first call), or a new one; kept for the task's next call if the call ended
+        normally, closed otherwise (a failed or cancelled call may leave it broken)."""
+        kept = self._take_idle(task_id) or self._adopt(or_from, task_id) or await self._open(task_id)
         assert kept.conn is not None
         kept.conn.sent_ids.clear()  # the previous call's ids are not this one's
         self._lent.setdefault(task_id, set()).add(kept)
@@ -80,18 +82,22 @@ class UpstreamConnections:
             else:
                 kept.close()
 
-    def listed(self, task_id: int) -> Connection | None:
-        """An open connection of the task's, idle or lent, whose tool list is kept: to describe a
-        call from (reading what it keeps, never sending on it), with no connection taken."""
-        for kept in [*self._idle.get(task_id, ()), *self._lent.get(task_id, ())]:
-            if not kept.closed and kept.conn is not None and kept.conn.tools is not None:
-                return kept.conn
-        return None
+    def listed(self) -> list[Connection]:
+        """The open connections, idle or lent, whose tool list is kept: to describe a call from
+        (reading what one keeps, never sending on it), with no connection taken."""
+        everyone = [*self._idle.values(), *self._lent.values()]
+        return [k.conn for group in everyone for k in group if not k.closed and k.conn is not None and k.conn.tools]
 
     def close_task(self, task_id: int) -> None:
         """The task was stopped: close its connections (those lent out as their calls end)."""
         for kept in [*self._idle.pop(task_id, []), *self._lent.get(task_id, ())]:
             kept.close()
+
+    def _adopt(self, from_id: int | None, task_id: int) -> Kept | None:
+        kept = self._take_idle(from_id) if from_id is not None else None
+        if kept is not None:
+            kept.task_id = task_id
+        return kept
 
     def _take_idle(self, task_id: int) -> Kept | None:
         idle = self._idle.get(task_id, [])

@@ -177,7 +177,9 @@ def test_stop_during_a_call_cancels_it_upstream_and_a_later_call_is_refused_unse
     cancels = [c for c in shim.received("notifications/cancelled") if c["params"]["requestId"] == call["id"]]
     assert len(cancels) == 1
     assert ("interrupted", tool) in shim.journal() and ("finished", tool) not in shim.journal()
-    # The call after Stop was refused and never sent: the upstream saw only the first call.
+    # The call after Stop was refused and never sent: the upstream saw only the first call, and
+    # no other server process was started for it (nor for listings: the call took that one over).
+    assert len(shim.upstream_processes()) == 1
     states = dict(WorkItem.objects.values_list("detail__gateway__tool", "state"))
     assert states == {tool: ends, READ_VALUE: S.CANCELLED}
     # The upstream's id of the call is on the record, as the upstream saw it.

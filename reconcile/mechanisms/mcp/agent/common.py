@@ -4,6 +4,7 @@ failure between registration and the answer is recorded."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from mcp import StdioServerParameters
@@ -24,27 +25,57 @@ ServerRef = str | StdioServerParameters | ServerSpec
 async def describe(conn: Connection, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
     """The facts recorded on the item before the call: the server (never its secrets), the tool,
     the revision and transport used (and how a cancel travels on them), the tool's annotations, and its status check with arguments filled in."""
-    client = conn.client
     found = _tool_named(await conn.list_tools(), tool)
     if found is None:  # a list kept from earlier may predate the tool: ask again once
         conn.tools = None
         found = _tool_named(await conn.list_tools(), tool)
     if found is None:
         raise LookupError(f"MCP server {conn.spec.name} has no tool {tool!r}")
-    caps = client.server_capabilities
-    facts: dict[str, Any] = {
-        **conn.spec.public(),
-        **conn.revision_facts(),
-        "server_name": client.server_info.name if client.server_info else "",
-        "tool": tool,
-        "annotations": annotations_of(found),
-        "task_support": (found.execution.task_support if found.execution else None) or "forbidden",
-        "server_tasks": offers_tasks(caps),
-    }
-    check = conn.spec.status_checks.get(tool)
-    if check is not None:
-        facts["status_check"] = check.resolved(arguments)
-    return facts
+    return Described.of(conn).facts(tool, arguments)
+
+
+@dataclass(frozen=True)
+class Described:
+    """What a connection knows of its server, read while it is open, to describe calls from
+    (without it, once it is closed)."""
+
+    spec: ServerSpec
+    revision: dict[str, Any]
+    server_name: str
+    server_tasks: bool
+    tools: Any  # the ListToolsResult
+
+    @classmethod
+    def of(cls, conn: Connection) -> Described:
+        client = conn.client
+        return cls(
+            spec=conn.spec,
+            revision=conn.revision_facts(),
+            server_name=client.server_info.name if client.server_info else "",
+            server_tasks=offers_tasks(client.server_capabilities),
+            tools=conn.tools,
+        )
+
+    def knows(self, tool: str) -> bool:
+        return self.tools is not None and _tool_named(self.tools, tool) is not None
+
+    def facts(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        found = _tool_named(self.tools, tool)
+        if found is None:
+            raise LookupError(f"MCP server {self.spec.name} has no tool {tool!r}")
+        facts: dict[str, Any] = {
+            **self.spec.public(),
+            **self.revision,
+            "server_name": self.server_name,
+            "tool": tool,
+            "annotations": annotations_of(found),
+            "task_support": (found.execution.task_support if found.execution else None) or "forbidden",
+            "server_tasks": self.server_tasks,
+        }
+        check = self.spec.status_checks.get(tool)
+        if check is not None:
+            facts["status_check"] = check.resolved(arguments)
+        return facts
 
 
 def _tool_named(listing: Any, tool: str) -> Any:
