@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -229,11 +230,15 @@ class _NotOffered(Exception):
 
 
 class AsyncWatches:
-    """One AsyncClient's watch_stop calls on one long poll of POST /watch for all the tasks they
-    wait on. The poll is re-issued when a task is added (a new run) and after each answer (with the
-    tasks still waited on), so a Stop of a thousand runs reaches the client as a few answers, not as
-    a thousand at once. A server without it (404 or 405 at /watch) is remembered, and every watch
-    then long-polls its own task as before."""
+    """One AsyncClient's watch_stop calls on one request of POST /watch for all the tasks they
+    wait on. It asks for a stream: the watch server then sends a line as each Stop commits, on the
+    request already open, so Stops that come one after another (a person stopping task after task,
+    a dashboard stopping hundreds) are each one short line, with no new request and no re-read of
+    every task still watched in between. A server that answers once instead (the web door serving
+    watches itself) is a long poll, asked again after each answer with the tasks still waited on.
+    Either is re-issued when a task is added (a new run), and when the stream ends (its timeout). A
+    server without /watch (404 or 405) is remembered, and every watch then long-polls its own task
+    as before."""
 
     def __init__(self, client: AsyncClient) -> None:
         self.offered = True
@@ -292,8 +297,9 @@ class AsyncWatches:
             poll_s = min(poll_s for entries in self._waiting.values() for _, poll_s in entries)
             try:
                 response = await self._poll_until_changed(http, tasks, poll_s)
-                if response is None:
-                    continue  # a task was added (ask again with it), or none is left
+                if response is None:  # a stream ended, a task was added (ask again with it), or none is left
+                    attempt = hops = 0
+                    continue
                 if follow(self._client, response, hops):
                     hops += 1
                     continue
@@ -309,9 +315,11 @@ class AsyncWatches:
     async def _poll_until_changed(
         self, http: httpx.AsyncClient, tasks: list[int], poll_s: float
     ) -> httpx.Response | None:
+        """The answer of a poll; None when the tasks changed first or the answer was a stream
+        (its Stops already handed out, line by line)."""
         assert self._changed is not None
-        body = {"tasks": tasks, "timeout": poll_s}
-        poll = asyncio.ensure_future(http.post(self._client.watch_base + "/watch", json=body, timeout=poll_s + SLACK_S))
+        body = {"tasks": tasks, "timeout": poll_s, "stream": True}
+        poll = asyncio.ensure_future(self._exchange(http, body, poll_s))
         changed = asyncio.ensure_future(self._changed.wait())
         self.polling = len(tasks)
         try:
@@ -324,6 +332,32 @@ class AsyncWatches:
                 with contextlib.suppress(asyncio.CancelledError):
                     await poll
         return poll.result() if not poll.cancelled() else None
+
+    async def _exchange(self, http: httpx.AsyncClient, body: dict[str, Any], poll_s: float) -> httpx.Response | None:
+        """One request. A stream is read line by line, each line's Stops handed to their waiters as
+        it arrives (None once it ends); any other answer is read whole and returned."""
+        request = http.build_request("POST", self._client.watch_base + "/watch", json=body, timeout=poll_s + SLACK_S)
+        response = await http.send(request, stream=True)
+        try:
+            if response.status_code != 200 or not response.headers.get("content-type", "").startswith(STREAM_TYPE):
+                await response.aread()
+                return response
+            lines = 0
+            async for line in response.aiter_lines():
+                if line.strip():
+                    lines += 1
+                    self._deliver(_stream_line(line))
+            if not lines:  # not even the line a watch begins with: ask again after a pause, not at once
+                raise ServerError("The watch's stream ended before its first line.", code="bad_response")
+            return None
+        finally:
+            await response.aclose()
+
+    def _deliver(self, stopped: list[StopWatchInfo]) -> None:
+        for info in stopped:
+            for done, _ in self._waiting.pop(info.task, []):
+                if not done.done():
+                    done.set_result(info)
 
     def _answered(self, tasks: list[int], response: httpx.Response) -> None:
         """Hand each waiter its answer: its task's Stop, its refusal, or (older server) _NotOffered."""
@@ -340,10 +374,7 @@ class AsyncWatches:
             named = body.get("tasks")
             self._fail(named if isinstance(named, list) else tasks, exc)
             return
-        for info in stopped:
-            for done, _ in self._waiting.pop(info.task, []):
-                if not done.done():
-                    done.set_result(info)
+        self._deliver(stopped)
 
     def _fail(self, tasks: list[int], exc: Exception) -> None:
         for task_id in tasks:
@@ -353,6 +384,18 @@ class AsyncWatches:
 
 
 _MANY: Call[list[dict[str, Any]]] = Call("POST", "/watch", None, lambda body: list(body["stopped"]), safe=True)
+STREAM_TYPE = "application/x-ndjson"
+
+
+def _stream_line(line: str) -> list[StopWatchInfo]:
+    """One line of a watch's stream: `{"stopped": [...]}`, as a poll's answer."""
+    try:
+        body = json.loads(line)
+        return [StopWatchInfo.from_json(info) for info in body["stopped"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ServerError(
+            f"A line of the watch's stream is not a watch answer: {line[:200]!r}", code="bad_response"
+        ) from exc
 
 
 def _json_object(response: httpx.Response) -> dict[str, Any]:
