@@ -18,7 +18,7 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Protocol
 
 import httpx
@@ -237,8 +237,9 @@ class AsyncWatches:
     every task still watched in between. A server that answers once instead (the web door serving
     watches itself) is a long poll, asked again after each answer with the tasks still waited on.
     Either is re-issued when a task is added (a new run), and when the stream ends (its timeout). A
-    server without /watch (404 or 405) is remembered, and every watch then long-polls its own task
-    as before."""
+    stream whose first line does not come (held back on the way, by a buffering proxy) is
+    remembered, and the client long-polls from then on. A server without /watch (404 or 405) is
+    remembered, and every watch then long-polls its own task as before."""
 
     def __init__(self, client: AsyncClient) -> None:
         self.offered = True
@@ -247,6 +248,8 @@ class AsyncWatches:
         self._changed: asyncio.Event | None = None
         self._poller: asyncio.Task[None] | None = None
         self.polling = 0  # tasks in the poll in flight (diagnostics, the bench)
+        self.stream = True  # ask for a stream, until one's first line is held back on the way
+        self.first_line_s = FIRST_LINE_S
 
     async def watch(self, task_id: int, poll_s: float) -> StopWatchInfo:
         if not self.offered or (task_id not in self._waiting and len(self._waiting) >= MANY_MAX):
@@ -318,7 +321,7 @@ class AsyncWatches:
         """The answer of a poll; None when the tasks changed first or the answer was a stream
         (its Stops already handed out, line by line)."""
         assert self._changed is not None
-        body = {"tasks": tasks, "timeout": poll_s, "stream": True}
+        body = {"tasks": tasks, "timeout": poll_s, "stream": self.stream}
         poll = asyncio.ensure_future(self._exchange(http, body, poll_s))
         changed = asyncio.ensure_future(self._changed.wait())
         self.polling = len(tasks)
@@ -342,13 +345,20 @@ class AsyncWatches:
             if response.status_code != 200 or not response.headers.get("content-type", "").startswith(STREAM_TYPE):
                 await response.aread()
                 return response
-            lines = 0
-            async for line in response.aiter_lines():
-                if line.strip():
-                    lines += 1
-                    self._deliver(_stream_line(line))
-            if not lines:  # not even the line a watch begins with: ask again after a pause, not at once
+            lines = aiter(response.aiter_lines())
+            try:
+                # The server sends its first line as soon as the tasks are watched. Held back, it is
+                # something in between that keeps the lines until the response ends (a buffering
+                # proxy): then Stop would wait for the poll's end, so poll once per answer instead.
+                first = await asyncio.wait_for(_next_line(lines), self.first_line_s)
+            except TimeoutError:
+                self.stream = False
+                return None
+            if first is None:  # not even the line a watch begins with: ask again after a pause, not at once
                 raise ServerError("The watch's stream ended before its first line.", code="bad_response")
+            self._deliver(_stream_line(first))
+            while (line := await _next_line(lines)) is not None:
+                self._deliver(_stream_line(line))
             return None
         finally:
             await response.aclose()
@@ -385,6 +395,17 @@ class AsyncWatches:
 
 _MANY: Call[list[dict[str, Any]]] = Call("POST", "/watch", None, lambda body: list(body["stopped"]), safe=True)
 STREAM_TYPE = "application/x-ndjson"
+# A stream's first line comes once the server has read and watched the tasks (milliseconds; under
+# heavy load, well under a second). Not here by then, something in between is holding it back.
+FIRST_LINE_S = 10.0
+
+
+async def _next_line(lines: AsyncIterator[str]) -> str | None:
+    """The stream's next line that is not blank; None at its end."""
+    async for line in lines:
+        if line.strip():
+            return line
+    return None
 
 
 def _stream_line(line: str) -> list[StopWatchInfo]:

@@ -256,3 +256,73 @@ def test_a_stream_that_ends_before_its_first_line_is_asked_again_after_a_pause(s
 
     asyncio.run(main())
     assert 2 <= len(asked) <= 8, f"{len(asked)} requests in 1.5 s: asked again with backoff, not in a loop"
+
+
+@pytest.fixture
+def buffering_proxy(live_server) -> Iterator[tuple[str, list[bool]]]:  # type: ignore[no-untyped-def]
+    """A proxy in front of the web door (which serves watches itself) that, like a buffering
+    proxy, keeps a streamed answer's lines until the response ends: a request asking for a stream
+    gets the stream's headers and then nothing. Any other request is the live server's. Records
+    whether each /watch asked for a stream."""
+    asked: list[bool] = []
+    closing = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            stream = bool(json.loads(body).get("stream"))
+            asked.append(stream)
+            if stream:
+                self.send_response(200)
+                self.send_header("Content-Type", NDJSON)
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                closing.wait(30)  # the lines would come at the end
+                return
+            answer = httpx.post(
+                live_server.url + self.path,
+                content=body,
+                headers={"Authorization": self.headers["Authorization"], "Content-Type": "application/json"},
+                timeout=60,
+            )
+            self.send_response(answer.status_code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer.content)))
+            self.end_headers()
+            self.wfile.write(answer.content)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", asked
+    finally:
+        closing.set()
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_stream_held_back_on_the_way_makes_the_client_poll_instead(buffering_proxy, runtime_token):
+    url, asked = buffering_proxy
+    runtime, token = runtime_token
+    [task_id] = _tasks(runtime, 1)
+
+    async def main() -> float:
+        async with AsyncClient(url, token, watch_url=url) as sd:
+            sd._watches.first_line_s = 0.5
+            watch = asyncio.ensure_future(sd.watch_stop(task_id, poll_s=20))
+            await asyncio.sleep(1.5)  # the stream's first line never came: a poll of its own now waits
+            assert not watch.done()
+            asked_at = time.monotonic()
+            await asyncio.to_thread(_stop_closing, task_id)
+            info = await asyncio.wait_for(watch, 10)
+            assert info.task == task_id and info.stopped
+            return time.monotonic() - asked_at
+
+    heard = asyncio.run(main())
+    assert asked == [True, False], "one stream, then polls, remembered"
+    assert heard < 5, "by the poll's push, not at the end of a held stream"
