@@ -19,7 +19,7 @@ import json
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import httpx
 
@@ -222,6 +222,21 @@ async def _watch_async(client: AsyncClient, http: httpx.AsyncClient, task_id: in
 
 
 MANY_MAX = 10_000  # the server's bound on tasks in one watch; watches beyond it poll one task each
+OnStop = Callable[[StopWatchInfo], object]
+
+
+class _Waiter(NamedTuple):
+    done: asyncio.Future[StopWatchInfo]
+    poll_s: float
+    on_stop: OnStop | None
+
+
+def _heard(info: StopWatchInfo, on_stop: OnStop | None) -> StopWatchInfo:
+    if on_stop is not None:
+        on_stop(info)
+    return info
+
+
 COALESCE_S = 0.005  # runs that start together join one re-issued poll, not one poll each
 
 
@@ -244,23 +259,26 @@ class AsyncWatches:
     def __init__(self, client: AsyncClient) -> None:
         self.offered = True
         self._client = client
-        self._waiting: dict[int, list[tuple[asyncio.Future[StopWatchInfo], float]]] = {}
+        self._waiting: dict[int, list[_Waiter]] = {}
         self._changed: asyncio.Event | None = None
         self._poller: asyncio.Task[None] | None = None
         self.polling = 0  # tasks in the poll in flight (diagnostics, the bench)
         self.stream = True  # ask for a stream, until one's first line is held back on the way
         self.first_line_s = FIRST_LINE_S
 
-    async def watch(self, task_id: int, poll_s: float) -> StopWatchInfo:
+    async def watch(self, task_id: int, poll_s: float, on_stop: OnStop | None = None) -> StopWatchInfo:
+        """The task's Stop. `on_stop(info)` is called once before this returns: on the request shared
+        by the client's watches, as the answer is read, so what it starts (a run's cancel) does not
+        wait for this coroutine's turn on the loop."""
         if not self.offered or (task_id not in self._waiting and len(self._waiting) >= MANY_MAX):
-            return await watch_stop_async(self._client, task_id, poll_s=poll_s)
-        entry: tuple[asyncio.Future[StopWatchInfo], float] = (asyncio.get_running_loop().create_future(), poll_s)
+            return _heard(await watch_stop_async(self._client, task_id, poll_s=poll_s), on_stop)
+        entry = _Waiter(asyncio.get_running_loop().create_future(), poll_s, on_stop)
         self._waiting.setdefault(task_id, []).append(entry)
         self._wake()
         try:
-            return await entry[0]
+            return await entry.done
         except _NotOffered:
-            return await watch_stop_async(self._client, task_id, poll_s=poll_s)
+            return _heard(await watch_stop_async(self._client, task_id, poll_s=poll_s), on_stop)
         finally:
             self._forget(task_id, entry)
 
@@ -272,7 +290,7 @@ class AsyncWatches:
         assert self._changed is not None
         self._changed.set()
 
-    def _forget(self, task_id: int, entry: tuple[asyncio.Future[StopWatchInfo], float]) -> None:
+    def _forget(self, task_id: int, entry: _Waiter) -> None:
         entries = self._waiting.get(task_id, [])
         if entry in entries:
             entries.remove(entry)
@@ -297,7 +315,7 @@ class AsyncWatches:
                 await asyncio.sleep(COALESCE_S)
             self._changed.clear()
             tasks = list(self._waiting)
-            poll_s = min(poll_s for entries in self._waiting.values() for _, poll_s in entries)
+            poll_s = min(entry.poll_s for entries in self._waiting.values() for entry in entries)
             try:
                 response = await self._poll_until_changed(http, tasks, poll_s)
                 if response is None:  # a stream ended, a task was added (ask again with it), or none is left
@@ -365,9 +383,15 @@ class AsyncWatches:
 
     def _deliver(self, stopped: list[StopWatchInfo]) -> None:
         for info in stopped:
-            for done, _ in self._waiting.pop(info.task, []):
-                if not done.done():
-                    done.set_result(info)
+            for entry in self._waiting.pop(info.task, []):
+                if entry.done.done():
+                    continue
+                try:
+                    _heard(info, entry.on_stop)
+                except Exception as exc:  # the caller's callback failed: its watch_stop raises it
+                    entry.done.set_exception(exc)
+                else:
+                    entry.done.set_result(info)
 
     def _answered(self, tasks: list[int], response: httpx.Response) -> None:
         """Hand each waiter its answer: its task's Stop, its refusal, or (older server) _NotOffered."""
@@ -388,9 +412,9 @@ class AsyncWatches:
 
     def _fail(self, tasks: list[int], exc: Exception) -> None:
         for task_id in tasks:
-            for done, _ in self._waiting.pop(task_id, []):
-                if not done.done():
-                    done.set_exception(exc)
+            for entry in self._waiting.pop(task_id, []):
+                if not entry.done.done():
+                    entry.done.set_exception(exc)
 
 
 _MANY: Call[list[dict[str, Any]]] = Call("POST", "/watch", None, lambda body: list(body["stopped"]), safe=True)

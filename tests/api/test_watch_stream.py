@@ -326,3 +326,65 @@ def test_a_stream_held_back_on_the_way_makes_the_client_poll_instead(buffering_p
     heard = asyncio.run(main())
     assert asked == [True, False], "one stream, then polls, remembered"
     assert heard < 5, "by the poll's push, not at the end of a held stream"
+
+
+def test_on_stop_is_called_as_the_answer_is_read_not_when_watch_stop_resumes(watch_server, runtime_token):
+    runtime, token = runtime_token
+    tasks = _tasks(runtime, 2)
+    calls: list[tuple[int, bool]] = []
+
+    async def main() -> None:
+        async with AsyncClient(watch_server.removesuffix("/api/v1"), token, watch_url=watch_server) as sd:
+            watches: dict[int, asyncio.Task[object]] = {}
+
+            def heard(info) -> None:  # type: ignore[no-untyped-def]
+                # Called by the task reading the client's one request, before the watch resumes.
+                calls.append((info.task, asyncio.current_task() is watches[info.task]))
+
+            for task_id in tasks:
+                watches[task_id] = asyncio.ensure_future(sd.watch_stop(task_id, poll_s=20, on_stop=heard))
+            await asyncio.sleep(0.5)
+            for task_id in tasks:
+                await asyncio.to_thread(_stop_closing, task_id)
+            infos = await asyncio.wait_for(asyncio.gather(*watches.values()), 10)
+            assert [i.task for i in infos] == tasks
+
+    asyncio.run(main())
+    assert sorted(calls) == [(tasks[0], False), (tasks[1], False)], "once each, from the reader"
+
+
+def test_a_runs_cancel_starts_as_the_clients_watch_reads_the_stop(live_server, watch_server, runtime_token, settings):
+    """StopdeskRun over the HTTP client: the run's work is cancelled from the turn that read the
+    Stop, so it gets its CancelledError before the run's own watch coroutine has even resumed."""
+    from stopdesk.agent.frameworks.core import RunStopped, StopdeskRun
+
+    settings.STOPDESK_WATCH_URL = watch_server.removesuffix("/api/v1")
+    runtime, token = runtime_token
+    [task_id] = _tasks(runtime, 1)
+    seen: dict[str, bool] = {}
+
+    async def main() -> None:
+        async with (
+            AsyncClient(live_server.url, token) as sd,
+            StopdeskRun(sd, task_id, framework="test", agent="waiting") as run,
+        ):
+
+            async def work() -> None:
+                try:
+                    await asyncio.sleep(30)
+                except asyncio.CancelledError:
+                    assert run._watcher is not None
+                    seen["watcher_done"] = run._watcher.done()
+                    raise
+
+            async def stop_soon() -> None:
+                await asyncio.sleep(0.5)
+                await asyncio.to_thread(_stop_closing, task_id)
+
+            stopper = asyncio.ensure_future(stop_soon())
+            with pytest.raises(RunStopped):
+                await asyncio.wait_for(run.run(work()), 10)
+            await stopper
+
+    asyncio.run(main())
+    assert seen == {"watcher_done": False}
