@@ -19,7 +19,8 @@ scale.stop_to_cancelled_ms.paced p50/p99    from a stop request's recorded time 
     (100) tasks stopped one at a time, 100 ms apart, by another process, while the rest run on
 scale.stop_to_cancelled_ms.at_once p50/p99  the same for all the other runs, stopped as fast as 4
     processes can: the client's loop then hears hundreds of Stops at once and settles each run
-scale.stop_to_watch_answered_ms.<phase>     of that, until the run's watch answer was read here
+scale.stop_to_watch_answered_ms.<phase>     of that, until the run's watch answer was read here (its
+    `on_stop`, which starts the run's cancel)
 scale.runs_cancelled                        runs whose agent received CancelledError (of N)
 
 BENCH_SCALE_PROFILE=<file> writes a cProfile of this process while the runs hear Stop at once.
@@ -103,7 +104,21 @@ class _Scale:
     async def main(self) -> None:
         from stopdesk.client import AsyncClient
 
-        async with AsyncClient(self.servers.web_url, self.token, timeout=60) as sd:
+        answered_at = self.answered_at
+
+        class Timed(AsyncClient):
+            """The client, noting when each watch's answer is read (the runs watch through it as
+            they would through the client itself)."""
+
+            async def watch_stop(self, task_id: int, *, poll_s: float = 25.0, on_stop: Any = None) -> Any:
+                def heard(info: Any) -> None:
+                    answered_at[task_id] = time.time()
+                    if on_stop is not None:
+                        on_stop(info)
+
+                return await super().watch_stop(task_id, poll_s=poll_s, on_stop=heard)
+
+        async with Timed(self.servers.web_url, self.token, timeout=60) as sd:
             self.get_task["none"] = await self._get_task(sd)
             bare = [asyncio.create_task(sd.watch_stop(t, poll_s=50)) for t in self.tasks]
             await self._until_watching(sd, len(bare))
@@ -154,11 +169,7 @@ class _Scale:
 
         await asyncio.sleep(random.uniform(0, THINK_S))
 
-        async def watch() -> None:
-            await sd.watch_stop(task_id)
-            self.answered_at[task_id] = time.time()
-
-        async with StopdeskRun(sd, task_id, framework="bench", agent="scale", watch=watch) as run:
+        async with StopdeskRun(sd, task_id, framework="bench", agent="scale") as run:
             with contextlib.suppress(RunStopped):
                 await run.run(self._agent(run, task_id))
 

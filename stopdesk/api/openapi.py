@@ -188,13 +188,18 @@ def _watch_operation() -> dict[str, Any]:
 def _watch_many_operation() -> dict[str, Any]:
     error = {"content": {"application/json": {"schema": {"$ref": REF.format(model="Error")}}}}
     info = {"$ref": REF.format(model="StopWatchInfo")}
+    stopped = {"type": "object", "required": ["stopped"], "properties": {"stopped": {"type": "array", "items": info}}}
     return {
         "operationId": "watch_stop_many",
         "summary": "Wait for the Stop of any of many tasks: one long poll for all of them.",
         "description": (
             "The stop watch for many tasks at once: answers `stopped` (every task of the list stopped by then) as "
             "soon as any of them is stopped, or `stopped: []` after `timeout` seconds; then watch again with the "
-            "tasks still waited on. A client watching many runs holds one request instead of one per run."
+            "tasks still waited on. A client watching many runs holds one request instead of one per run. With "
+            "`stream: true` the watch server keeps the request open instead: a line once the tasks are watched "
+            "(those already stopped, or none), then a line as each Stop commits, each line this answer's object, "
+            "newline-delimited (`application/x-ndjson`), until every task is stopped or `timeout` passes; the "
+            "web door serving watches itself answers such a request with one answer, as above."
         ),
         "requestBody": {
             "required": True,
@@ -211,6 +216,7 @@ def _watch_many_operation() -> dict[str, Any]:
                                 "items": {"type": "integer", "minimum": 1},
                             },
                             "timeout": {"type": "number", "minimum": 0, "maximum": watch.MAX_TIMEOUT_S},
+                            "stream": {"type": "boolean", "default": False},
                         },
                     }
                 }
@@ -218,15 +224,12 @@ def _watch_many_operation() -> dict[str, Any]:
         },
         "responses": {
             "200": {
-                "description": "Some stopped, or the timeout passed first (`stopped: []`).",
+                "description": (
+                    "Some stopped, or the timeout passed first (`stopped: []`); streamed, one such object a line."
+                ),
                 "content": {
-                    "application/json": {
-                        "schema": {
-                            "type": "object",
-                            "required": ["stopped"],
-                            "properties": {"stopped": {"type": "array", "items": info}},
-                        }
-                    }
+                    "application/json": {"schema": stopped},
+                    "application/x-ndjson": {"schema": stopped},
                 },
             },
             "307": {"description": "Served by the watch server, not here: repeat the request at `Location`.", **error},
@@ -236,7 +239,7 @@ def _watch_many_operation() -> dict[str, Any]:
                 "description": "Tasks unknown or of another runtime: the body's `tasks` lists them; nothing is watched.",
                 **error,
             },
-            "422": {"description": "`tasks` or `timeout` is not valid (`field` names it).", **error},
+            "422": {"description": "`tasks`, `timeout` or `stream` is not valid (`field` names it).", **error},
         },
     }
 

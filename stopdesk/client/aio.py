@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any, Literal
 
 import httpx
@@ -125,10 +126,14 @@ class AsyncClient:
         Idempotent."""
         return await self._run(calls.close_task(task_id, reason))
 
-    async def watch_stop(self, task_id: int, *, poll_s: float = POLL_S) -> StopWatchInfo:
-        """Return the moment the task's Stop commits (long polls answered by push; the client's
-        watches share one poll of all their tasks where the server offers it)."""
-        return await self._watches.watch(task_id, poll_s)
+    async def watch_stop(
+        self, task_id: int, *, poll_s: float = POLL_S, on_stop: Callable[[StopWatchInfo], object] | None = None
+    ) -> StopWatchInfo:
+        """Return the moment the task's Stop commits (pushed by the server; the client's watches
+        share one request for all their tasks where the server offers it). `on_stop(info)`, if
+        given, is called once before this returns, on the loop, as soon as the answer is read: a
+        run's cancel started there does not wait for this call's own turn on the loop."""
+        return await self._watches.watch(task_id, poll_s, on_stop)
 
     # Items
     async def register(

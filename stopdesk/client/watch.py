@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any, NamedTuple, Protocol
 
 import httpx
 
@@ -221,6 +222,21 @@ async def _watch_async(client: AsyncClient, http: httpx.AsyncClient, task_id: in
 
 
 MANY_MAX = 10_000  # the server's bound on tasks in one watch; watches beyond it poll one task each
+OnStop = Callable[[StopWatchInfo], object]
+
+
+class _Waiter(NamedTuple):
+    done: asyncio.Future[StopWatchInfo]
+    poll_s: float
+    on_stop: OnStop | None
+
+
+def _heard(info: StopWatchInfo, on_stop: OnStop | None) -> StopWatchInfo:
+    if on_stop is not None:
+        on_stop(info)
+    return info
+
+
 COALESCE_S = 0.005  # runs that start together join one re-issued poll, not one poll each
 
 
@@ -229,30 +245,40 @@ class _NotOffered(Exception):
 
 
 class AsyncWatches:
-    """One AsyncClient's watch_stop calls on one long poll of POST /watch for all the tasks they
-    wait on. The poll is re-issued when a task is added (a new run) and after each answer (with the
-    tasks still waited on), so a Stop of a thousand runs reaches the client as a few answers, not as
-    a thousand at once. A server without it (404 or 405 at /watch) is remembered, and every watch
-    then long-polls its own task as before."""
+    """One AsyncClient's watch_stop calls on one request of POST /watch for all the tasks they
+    wait on. It asks for a stream: the watch server then sends a line as each Stop commits, on the
+    request already open, so Stops that come one after another (a person stopping task after task,
+    a dashboard stopping hundreds) are each one short line, with no new request and no re-read of
+    every task still watched in between. A server that answers once instead (the web door serving
+    watches itself) is a long poll, asked again after each answer with the tasks still waited on.
+    Either is re-issued when a task is added (a new run), and when the stream ends (its timeout). A
+    stream whose first line does not come (held back on the way, by a buffering proxy) is
+    remembered, and the client long-polls from then on. A server without /watch (404 or 405) is
+    remembered, and every watch then long-polls its own task as before."""
 
     def __init__(self, client: AsyncClient) -> None:
         self.offered = True
         self._client = client
-        self._waiting: dict[int, list[tuple[asyncio.Future[StopWatchInfo], float]]] = {}
+        self._waiting: dict[int, list[_Waiter]] = {}
         self._changed: asyncio.Event | None = None
         self._poller: asyncio.Task[None] | None = None
         self.polling = 0  # tasks in the poll in flight (diagnostics, the bench)
+        self.stream = True  # ask for a stream, until one's first line is held back on the way
+        self.first_line_s = FIRST_LINE_S
 
-    async def watch(self, task_id: int, poll_s: float) -> StopWatchInfo:
+    async def watch(self, task_id: int, poll_s: float, on_stop: OnStop | None = None) -> StopWatchInfo:
+        """The task's Stop. `on_stop(info)` is called once before this returns: on the request shared
+        by the client's watches, as the answer is read, so what it starts (a run's cancel) does not
+        wait for this coroutine's turn on the loop."""
         if not self.offered or (task_id not in self._waiting and len(self._waiting) >= MANY_MAX):
-            return await watch_stop_async(self._client, task_id, poll_s=poll_s)
-        entry: tuple[asyncio.Future[StopWatchInfo], float] = (asyncio.get_running_loop().create_future(), poll_s)
+            return _heard(await watch_stop_async(self._client, task_id, poll_s=poll_s), on_stop)
+        entry = _Waiter(asyncio.get_running_loop().create_future(), poll_s, on_stop)
         self._waiting.setdefault(task_id, []).append(entry)
         self._wake()
         try:
-            return await entry[0]
+            return await entry.done
         except _NotOffered:
-            return await watch_stop_async(self._client, task_id, poll_s=poll_s)
+            return _heard(await watch_stop_async(self._client, task_id, poll_s=poll_s), on_stop)
         finally:
             self._forget(task_id, entry)
 
@@ -264,7 +290,7 @@ class AsyncWatches:
         assert self._changed is not None
         self._changed.set()
 
-    def _forget(self, task_id: int, entry: tuple[asyncio.Future[StopWatchInfo], float]) -> None:
+    def _forget(self, task_id: int, entry: _Waiter) -> None:
         entries = self._waiting.get(task_id, [])
         if entry in entries:
             entries.remove(entry)
@@ -289,11 +315,12 @@ class AsyncWatches:
                 await asyncio.sleep(COALESCE_S)
             self._changed.clear()
             tasks = list(self._waiting)
-            poll_s = min(poll_s for entries in self._waiting.values() for _, poll_s in entries)
+            poll_s = min(entry.poll_s for entries in self._waiting.values() for entry in entries)
             try:
                 response = await self._poll_until_changed(http, tasks, poll_s)
-                if response is None:
-                    continue  # a task was added (ask again with it), or none is left
+                if response is None:  # a stream ended, a task was added (ask again with it), or none is left
+                    attempt = hops = 0
+                    continue
                 if follow(self._client, response, hops):
                     hops += 1
                     continue
@@ -309,9 +336,11 @@ class AsyncWatches:
     async def _poll_until_changed(
         self, http: httpx.AsyncClient, tasks: list[int], poll_s: float
     ) -> httpx.Response | None:
+        """The answer of a poll; None when the tasks changed first or the answer was a stream
+        (its Stops already handed out, line by line)."""
         assert self._changed is not None
-        body = {"tasks": tasks, "timeout": poll_s}
-        poll = asyncio.ensure_future(http.post(self._client.watch_base + "/watch", json=body, timeout=poll_s + SLACK_S))
+        body = {"tasks": tasks, "timeout": poll_s, "stream": self.stream}
+        poll = asyncio.ensure_future(self._exchange(http, body, poll_s))
         changed = asyncio.ensure_future(self._changed.wait())
         self.polling = len(tasks)
         try:
@@ -324,6 +353,45 @@ class AsyncWatches:
                 with contextlib.suppress(asyncio.CancelledError):
                     await poll
         return poll.result() if not poll.cancelled() else None
+
+    async def _exchange(self, http: httpx.AsyncClient, body: dict[str, Any], poll_s: float) -> httpx.Response | None:
+        """One request. A stream is read line by line, each line's Stops handed to their waiters as
+        it arrives (None once it ends); any other answer is read whole and returned."""
+        request = http.build_request("POST", self._client.watch_base + "/watch", json=body, timeout=poll_s + SLACK_S)
+        response = await http.send(request, stream=True)
+        try:
+            if response.status_code != 200 or not response.headers.get("content-type", "").startswith(STREAM_TYPE):
+                await response.aread()
+                return response
+            lines = aiter(response.aiter_lines())
+            try:
+                # The server sends its first line as soon as the tasks are watched. Held back, it is
+                # something in between that keeps the lines until the response ends (a buffering
+                # proxy): then Stop would wait for the poll's end, so poll once per answer instead.
+                first = await asyncio.wait_for(_next_line(lines), self.first_line_s)
+            except TimeoutError:
+                self.stream = False
+                return None
+            if first is None:  # not even the line a watch begins with: ask again after a pause, not at once
+                raise ServerError("The watch's stream ended before its first line.", code="bad_response")
+            self._deliver(_stream_line(first))
+            while (line := await _next_line(lines)) is not None:
+                self._deliver(_stream_line(line))
+            return None
+        finally:
+            await response.aclose()
+
+    def _deliver(self, stopped: list[StopWatchInfo]) -> None:
+        for info in stopped:
+            for entry in self._waiting.pop(info.task, []):
+                if entry.done.done():
+                    continue
+                try:
+                    _heard(info, entry.on_stop)
+                except Exception as exc:  # the caller's callback failed: its watch_stop raises it
+                    entry.done.set_exception(exc)
+                else:
+                    entry.done.set_result(info)
 
     def _answered(self, tasks: list[int], response: httpx.Response) -> None:
         """Hand each waiter its answer: its task's Stop, its refusal, or (older server) _NotOffered."""
@@ -340,19 +408,39 @@ class AsyncWatches:
             named = body.get("tasks")
             self._fail(named if isinstance(named, list) else tasks, exc)
             return
-        for info in stopped:
-            for done, _ in self._waiting.pop(info.task, []):
-                if not done.done():
-                    done.set_result(info)
+        self._deliver(stopped)
 
     def _fail(self, tasks: list[int], exc: Exception) -> None:
         for task_id in tasks:
-            for done, _ in self._waiting.pop(task_id, []):
-                if not done.done():
-                    done.set_exception(exc)
+            for entry in self._waiting.pop(task_id, []):
+                if not entry.done.done():
+                    entry.done.set_exception(exc)
 
 
 _MANY: Call[list[dict[str, Any]]] = Call("POST", "/watch", None, lambda body: list(body["stopped"]), safe=True)
+STREAM_TYPE = "application/x-ndjson"
+# A stream's first line comes once the server has read and watched the tasks (milliseconds; under
+# heavy load, well under a second). Not here by then, something in between is holding it back.
+FIRST_LINE_S = 10.0
+
+
+async def _next_line(lines: AsyncIterator[str]) -> str | None:
+    """The stream's next line that is not blank; None at its end."""
+    async for line in lines:
+        if line.strip():
+            return line
+    return None
+
+
+def _stream_line(line: str) -> list[StopWatchInfo]:
+    """One line of a watch's stream: `{"stopped": [...]}`, as a poll's answer."""
+    try:
+        body = json.loads(line)
+        return [StopWatchInfo.from_json(info) for info in body["stopped"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ServerError(
+            f"A line of the watch's stream is not a watch answer: {line[:200]!r}", code="bad_response"
+        ) from exc
 
 
 def _json_object(response: httpx.Response) -> dict[str, Any]:

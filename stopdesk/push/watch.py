@@ -26,6 +26,16 @@ others in `tasks`), and the web door sends it on to the watch server (307) the s
 read is one batch of its own (`_read_many`), the same 3 queries however many tasks it names, so an
 idle client costs its 3 queries a poll, not a poll's worth per task; polls of many tasks that
 arrive together are not gathered into one batch as one task's are.
+
+With `"stream": true` the watch server (`asgi_watch_many`) keeps that one request open instead of
+answering once: a first line once the tasks are read and watched (those already stopped, or none),
+then a line the moment any of them stops, each line the same `{"stopped": [...]}` as a poll's
+answer (newline-delimited JSON, `application/x-ndjson`), until every task is stopped or `timeout`
+passes, when the response ends and the client asks again. A client watching a thousand runs then
+hears each Stop as one short line on a request already waiting, not as an answer after which it
+must ask again with every task still watched (the tasks registered and read again, each time, while
+the next Stop waits). The web door serving watches itself (WSGI, no watch server) answers such a
+request as a long poll, one JSON answer; clients read either.
 """
 
 from __future__ import annotations
@@ -88,14 +98,18 @@ async def answer_many(*, method: str, authorization: str, body: bytes) -> tuple[
     try:
         if method != "POST":
             raise MethodNotAllowed("Use POST here.", allow=["POST"])
-        tasks, seconds = _many_request(body)
+        tasks, seconds, _ = _many_request(body)  # one answer here, streamed or not (the WSGI door)
         stopped = await _watch_many(authorization, tasks, seconds)
-        return 200, {"stopped": [info.to_json() for info in stopped]}
+        return 200, _stopped_body(stopped)
     except StopdeskError as exc:
         return exc.status, exc.to_json()
     except Exception:
         log.exception("stop watch of many tasks failed")
         return 500, SERVER_ERROR
+
+
+def _stopped_body(stopped: list[StopWatchInfo]) -> dict[str, Any]:
+    return {"stopped": [info.to_json() for info in stopped]}
 
 
 @csrf_exempt
@@ -175,6 +189,10 @@ async def _answer_unless_gone(
         return
     gone.cancel()
     status, body = request.result()
+    await _send_json(send, status, body, allow)
+
+
+async def _send_json(send: Any, status: int, body: dict[str, Any], allow: str) -> None:
     extra = []
     if status == 401:
         extra.append((b"www-authenticate", b'Bearer realm="stopdesk"'))
@@ -191,10 +209,97 @@ async def asgi_watch_many(scope: dict[str, Any], receive: Any, send: Any) -> Non
     body = await _body(receive)
     if body is None:
         return  # the client left before sending its request
-    request = asyncio.ensure_future(
-        answer_many(method=scope.get("method", ""), authorization=headers.get("authorization", ""), body=body)
-    )
+    authorization = headers.get("authorization", "")
+    streamed = _stream_asked(body) if scope.get("method") == "POST" else None
+    if streamed is not None:
+        await _stream_many(authorization, *streamed, receive, send)
+        return
+    request = asyncio.ensure_future(answer_many(method=scope.get("method", ""), authorization=authorization, body=body))
     await _answer_unless_gone(request, receive, send, allow="POST")
+
+
+def _stream_asked(body: bytes) -> tuple[list[int], float] | None:
+    """The tasks and timeout of a well-formed request asking for a stream; None for any other (a
+    malformed one is refused as a poll's answer)."""
+    try:
+        tasks, seconds, stream = _many_request(body)
+    except StopdeskError:
+        return None
+    return (tasks, seconds) if stream else None
+
+
+STREAM_HEADERS = [
+    (b"content-type", b"application/x-ndjson"),
+    (b"cache-control", b"no-store"),
+    # A proxy in front (nginx) would otherwise hold the lines back in its buffer.
+    (b"x-accel-buffering", b"no"),
+]
+
+
+async def _stream_many(authorization: str, tasks: list[int], seconds: float, receive: Any, send: Any) -> None:
+    """The watch of many tasks as one open response: a line when the watch begins, then a line
+    as each Stop commits (the Stops of one commit on one line), until all are stopped or the
+    timeout passes. A refusal (token, tasks) is the poll's JSON answer, before any line."""
+    loop = asyncio.get_running_loop()
+    pushed: list[StopWatchInfo] = []
+    woken = asyncio.Event()
+
+    def wake(task_id: int, at: datetime | None) -> None:
+        loop.call_soon_threadsafe(_pushed_line, pushed, woken, StopWatchInfo(task_id, True, at))
+
+    hub = stop_hub()
+    unwatch = [hub.watch(task_id, wake) for task_id in tasks]  # watch first, then read, as a poll does
+    gone: asyncio.Future[Any] = asyncio.ensure_future(_disconnected(receive))
+    try:
+        first = asyncio.ensure_future(_read_all(authorization, tasks))
+        await asyncio.wait([first, gone], return_when=asyncio.FIRST_COMPLETED)
+        if not first.done():  # the client left during the first read
+            first.cancel()
+            return
+        try:
+            stopped = first.result()
+        except StopdeskError as exc:
+            await _send_json(send, exc.status, exc.to_json(), "POST")
+            return
+        except Exception:
+            log.exception("stop watch of many tasks failed")
+            await _send_json(send, 500, SERVER_ERROR, "POST")
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": STREAM_HEADERS})
+        await _send_line(send, stopped)  # even empty: the client knows its tasks are watched
+        left = set(tasks) - {info.task for info in stopped}
+        deadline = loop.time() + seconds
+        while left:
+            if not pushed:
+                waiting = asyncio.ensure_future(woken.wait())
+                await asyncio.wait([waiting, gone], timeout=deadline - loop.time(), return_when=asyncio.FIRST_COMPLETED)
+                waiting.cancel()
+                if gone.done():
+                    return  # the client left: nothing more to send
+                if not pushed:
+                    break  # the timeout: the response ends, the client asks again
+                await asyncio.sleep(0)  # the other Stops of the same commit, already queued on the loop
+            line = [info for info in pushed if info.task in left]  # each task once (read, then pushed)
+            pushed.clear()
+            woken.clear()
+            if line:
+                left.difference_update(info.task for info in line)
+                await _send_line(send, line)
+        await send({"type": "http.response.body", "body": b""})
+    finally:
+        gone.cancel()
+        for forget in unwatch:
+            forget()
+
+
+def _pushed_line(pushed: list[StopWatchInfo], woken: asyncio.Event, info: StopWatchInfo) -> None:
+    pushed.append(info)
+    woken.set()
+
+
+async def _send_line(send: Any, stopped: list[StopWatchInfo]) -> None:
+    line = json.dumps(_stopped_body(stopped)).encode() + b"\n"
+    await send({"type": "http.response.body", "body": line, "more_body": True})
 
 
 async def _body(receive: Any) -> bytes | None:
@@ -367,8 +472,9 @@ def _timeout(raw: str | None) -> float:
     return value
 
 
-def _many_request(raw: bytes) -> tuple[list[int], float]:
-    """The task ids (distinct, in order) and the timeout of a watch of many tasks; 4xx naming the field."""
+def _many_request(raw: bytes) -> tuple[list[int], float, bool]:
+    """The task ids (distinct, in order), the timeout and whether a stream is asked, of a watch of
+    many tasks; 4xx naming the field."""
     try:
         body = json.loads(raw or b"null")
     except ValueError:
@@ -383,7 +489,10 @@ def _many_request(raw: bytes) -> tuple[list[int], float]:
     timeout = body.get("timeout")
     if timeout is not None and (type(timeout) not in (int, float)):
         raise InvalidRequest(f"timeout must be a number of seconds from 0 to {MAX_TIMEOUT_S:g}.", field="timeout")
-    return list(dict.fromkeys(tasks)), _timeout(None if timeout is None else str(timeout))
+    stream = body.get("stream", False)
+    if type(stream) is not bool:
+        raise InvalidRequest("stream must be true or false.", field="stream")
+    return list(dict.fromkeys(tasks)), _timeout(None if timeout is None else str(timeout)), stream
 
 
 def _json_response(status: int, body: dict[str, Any], *, allow: str = "GET") -> JsonResponse:

@@ -210,3 +210,20 @@ def test_the_async_client_watches_task_by_task_on_a_server_without_the_poll_of_m
     asyncio.run(main())
     assert sent.count("/api/v1/watch") == 1, "asked once, then remembered"
     assert {f"/api/v1/tasks/{t}/stop/watch" for t in tasks} <= set(sent)
+
+
+def test_on_stop_is_called_once_on_a_server_without_the_watch_of_many(older_server, runtime_token):
+    runtime, token = runtime_token
+    [task_id] = _tasks(runtime, 1)
+    calls: list[int] = []
+
+    async def main() -> None:
+        async with AsyncClient(older_server, token) as sd:
+            watch = asyncio.ensure_future(sd.watch_stop(task_id, poll_s=20, on_stop=lambda i: calls.append(i.task)))
+            await asyncio.sleep(0.5)
+            stopper = stop_later(task_id, 0.0)
+            stopper.join()
+            info = await asyncio.wait_for(watch, 10)
+            assert info.stopped and calls == [task_id]
+
+    asyncio.run(main())

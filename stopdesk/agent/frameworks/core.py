@@ -269,7 +269,12 @@ class StopdeskRun:
             return await self._poll_stop()
         try:
             if inspect.iscoroutinefunction(watch):
-                await watch(self.task_id)
+                if "on_stop" in inspect.signature(watch).parameters:
+                    # The HTTP client calls it as the Stop is read: the cancel starts then, not a
+                    # turn of the loop later when this coroutine resumes.
+                    await watch(self.task_id, on_stop=lambda _: self.stop_seen())
+                else:
+                    await watch(self.task_id)
                 return
             handle = await self._call("watch_stop", self.task_id, lane="watch")
         except Exception:
