@@ -22,7 +22,7 @@ from stopdesk.agent.runtime.errors import ledger_errors
 from stopdesk.agent.runtime.info import task_info
 from stopdesk.api.auth import authenticate
 from stopdesk.api.errors import error_response, server_error
-from stopdesk.api.idempotency import once, once_transition
+from stopdesk.api.idempotency import once, once_transition, once_work_first
 from stopdesk.models import WorkItem
 from stopdesk.protocol.errors import (
     InvalidRequest,
@@ -385,7 +385,8 @@ def register_started(sd: LocalRuntime, args: schemas.RegisterStarted, key: str |
     """Register a work item and pass the boundary in one request: started, or submitted with `submit_key` (an
     external action). For work that starts the moment it is known (a framework's tool call or model request).
     After Stop: 409 task_stopped naming the item, which is recorded, cancelled. On a closed task: 409 task_closed,
-    and nothing is written."""
+    and nothing is written. `results`: earlier items' results, written in the same transaction (one request
+    instead of one each), also with 409 task_stopped."""
     fields = args.model_dump()
     if args.parent is not None and not WorkItem.objects.filter(pk=args.parent, task_id=sd._task(task_id).pk).exists():
         raise InvalidRequest("parent must be an item of the same task.", field="parent")
@@ -394,7 +395,7 @@ def register_started(sd: LocalRuntime, args: schemas.RegisterStarted, key: str |
         with ledger_errors():
             return StartedInfo(id=sd.register_started(task_id, **fields), task=task_id)
 
-    return once(sd.runtime, key, f"register_started:{task_id}", StartedInfo, produce, args)
+    return once_work_first(sd.runtime, key, f"register_started:{task_id}", StartedInfo, produce, args)
 
 
 @endpoint(

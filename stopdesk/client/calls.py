@@ -130,9 +130,22 @@ def close_task(task_id: int, reason: str) -> Call[TaskInfo]:
 
 
 def register_started(
-    task_id: int, spec: ItemSpec, *, submit_key: str, worker: str, lease_seconds: int | None, key: str | None
+    task_id: int,
+    spec: ItemSpec,
+    *,
+    submit_key: str,
+    worker: str,
+    lease_seconds: int | None,
+    key: str | None,
+    results: list[dict[str, Any]] | None = None,
 ) -> Call[int]:
-    body = {**spec.to_json(), "submit_key": submit_key, "worker": worker, "lease_seconds": lease_seconds}
+    body = {
+        **spec.to_json(),
+        "submit_key": submit_key,
+        "worker": worker,
+        "lease_seconds": lease_seconds,
+        "results": [_compact(result) for result in results] if results else None,
+    }
     path = f"/tasks/{int(task_id)}/items/started"
     return _post(path, body, lambda answer: int(StartedInfo.from_json(answer).id), key)
 

@@ -227,9 +227,12 @@ class Client:
         idempotency_key: str = "",
         detail: dict[str, Any] | None = None,
         request_key: str | None = None,
+        results: list[dict[str, Any]] | None = None,
     ) -> int:
         """Register a work item and pass the boundary (start, or submit with `submit_key`); returns
-        its id. Raises StopRequested after Stop (the item is recorded, cancelled)."""
+        its id. Raises StopRequested after Stop (the item is recorded, cancelled). `results`:
+        earlier items' results (each `finish_fast`'s keywords and its `item`), written in the same
+        request, also when it raises StopRequested; not when it raises anything else."""
         spec = ItemSpec(
             kind=kind,
             noun=noun,
@@ -248,6 +251,7 @@ class Client:
             worker=self._worker(worker),
             lease_seconds=lease_seconds,
             key=request_key,
+            results=results,
         )
         return self._run(call)
 

@@ -80,6 +80,82 @@ def test_register_started_refuses_a_parent_of_another_task_and_writes_nothing(sd
     assert refused.value.field == "parent" and ledger_counts() == before
 
 
+def test_register_started_repeated_with_its_key_after_stop_answers_the_first_item_and_writes_nothing(sd):
+    task = sd.create_task("Look Acme up")
+    first = sd.register_started(task.id, request_key="turn-1-call-1", **TOOL)
+    sd.request_stop(task.id, reason="operator pressed Stop")
+    before = ledger_counts()
+
+    # The first answer was lost on its way; the repeat comes after Stop and is not a new call.
+    again = sd.register_started(task.id, request_key="turn-1-call-1", **TOOL)
+
+    assert again == first and ledger_counts() == before
+    with pytest.raises(StopRequested):
+        sd.register_started(task.id, request_key="turn-2-call-1", **TOOL)  # a new call is refused
+
+
+def test_register_started_writes_the_results_it_carries_in_the_same_request(sd):
+    task = sd.create_task("Look Acme up")
+    the_run = sd.register_started(task.id, **{**TOOL, "noun": "agent run"})
+    call = sd.register_started(task.id, handle="call_1", **TOOL)
+    draft = sd.register_started(task.id, **{**TOOL, "kind": "model_request", "noun": "draft"})
+    results = [
+        {"item": call, "status": "completed", "detail": "12 employees", "open_item": the_run},
+        {"item": draft, "status": "failed", "detail": "APIError: overloaded", "open_item": the_run},
+    ]
+
+    nxt = sd.register_started(task.id, handle="call_2", results=results, **TOOL)
+
+    states = dict(WorkItem.objects.filter(task_id=task.id).values_list("pk", "state"))
+    assert states == {the_run: S.RUNNING, call: S.COMPLETED, draft: S.FAILED, nxt: S.RUNNING}
+    assert WorkItem.objects.get(pk=call).outcome == "12 employees"
+    assert Task.objects.get(pk=task.id).settled_at is None  # the run's item is still open
+
+
+def test_register_started_refused_by_stop_still_writes_the_results_it_carries(sd):
+    task = sd.create_task("Look Acme up")
+    call = sd.register_started(task.id, handle="call_1", **TOOL)
+    sd.request_stop(task.id, reason="operator pressed Stop")
+
+    with pytest.raises(StopRequested) as refused:
+        sd.register_started(task.id, results=[{"item": call, "status": "completed", "detail": "12 employees"}], **TOOL)
+
+    assert WorkItem.objects.get(pk=refused.value.item_id).state == S.CANCELLED
+    item = WorkItem.objects.get(pk=call)
+    assert (item.state, item.outcome, item.needs_review) == (S.COMPLETED, "12 employees", False)
+
+
+@pytest.mark.parametrize(
+    ("result", "field"),
+    [
+        ({"item": 1, "status": "done"}, "results.0.status"),
+        ({"status": "completed"}, "results.0.item"),
+        ({"item": 1, "status": "completed", "detail": "x" * 201}, "results.0.detail"),
+        ({"item": 1, "status": "completed", "evidence": {}}, "results.0.evidence"),
+    ],
+)
+def test_register_started_refuses_a_bad_result_naming_the_field_and_writes_nothing(sd, result, field):
+    task = sd.create_task("Look Acme up")
+    before = ledger_counts()
+
+    with pytest.raises(InvalidRequest) as refused:
+        sd.register_started(task.id, results=[result], **TOOL)
+
+    assert refused.value.field == field and ledger_counts() == before
+
+
+def test_register_started_carrying_another_runtimes_result_is_not_found_and_writes_nothing(sd, theirs):
+    their_task = theirs.create_task("Theirs")
+    their_call = theirs.register_started(their_task.id, **TOOL)
+    task = sd.create_task("Look Acme up")
+    before = ledger_counts()
+
+    with pytest.raises(NotFound):
+        sd.register_started(task.id, results=[{"item": their_call, "status": "completed"}], **TOOL)
+
+    assert ledger_counts() == before and WorkItem.objects.get(pk=their_call).state == S.RUNNING
+
+
 def test_finish_fast_holds_the_task_open_for_the_run_until_the_settle_check(sd):
     task = sd.create_task("Look Acme up")
     the_run = sd.register_started(task.id, **{**TOOL, "noun": "agent run"})

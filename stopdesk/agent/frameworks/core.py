@@ -23,6 +23,9 @@ Per tool call, on the caller's path: register the child item and pass the bounda
 `submit` with the idempotency key for a declared external action; one round trip where the runtime
 offers `register_started`), then the body. The result is written afterwards off the caller's path
 (the writes are awaited before the run ends), so the model's next request does not wait for it.
+Over a runtime whose every call is a request (the HTTP client), a result rides on the next draft's
+registration, itself off the path, instead of a request of its own (`results.py`): until then the
+item is running; Stop and the run's end send every waiting result at once.
 Model requests are drafts with no effect outside, so their items are written entirely off the path
 (see `model_request` for what the ledger says when Stop and an answer cross); a request made after
 Stop is refused in memory.
@@ -60,6 +63,7 @@ from typing import Any
 
 from stopdesk.agent.frameworks import lanes
 from stopdesk.agent.frameworks.declare import UNDECLARED, ToolDeclaration
+from stopdesk.agent.frameworks.results import ResultOutbox
 from stopdesk.agent.frameworks.threads import (
     CALL,
     RUN_STOP,
@@ -122,6 +126,9 @@ class StopdeskRun:
         self._in_flight: dict[str, _InFlight] = {}
         self._failed: dict[str, str] = {}
         self._writes: set[asyncio.Future[Any]] = set()
+        # Over a runtime whose every call is a request, results ride on the next draft's
+        # registration (`results.py`); in-process each is one statement on a lane of its own.
+        self._outbox = ResultOutbox(self._send_result, self._later) if _carries_results(runtime) else None
         self._watcher: asyncio.Task[None] | None = None
         self._token: contextvars.Token[StopdeskRun | None] | None = None
         self._stop_token: contextvars.Token[threading.Event | None] | None = None
@@ -224,7 +231,8 @@ class StopdeskRun:
 
     async def flush(self) -> None:
         """Wait (bounded) for the ledger writes made off the caller's path, including any that
-        those writes queue in turn."""
+        those writes queue in turn. Results waiting for a registration to carry them go now."""
+        self._hurry_results()
         deadline = asyncio.get_running_loop().time() + self.cleanup_s
         while self._writes:
             left = deadline - asyncio.get_running_loop().time()
@@ -251,6 +259,13 @@ class StopdeskRun:
         self.stop_flag.set()
         for callback in list(self._on_stop):
             self._fire(callback)
+        self._hurry_results()
+
+    def _hurry_results(self) -> None:
+        # Stop is known, or the run is ending: a result waits for no carrier.
+        if self._outbox is not None:
+            self._outbox.hurry = True
+            self._outbox.send_all()
 
     def _fire(self, callback: Callable[[], Any]) -> None:
         try:
@@ -533,13 +548,19 @@ class StopdeskRun:
         """The framework caught the tool's exception and answered the model with `answer`."""
         self._failed[call_id] = f"{type(error).__name__}: {error}"[:200]
 
-    async def _register_started(self, *, submit_key: str, lane: str = "writes", **register: Any) -> int:
-        """Register and pass the boundary: one round trip where the runtime offers it."""
+    async def _register_started(
+        self, *, submit_key: str, lane: str = "writes", carry: bool = False, **register: Any
+    ) -> int:
+        """Register and pass the boundary: one round trip where the runtime offers it. `carry`: off
+        the caller's path, so it takes the results waiting in the outbox along."""
         if hasattr(self.runtime, "register_started"):
-            item_id: int = await self._call(
-                "register_started", self.task_id, submit_key=submit_key, worker=self.worker, lane=lane, **register
-            )
-            return item_id
+            taken = self._outbox.take() if carry and self._outbox is not None else []
+            if not taken:
+                item_id: int = await self._call(
+                    "register_started", self.task_id, submit_key=submit_key, worker=self.worker, lane=lane, **register
+                )
+                return item_id
+            return await self._register_carrying(taken, submit_key=submit_key, **register)
         item = await self._call("register", self.task_id, **register)
         if submit_key:
             await self._call("submit", item.id, idempotency_key=submit_key, worker=self.worker)
@@ -547,22 +568,59 @@ class StopdeskRun:
             await self._call("start", item.id, worker=self.worker)
         return int(item.id)
 
+    async def _register_carrying(self, taken: list[Any], *, submit_key: str, **register: Any) -> int:
+        assert self._outbox is not None
+        held = self.item_id
+        results = [
+            {
+                "item": p.item_id,
+                "status": p.status,
+                "detail": p.detail,
+                "open_item": held if p.item_id != held else None,
+            }
+            for p in taken
+        ]
+        try:
+            item_id: int = await self._call(
+                "register_started", self.task_id, submit_key=submit_key, worker=self.worker, results=results, **register
+            )
+        except StopRequested:
+            # The boundary refused the registration; the results it carried are written with the refusal.
+            self._outbox.written(taken)
+            await self._settle_check_after(held)
+            raise
+        except BaseException:
+            self._outbox.not_written(taken)
+            raise
+        self._outbox.written(taken)
+        await self._settle_check_after(held)
+        return item_id
+
+    async def _settle_check_after(self, held: int | None) -> None:
+        if held is not None and self.item_id is None:
+            # The run's item was settled while these results were being written (the run ended
+            # before its writes did): its check may not have seen them, so check again.
+            await self._call("task_settle_check", self.task_id)
+
     async def _finish(self, item_id: int, *, status: str, detail: str, flushed: bool = True) -> None:
         """A result, off the caller's path; nobody reads the answer, so a runtime that can skip
         reading the item back (`finish_fast`) does, in one round trip while the run's own item
         keeps the task unsettled. `flushed=False`: on the results lane, whose commits wait for the
-        disk unless the operator opted out (see the module's docstring); the run's own end always
-        waits."""
-        lane = "writes" if flushed else "results"
+        disk unless the operator opted out (see the module's docstring), or, over a runtime whose
+        every call is a request, carried by the next draft's registration (`results.py`); the
+        run's own end always waits and goes at once."""
+        if not flushed and self._outbox is not None:
+            await self._outbox.write(item_id, status, detail)
+            return
+        await self._send_result(item_id, status, detail, lane="writes" if flushed else "results")
+
+    async def _send_result(self, item_id: int, status: str, detail: str, lane: str = "results") -> None:
         if not hasattr(self.runtime, "finish_fast"):
             await self._call("finish", item_id, status=status, detail=detail, lane=lane)
             return
         held = self.item_id if item_id != self.item_id else None
         await self._call("finish_fast", item_id, status=status, detail=detail, open_item=held, lane=lane)
-        if held is not None and self.item_id is None:
-            # The run's item was settled while this result was being written (the run ended
-            # before its writes did): its check may not have seen this result, so check again.
-            await self._call("task_settle_check", self.task_id)
+        await self._settle_check_after(held)
 
     async def _settle_unstarted(self, registration: asyncio.Future[int], name: str) -> None:
         """A call cancelled before its registration answered: once it does, the item (started at
@@ -652,7 +710,13 @@ class StopdeskRun:
     async def _model_begin(self, label: str, started: asyncio.Future[_Draft], lane: str) -> None:
         try:
             item_id = await self._register_started(
-                submit_key="", kind="model_request", noun="draft", label=label, mechanism="manual", lane=lane
+                submit_key="",
+                kind="model_request",
+                noun="draft",
+                label=label,
+                mechanism="manual",
+                lane=lane,
+                carry=True,
             )
             started.set_result(_Draft(item_id))
         except StopRequested as exc:
@@ -737,6 +801,17 @@ class _Draft:
 RUN_STOPPED = "stopped before it finished"
 USED_AFTER_REFUSAL = "the answer came back before Stop was known here, and the agent used it"
 DEADLOCK_RETRIES = 3
+
+
+def _carries_results(runtime: Any) -> bool:
+    """Whether each call is a request (an async runtime) whose `register_started` carries results."""
+    register = getattr(runtime, "register_started", None)
+    if register is None or not inspect.iscoroutinefunction(register):
+        return False
+    try:
+        return "results" in inspect.signature(register).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def current_run() -> StopdeskRun:
