@@ -189,35 +189,12 @@ class CloseTask(Body):
 # The calls a framework run makes most (stopdesk.agent.runtime.LocalRuntime), over HTTP.
 
 
-class CarriedResult(Body):
-    """A result of an earlier item, sent with a registration (as `finish_fast` would send it)."""
-
-    item: Id
-    status: Literal["completed", "failed"]
-    detail: Text(200) = ""  # type: ignore[valid-type]
-    open_item: Id | None = Field(
-        None, description="An item of the same task the caller holds open (its run), so the task cannot settle now."
-    )
-
-
-MAX_CARRIED_RESULTS = 100
-
-
 class RegisterStarted(RegisterItem):
     submit_key: Text(200) = Field(  # type: ignore[valid-type]
         "", description="Pass the boundary by submitting with this idempotency key (an external action); else start."
     )
     worker: Text(200) = ""  # type: ignore[valid-type]
     lease_seconds: Lease | None = None
-    results: list[CarriedResult] = Field(
-        default_factory=list,
-        max_length=MAX_CARRIED_RESULTS,
-        description=(
-            "Results of earlier items of the same runtime, written in the same transaction as this registration, "
-            "after it, as `POST /items/{item_id}/result` writes each; also when the boundary refuses (409 "
-            "task_stopped), never when the request is refused otherwise."
-        ),
-    )
 
 
 class FinishFast(Body):
@@ -226,6 +203,19 @@ class FinishFast(Body):
     open_item: Id | None = Field(
         None, description="An item of the same task the caller holds open (its run), so the task cannot settle now."
     )
+
+
+class ItemResult(FinishFast):
+    """One item's result in `WriteResults`: what `POST /items/{item_id}/result` takes, and the item."""
+
+    item: Id
+
+
+MAX_RESULTS = 100
+
+
+class WriteResults(Body):
+    results: list[ItemResult] = Field(min_length=1, max_length=MAX_RESULTS)
 
 
 class ReportStopped(Body):

@@ -33,7 +33,7 @@ from stopdesk.protocol.errors import (
     StopRequested,
 )
 from stopdesk.protocol.ids import path_id
-from stopdesk.protocol.types import ItemInfo, LaunchedInfo, RecordInfo, ResultInfo, StartedInfo, TaskInfo
+from stopdesk.protocol.types import ItemInfo, LaunchedInfo, RecordInfo, ResultInfo, ResultsInfo, StartedInfo, TaskInfo
 from stopdesk.tracing import server_span, span_event
 
 log = logging.getLogger(__name__)
@@ -385,8 +385,7 @@ def register_started(sd: LocalRuntime, args: schemas.RegisterStarted, key: str |
     """Register a work item and pass the boundary in one request: started, or submitted with `submit_key` (an
     external action). For work that starts the moment it is known (a framework's tool call or model request).
     After Stop: 409 task_stopped naming the item, which is recorded, cancelled. On a closed task: 409 task_closed,
-    and nothing is written. `results`: earlier items' results, written in the same transaction (one request
-    instead of one each), also with 409 task_stopped."""
+    and nothing is written."""
     fields = args.model_dump()
     if args.parent is not None and not WorkItem.objects.filter(pk=args.parent, task_id=sd._task(task_id).pk).exists():
         raise InvalidRequest("parent must be an item of the same task.", field="parent")
@@ -407,6 +406,15 @@ def finish_fast(sd: LocalRuntime, args: schemas.FinishFast, key: None, item_id: 
     again changes nothing."""
     sd.finish_fast(item_id, status=args.status, detail=args.detail, open_item=args.open_item)
     return ResultInfo(item=item_id, status=args.status)
+
+
+@endpoint("POST", "/results", body=schemas.WriteResults, returns="ResultsInfo", conflicts=True, replayable=False)
+def write_results(sd: LocalRuntime, args: schemas.WriteResults, key: None) -> Any:
+    """Several items' results in one request and one transaction, each written as `POST /items/{item_id}/result`
+    writes it (`results[].item` names the item). One refused (an item unknown here) refuses them all, and nothing
+    is written. Safe to repeat: the same results again change nothing."""
+    sd.write_results([result.model_dump() for result in args.results])
+    return ResultsInfo(items=[result.item for result in args.results])
 
 
 @endpoint("POST", "/items/{item_id}/stopped", body=schemas.ReportStopped, returns="ItemInfo", replayable=False)

@@ -253,12 +253,9 @@ class AsyncClient:
         idempotency_key: str = "",
         detail: dict[str, Any] | None = None,
         request_key: str | None = None,
-        results: list[dict[str, Any]] | None = None,
     ) -> int:
         """Register a work item and pass the boundary (start, or submit with `submit_key`); returns
-        its id. Raises StopRequested after Stop (the item is recorded, cancelled). `results`:
-        earlier items' results (each `finish_fast`'s keywords and its `item`), written in the same
-        request, also when it raises StopRequested; not when it raises anything else."""
+        its id. Raises StopRequested after Stop (the item is recorded, cancelled)."""
         spec = ItemSpec(
             kind=kind,
             noun=noun,
@@ -277,7 +274,6 @@ class AsyncClient:
             worker=self._worker(worker),
             lease_seconds=lease_seconds,
             key=request_key,
-            results=results,
         )
         return await self._run(call)
 
@@ -292,6 +288,11 @@ class AsyncClient:
         """`finish` without reading the item back; `open_item` is the caller's own open item (its
         run), which keeps the task from settling meanwhile."""
         await self._run(calls.finish_fast(item_id, status=status, detail=detail, open_item=open_item))
+
+    async def write_results(self, results: list[dict[str, Any]]) -> None:
+        """Several items' results in one request (each `finish_fast`'s keywords and its `item`);
+        one refused refuses them all, and nothing is written."""
+        await self._run(calls.write_results(results))
 
     async def report_stopped(self, item_id: int, *, detail: str = "") -> ItemInfo:
         """The work stopped because of Stop: cancelled, also when Stop's job already left it

@@ -16,6 +16,7 @@ from stopdesk.protocol.types import (
     LaunchedInfo,
     RecordInfo,
     ResultInfo,
+    ResultsInfo,
     StartedInfo,
     StopInfo,
     StopWatchInfo,
@@ -137,15 +138,8 @@ def register_started(
     worker: str,
     lease_seconds: int | None,
     key: str | None,
-    results: list[dict[str, Any]] | None = None,
 ) -> Call[int]:
-    body = {
-        **spec.to_json(),
-        "submit_key": submit_key,
-        "worker": worker,
-        "lease_seconds": lease_seconds,
-        "results": [_compact(result) for result in results] if results else None,
-    }
+    body = {**spec.to_json(), "submit_key": submit_key, "worker": worker, "lease_seconds": lease_seconds}
     path = f"/tasks/{int(task_id)}/items/started"
     return _post(path, body, lambda answer: int(StartedInfo.from_json(answer).id), key)
 
@@ -153,6 +147,11 @@ def register_started(
 def finish_fast(item_id: int, *, status: str, detail: str, open_item: int | None) -> Call[ResultInfo]:
     body = {"status": status, "detail": detail, "open_item": open_item}
     return _post(f"/items/{int(item_id)}/result", body, ResultInfo.from_json, None, keyed=False, safe=True)
+
+
+def write_results(results: list[dict[str, Any]]) -> Call[ResultsInfo]:
+    body = {"results": [_compact(result) for result in results]}
+    return _post("/results", body, ResultsInfo.from_json, None, keyed=False, safe=True)
 
 
 def report_stopped(item_id: int, *, detail: str) -> Call[ItemInfo]:

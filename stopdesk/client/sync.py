@@ -227,12 +227,9 @@ class Client:
         idempotency_key: str = "",
         detail: dict[str, Any] | None = None,
         request_key: str | None = None,
-        results: list[dict[str, Any]] | None = None,
     ) -> int:
         """Register a work item and pass the boundary (start, or submit with `submit_key`); returns
-        its id. Raises StopRequested after Stop (the item is recorded, cancelled). `results`:
-        earlier items' results (each `finish_fast`'s keywords and its `item`), written in the same
-        request, also when it raises StopRequested; not when it raises anything else."""
+        its id. Raises StopRequested after Stop (the item is recorded, cancelled)."""
         spec = ItemSpec(
             kind=kind,
             noun=noun,
@@ -251,7 +248,6 @@ class Client:
             worker=self._worker(worker),
             lease_seconds=lease_seconds,
             key=request_key,
-            results=results,
         )
         return self._run(call)
 
@@ -266,6 +262,11 @@ class Client:
         """`finish` without reading the item back; `open_item` is the caller's own open item (its
         run), which keeps the task from settling meanwhile."""
         self._run(calls.finish_fast(item_id, status=status, detail=detail, open_item=open_item))
+
+    def write_results(self, results: list[dict[str, Any]]) -> None:
+        """Several items' results in one request (each `finish_fast`'s keywords and its `item`);
+        one refused refuses them all, and nothing is written."""
+        self._run(calls.write_results(results))
 
     def report_stopped(self, item_id: int, *, detail: str = "") -> ItemInfo:
         """The work stopped because of Stop: cancelled, also when Stop's job already left it

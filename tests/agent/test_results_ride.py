@@ -1,7 +1,7 @@
-"""Over HTTP a result rides on the run's next draft registration instead of a request of its own
+"""Over HTTP a run's results wait for the next tool body and go together in one request
 (`stopdesk.agent.frameworks.results`): the AsyncClient against a live server, a run without a
-framework. Until its carrier goes the item is running, never settled; Stop, an error and the run's
-end send every result still waiting at once, and a carrier the boundary refused wrote them."""
+framework. Until then the item is running, never settled; Stop, an error and the run's end send
+every result still waiting at once; a batch refused whole goes result by result."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from stopdesk.agent.frameworks import results
 from stopdesk.agent.frameworks.core import StopdeskRun
 from stopdesk.client import AsyncClient, Client
 from stopdesk.models import Task, WorkItem
-from stopdesk.protocol.errors import StopRequested
+from stopdesk.protocol.errors import NotFound
 from stopdesk.services.runtimes import runtime_create
 from stopdesk.states import ItemState as S
 
@@ -88,7 +88,7 @@ async def _call(run: StopdeskRun, call_id: str) -> int:
     return await _ledger(lambda: WorkItem.objects.get(task_id=run.task_id, handle=call_id).pk)
 
 
-def test_a_result_leaves_its_item_running_until_the_next_draft_carries_it(agent_http):
+def test_results_leave_their_items_running_until_the_next_tool_body_starts_then_go_in_one_request(agent_http):
     task_id = _task(agent_http)
 
     async def agent() -> dict[str, Any]:
@@ -96,27 +96,34 @@ def test_a_result_leaves_its_item_running_until_the_next_draft_carries_it(agent_
         agent = Agent(*agent_http)
         async with StopdeskRun(agent.client, task_id, framework="test", watch=never) as run:
             call = await _call(run, "call_1")
-            await asyncio.sleep(0.3)
-            seen["waiting"] = await _ledger(_state(call))
             async with run.model_request() as started:
                 draft = await run.draft_id(started)
-            seen["carried"] = await _ledger(_state(call))
-            seen["draft"] = draft
-            seen["carriers"] = agent.posted("/items/started")
+            await asyncio.sleep(0.3)
+            seen["waiting"] = (await _ledger(_state(draft)), await _ledger(_state(call)))
+
+            async def body() -> str:
+                # The results waiting went as this body started; the body waits for them here.
+                deadline = time.monotonic() + NEVER_ALONE_S / 4
+                while await _ledger(_state(call)) == S.RUNNING and time.monotonic() < deadline:
+                    await asyncio.sleep(0.02)
+                seen["while_the_body_ran"] = (await _ledger(_state(draft)), await _ledger(_state(call)))
+                return "done"
+
+            await run.tool_call(call_id="call_2", name="lookup", arguments={"q": "Acme"}, body=body)
+            seen["together"] = agent.posted("/results")
             seen["alone"] = agent.posted("/result")
         await agent.close()
         return seen
 
     seen = asyncio.run(agent())
 
-    # Never shown settled before it was written; written by the draft's registration.
-    assert (seen["waiting"], seen["carried"]) == (S.RUNNING, S.COMPLETED)
-    carrier = next(body for body in seen["carriers"] if body.get("kind") == "model_request")
-    assert [r["status"] for r in carrier["results"]] == ["completed"]
-    assert seen["alone"] == []  # no request of its own
+    # Never shown settled before they were written; written together while the next body ran.
+    assert seen["waiting"] == (S.RUNNING, S.RUNNING)
+    assert seen["while_the_body_ran"] == (S.COMPLETED, S.COMPLETED)
+    assert [[r["status"] for r in body["results"]] for body in seen["together"]] == [["completed", "completed"]]
+    assert seen["alone"] == []  # no request of their own
     item = WorkItem.objects.get(task_id=task_id, handle="call_1")
     assert item.outcome == "12 employees"
-    assert WorkItem.objects.get(pk=seen["draft"]).state == S.COMPLETED
     assert Task.objects.get(pk=task_id).settled_at is not None  # the run ended, every item settled
 
 
@@ -189,28 +196,28 @@ def test_stop_sends_the_results_waiting_at_once(agent_http, runtime):
     assert (item.outcome, item.needs_review) == ("12 employees", False)
 
 
-def test_a_draft_the_boundary_refused_wrote_the_results_it_carried_and_discards_its_answer(agent_http, runtime):
+def test_a_batch_refused_whole_goes_result_by_result_so_one_cannot_hold_back_the_others(agent_http, live_server):
     task_id = _task(agent_http)
-    seen: dict[str, Any] = {}
+    theirs = Client(live_server.url, runtime_create(name="another-agent", actor="test")[1])
+    their_call = theirs.register_started(theirs.create_task("Theirs").id, kind="local_worker", noun="lookup")
+    theirs.close()
 
-    async def agent() -> None:
+    async def agent() -> list[dict[str, Any]]:
         agent = Agent(*agent_http)
-        try:
-            async with StopdeskRun(agent.client, task_id, framework="test", watch=never) as run:
-                await _call(run, "call_1")
-                # Stop commits; this run has not heard of it (its watch never answers).
-                await _ledger(lambda: runtime.request_stop(task_id, reason="operator pressed Stop"))
-                with pytest.raises(StopRequested):
-                    async with run.model_request() as started:
-                        seen["draft"] = await run.draft_id(started)
-                seen["alone"] = agent.posted("/result")
-        finally:
-            await agent.close()
+        async with StopdeskRun(agent.client, task_id, framework="test", watch=never) as run:
+            await _call(run, "call_1")
+            # A result for an item this runtime cannot see (a bug of the agent's own): refused.
+            reported = run.later(run.report(their_call, status="completed", detail="not ours"), "report")
+            await _call(run, "call_2")
+            with pytest.raises(NotFound):
+                await reported
+            posted = agent.posted("/results")
+        await agent.close()
+        return posted
 
-    asyncio.run(agent())
+    together = asyncio.run(agent())
 
+    assert len(together) == 1 and len(together[0]["results"]) == 2  # the batch, refused whole
     item = WorkItem.objects.get(task_id=task_id, handle="call_1")
-    assert (item.state, item.outcome, item.needs_review) == (S.COMPLETED, "12 employees", False)
-    assert seen["alone"] == []  # carried by the refused registration, not sent again
-    draft = WorkItem.objects.get(pk=seen["draft"])
-    assert (draft.kind, draft.state, draft.started_at) == ("model_request", S.CANCELLED, None)
+    assert (item.state, item.outcome) == (S.COMPLETED, "12 employees")
+    assert WorkItem.objects.get(pk=their_call).state == S.RUNNING

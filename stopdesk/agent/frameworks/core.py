@@ -23,9 +23,9 @@ Per tool call, on the caller's path: register the child item and pass the bounda
 `submit` with the idempotency key for a declared external action; one round trip where the runtime
 offers `register_started`), then the body. The result is written afterwards off the caller's path
 (the writes are awaited before the run ends), so the model's next request does not wait for it.
-Over a runtime whose every call is a request (the HTTP client), a result rides on the next draft's
-registration, itself off the path, instead of a request of its own (`results.py`): until then the
-item is running; Stop and the run's end send every waiting result at once.
+Over a runtime whose every call is a request (the HTTP client), results wait for the next tool body
+to start and go together in one request (`results.py`), so none competes with the requests the
+caller waits for: until then the item is running; Stop and the run's end send them at once.
 Model requests are drafts with no effect outside, so their items are written entirely off the path
 (see `model_request` for what the ledger says when Stop and an answer cross); a request made after
 Stop is refused in memory.
@@ -126,9 +126,11 @@ class StopdeskRun:
         self._in_flight: dict[str, _InFlight] = {}
         self._failed: dict[str, str] = {}
         self._writes: set[asyncio.Future[Any]] = set()
-        # Over a runtime whose every call is a request, results ride on the next draft's
-        # registration (`results.py`); in-process each is one statement on a lane of its own.
-        self._outbox = ResultOutbox(self._send_result, self._later) if _carries_results(runtime) else None
+        # Over a runtime whose every call is a request, results wait for the next tool body and
+        # go together (`results.py`); in-process each is one statement on a lane of its own.
+        self._outbox = (
+            ResultOutbox(self._send_result, self._send_results, self._later) if _writes_results(runtime) else None
+        )
         self._watcher: asyncio.Task[None] | None = None
         self._token: contextvars.Token[StopdeskRun | None] | None = None
         self._stop_token: contextvars.Token[threading.Event | None] | None = None
@@ -498,6 +500,9 @@ class StopdeskRun:
         flight = _InFlight(item_id, name, declaration, external, CallThreads(self.stop_flag))
         self._in_flight[call_id] = flight
         scope = CALL.set(flight.calls)
+        if self._outbox is not None:
+            # The caller now waits on the body, not on the ledger: the results waiting go now.
+            self._outbox.send_all()
         try:
             result = await body()
         except asyncio.CancelledError:
@@ -548,19 +553,13 @@ class StopdeskRun:
         """The framework caught the tool's exception and answered the model with `answer`."""
         self._failed[call_id] = f"{type(error).__name__}: {error}"[:200]
 
-    async def _register_started(
-        self, *, submit_key: str, lane: str = "writes", carry: bool = False, **register: Any
-    ) -> int:
-        """Register and pass the boundary: one round trip where the runtime offers it. `carry`: off
-        the caller's path, so it takes the results waiting in the outbox along."""
+    async def _register_started(self, *, submit_key: str, lane: str = "writes", **register: Any) -> int:
+        """Register and pass the boundary: one round trip where the runtime offers it."""
         if hasattr(self.runtime, "register_started"):
-            taken = self._outbox.take() if carry and self._outbox is not None else []
-            if not taken:
-                item_id: int = await self._call(
-                    "register_started", self.task_id, submit_key=submit_key, worker=self.worker, lane=lane, **register
-                )
-                return item_id
-            return await self._register_carrying(taken, submit_key=submit_key, **register)
+            item_id: int = await self._call(
+                "register_started", self.task_id, submit_key=submit_key, worker=self.worker, lane=lane, **register
+            )
+            return item_id
         item = await self._call("register", self.task_id, **register)
         if submit_key:
             await self._call("submit", item.id, idempotency_key=submit_key, worker=self.worker)
@@ -568,8 +567,8 @@ class StopdeskRun:
             await self._call("start", item.id, worker=self.worker)
         return int(item.id)
 
-    async def _register_carrying(self, taken: list[Any], *, submit_key: str, **register: Any) -> int:
-        assert self._outbox is not None
+    async def _send_results(self, taken: list[Any]) -> None:
+        """Several results in one request (`write_results`), each as `_send_result` sends it."""
         held = self.item_id
         results = [
             {
@@ -580,21 +579,8 @@ class StopdeskRun:
             }
             for p in taken
         ]
-        try:
-            item_id: int = await self._call(
-                "register_started", self.task_id, submit_key=submit_key, worker=self.worker, results=results, **register
-            )
-        except StopRequested:
-            # The boundary refused the registration; the results it carried are written with the refusal.
-            self._outbox.written(taken)
-            await self._settle_check_after(held)
-            raise
-        except BaseException:
-            self._outbox.not_written(taken)
-            raise
-        self._outbox.written(taken)
+        await self._call("write_results", results, lane="results")
         await self._settle_check_after(held)
-        return item_id
 
     async def _settle_check_after(self, held: int | None) -> None:
         if held is not None and self.item_id is None:
@@ -607,8 +593,8 @@ class StopdeskRun:
         reading the item back (`finish_fast`) does, in one round trip while the run's own item
         keeps the task unsettled. `flushed=False`: on the results lane, whose commits wait for the
         disk unless the operator opted out (see the module's docstring), or, over a runtime whose
-        every call is a request, carried by the next draft's registration (`results.py`); the
-        run's own end always waits and goes at once."""
+        every call is a request, sent with the others waiting when the next tool body starts
+        (`results.py`); the run's own end always waits and goes at once."""
         if not flushed and self._outbox is not None:
             await self._outbox.write(item_id, status, detail)
             return
@@ -710,13 +696,7 @@ class StopdeskRun:
     async def _model_begin(self, label: str, started: asyncio.Future[_Draft], lane: str) -> None:
         try:
             item_id = await self._register_started(
-                submit_key="",
-                kind="model_request",
-                noun="draft",
-                label=label,
-                mechanism="manual",
-                lane=lane,
-                carry=True,
+                submit_key="", kind="model_request", noun="draft", label=label, mechanism="manual", lane=lane
             )
             started.set_result(_Draft(item_id))
         except StopRequested as exc:
@@ -803,15 +783,9 @@ USED_AFTER_REFUSAL = "the answer came back before Stop was known here, and the a
 DEADLOCK_RETRIES = 3
 
 
-def _carries_results(runtime: Any) -> bool:
-    """Whether each call is a request (an async runtime) whose `register_started` carries results."""
-    register = getattr(runtime, "register_started", None)
-    if register is None or not inspect.iscoroutinefunction(register):
-        return False
-    try:
-        return "results" in inspect.signature(register).parameters
-    except (TypeError, ValueError):
-        return False
+def _writes_results(runtime: Any) -> bool:
+    """Whether each call is a request (an async runtime) that can send several results in one."""
+    return inspect.iscoroutinefunction(getattr(runtime, "write_results", None)) and hasattr(runtime, "finish_fast")
 
 
 def current_run() -> StopdeskRun:

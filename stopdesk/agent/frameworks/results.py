@@ -1,13 +1,14 @@
-"""Results that ride on the run's next registration, over a runtime where every call is a request.
+"""Results sent while a tool body runs, together, over a runtime where every call is a request.
 
 Over HTTP (`stopdesk.client.AsyncClient`) each ledger call is a request the server answers with a
-transaction of its own, and a request's cost is mostly its own (the door, the token check, the
-commit), little its statements. A result (a tool call's, a draft's) is written off the caller's
-path; `ResultOutbox` holds it until the run's next registration that is itself off the path (a
-model request's draft) goes out, and that one request carries it (`register_started`'s `results`),
-so a step of the run costs two requests instead of four. No such registration within `ride_s`:
-the result goes alone. Once Stop is known, or the run is ending, nothing waits: a result goes at
-once.
+transaction of its own. A step of a run is a model request then a tool call, and the caller waits
+on two of those requests in turn (the draft's registration goes out with the model request, the
+tool call's registration before its body). A result (a tool call's, a draft's) is written off the
+caller's path; sent at once, it would be one more request in that same window, competing with the
+ones the caller waits for. So `ResultOutbox` holds it until the next tool body starts (the caller
+then waits on the body, not on the ledger) and sends every result waiting in one request
+(`write_results`). No tool body within `ride_s`: they go then. Once Stop is known, or the run is
+ending, nothing waits: a result goes at once.
 
 What the ledger says meanwhile: the item is running until its result is written, never settled
 before. Every result is written before the run ends (the writer's await is one of the run's
@@ -35,22 +36,25 @@ class Pending:
 class ResultOutbox:
     def __init__(
         self,
-        send_alone: Callable[[int, str, str], Awaitable[None]],
+        send_one: Callable[[int, str, str], Awaitable[None]],
+        send_many: Callable[[list[Pending]], Awaitable[None]],
         later: Callable[[Awaitable[Any], str], Any],
         *,
         ride_s: float | None = None,
     ) -> None:
-        self._send_alone = send_alone  # writes one result in a request of its own
+        self._send_one = send_one  # one result in a request of its own
+        self._send_many = send_many  # several in one request (one transaction: all or none)
         self._later = later  # a write off the caller's path that the run's end waits for
         self.ride_s = RIDE_S if ride_s is None else ride_s
         self._pending: list[Pending] = []
-        self.hurry = False  # Stop is known or the run is ending: no result waits for a carrier
+        self.hurry = False  # Stop is known or the run is ending: no result waits
 
     def __len__(self) -> int:
         return len(self._pending)
 
     async def write(self, item_id: int, status: str, detail: str) -> None:
-        """Returns once the result is written: carried by a registration, or alone after `ride_s`."""
+        """Returns once the result is written: with the others when a tool body starts, or after
+        `ride_s`."""
         pending = Pending(item_id, status, detail, asyncio.get_running_loop().create_future())
         self._pending.append(pending)
         if self.hurry:
@@ -60,32 +64,37 @@ class ResultOutbox:
             return
         except TimeoutError:
             pass
-        self.send_all()  # nobody took it (a carrier that did is still out: waited for below)
+        self.send_all()  # still waiting (or already on its way: waited for below)
         await pending.written
 
-    def take(self) -> list[Pending]:
-        """Every result waiting, for a registration to carry; it reports with `written` or
-        `not_written`."""
+    def send_all(self) -> None:
+        """Send every result waiting, in one request."""
         taken, self._pending = self._pending, []
-        return taken
+        if len(taken) == 1:
+            self._later(self._alone(taken[0]), "result")
+        elif taken:
+            self._later(self._together(taken), "results")
 
-    def written(self, taken: list[Pending]) -> None:
+    async def _together(self, taken: list[Pending]) -> None:
+        try:
+            await self._send_many(taken)
+        except Exception:
+            # Refused whole (one of them unknown) or its answer lost: each alone, so one cannot
+            # hold the others back (a result written twice changes nothing).
+            for pending in taken:
+                self._later(self._alone(pending), "result")
+            return
+        except BaseException:
+            for pending in taken:
+                pending.written.cancel()
+            raise
         for pending in taken:
             if not pending.written.done():
                 pending.written.set_result(None)
 
-    def not_written(self, taken: list[Pending]) -> None:
-        """The carrier was refused or its answer lost: each goes alone (writing a result again
-        changes nothing, should the lost request have written it)."""
-        for pending in taken:
-            self._later(self._alone(pending), "result")
-
-    def send_all(self) -> None:
-        self.not_written(self.take())
-
     async def _alone(self, pending: Pending) -> None:
         try:
-            await self._send_alone(pending.item_id, pending.status, pending.detail)
+            await self._send_one(pending.item_id, pending.status, pending.detail)
         except BaseException as exc:
             # Raised to the result's writer, whose await is a write of the run (logged there, once).
             if pending.written.done():

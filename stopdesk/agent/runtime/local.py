@@ -393,30 +393,11 @@ class LocalRuntime:
         submit_key: str = "",
         worker: str | None = None,
         lease_seconds: int | None = None,
-        results: list[dict[str, Any]] | None = None,
         **register: Any,
     ) -> int:
         """`register`, then the boundary (start, or submit with `submit_key`); the item's fields
-        as `register` takes them. `results`: earlier items' results (each the keywords of
-        `finish_fast` and its `item`), written after the registration, also when the boundary
-        refuses it (StopRequested), so a caller can send them with its next registration instead
-        of a request each."""
-        carried = [schemas.CarriedResult.parse(result) for result in results or ()]
-        try:
-            item_id = self._register_started(task_id, worker, lease_seconds, submit_key, ItemSpec(**register))
-        except StopRequested:
-            self._write_results(carried)
-            raise
-        self._write_results(carried)
-        return item_id
-
-    def _write_results(self, results: list[schemas.CarriedResult]) -> None:
-        for result in results:
-            self.finish_fast(result.item, status=result.status, detail=result.detail, open_item=result.open_item)
-
-    def _register_started(
-        self, task_id: int, worker: str | None, lease_seconds: int | None, submit_key: str, spec: ItemSpec
-    ) -> int:
+        as `register` takes them."""
+        spec = ItemSpec(**register)
         try:
             item_id = item_register_started(
                 task_id=_id(task_id, "task"),
@@ -434,6 +415,13 @@ class LocalRuntime:
         if item_id is None:
             raise NotFound(f"No task {task_id}.")
         return item_id
+
+    def write_results(self, results: list[dict[str, Any]]) -> None:
+        """Several items' results, each the keywords of `finish_fast` and its `item`, written as
+        `finish_fast` writes each. Over HTTP one request and one transaction: one refused (an
+        unknown item) refuses them all, and nothing is written."""
+        for result in schemas.WriteResults.parse({"results": results}).results:
+            self.finish_fast(result.item, status=result.status, detail=result.detail, open_item=result.open_item)
 
     def finish_fast(
         self,
