@@ -131,13 +131,7 @@ def close_task(task_id: int, reason: str) -> Call[TaskInfo]:
 
 
 def register_started(
-    task_id: int,
-    spec: ItemSpec,
-    *,
-    submit_key: str,
-    worker: str,
-    lease_seconds: int | None,
-    key: str | None,
+    task_id: int, spec: ItemSpec, *, submit_key: str, worker: str, lease_seconds: int | None, key: str | None
 ) -> Call[int]:
     body = {**spec.to_json(), "submit_key": submit_key, "worker": worker, "lease_seconds": lease_seconds}
     path = f"/tasks/{int(task_id)}/items/started"

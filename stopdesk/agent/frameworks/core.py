@@ -233,7 +233,7 @@ class StopdeskRun:
 
     async def flush(self) -> None:
         """Wait (bounded) for the ledger writes made off the caller's path, including any that
-        those writes queue in turn. Results waiting for a registration to carry them go now."""
+        those writes queue in turn. Results waiting for the next tool body go now."""
         self._hurry_results()
         deadline = asyncio.get_running_loop().time() + self.cleanup_s
         while self._writes:
@@ -264,7 +264,7 @@ class StopdeskRun:
         self._hurry_results()
 
     def _hurry_results(self) -> None:
-        # Stop is known, or the run is ending: a result waits for no carrier.
+        # Stop is known, or the run is ending: no result waits for the next tool body.
         if self._outbox is not None:
             self._outbox.hurry = True
             self._outbox.send_all()
