@@ -205,6 +205,19 @@ class FinishFast(Body):
     )
 
 
+class ItemResult(FinishFast):
+    """One item's result in `WriteResults`: what `POST /items/{item_id}/result` takes, and the item."""
+
+    item: Id
+
+
+MAX_RESULTS = 100
+
+
+class WriteResults(Body):
+    results: list[ItemResult] = Field(min_length=1, max_length=MAX_RESULTS)
+
+
 class ReportStopped(Body):
     detail: Text(200) = ""  # type: ignore[valid-type]
 

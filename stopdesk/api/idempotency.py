@@ -9,11 +9,11 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from django.db import IntegrityError, connection, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from pydantic import BaseModel
 
 from stopdesk.models import ApiIdempotency, Runtime
-from stopdesk.protocol.errors import Conflict, IdempotencyKeyReused, StopRequested
+from stopdesk.protocol.errors import Conflict, IdempotencyKeyReused, StopdeskError, StopRequested
 from stopdesk.protocol.types import ItemInfo, RecordInfo, StartedInfo, TaskInfo
 
 
@@ -51,6 +51,63 @@ def once_transition(
         fingerprint=fingerprint,
     )
     return result
+
+
+def once_work_first(
+    runtime: Runtime | None,
+    key: str | None,
+    operation: str,
+    kind: type[StartedInfo],
+    produce: Callable[[], StartedInfo],
+    args: BaseModel,
+) -> StartedInfo:
+    """Like `once`, for the request on an agent's path before each tool call (a registration with
+    its boundary pass), inside the door's transaction: the work goes first, and its answer is
+    stored after it by one statement that also finds an answer stored already. So a first request
+    (nearly every one) costs one statement for its key, not two. A repeat does the work again and
+    rolls the whole request back (the door's transaction), answering with the first answer."""
+    if not key or runtime is None or not connection.in_atomic_block:
+        return once(runtime, key, operation, kind, produce, args)
+    fingerprint = request_fingerprint(args)
+    try:
+        result = produce()
+    except StopdeskError as refusal:
+        # A refusal (the boundary's commits: the cancelled item is the record), unless this repeats
+        # a request that was answered before the task stopped or closed: then nothing of this one
+        # stays and the first answer is the answer.
+        try:
+            seen = ApiIdempotency.objects.filter(runtime=runtime, key=key, endpoint=operation).first()
+        except DatabaseError:
+            raise refusal from None
+        if seen is None:
+            raise
+        return _replay_rolled_back(kind, seen, fingerprint)
+    with connection.cursor() as cursor:
+        cursor.execute(_STORE_ANSWER_SQL, [runtime.pk, key, operation, json.dumps(result.to_json()), fingerprint])
+        stored = cursor.fetchone() is not None
+    if stored:
+        return result
+    # A twin stored its answer first (a repeat, or a concurrent one that committed meanwhile).
+    return _replay_rolled_back(
+        kind, ApiIdempotency.objects.get(runtime=runtime, key=key, endpoint=operation), fingerprint
+    )
+
+
+_STORE_ANSWER_SQL = """
+INSERT INTO stopdesk_apiidempotency (runtime_id, key, endpoint, status, body, fingerprint, created_at)
+VALUES (%s, %s, %s, 200, %s::jsonb, %s, now())
+ON CONFLICT (runtime_id, key, endpoint) DO NOTHING
+RETURNING id
+"""
+
+
+def _replay_rolled_back[T: (TaskInfo, ItemInfo, RecordInfo, StartedInfo)](
+    kind: type[T], seen: ApiIdempotency, fingerprint: str
+) -> T:
+    # Read before the rollback is marked: the transaction takes no statement after that.
+    answer = _replayable(seen, fingerprint)
+    transaction.set_rollback(True)
+    return kind.from_json(answer)
 
 
 def once[T: (TaskInfo, ItemInfo, RecordInfo, StartedInfo)](

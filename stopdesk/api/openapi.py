@@ -24,6 +24,7 @@ ANSWERS = (
     "StopWatchInfo",
     "StartedInfo",
     "ResultInfo",
+    "ResultsInfo",
     "LaunchedInfo",
 )
 ERROR_TEXT = {

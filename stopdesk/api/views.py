@@ -22,7 +22,7 @@ from stopdesk.agent.runtime.errors import ledger_errors
 from stopdesk.agent.runtime.info import task_info
 from stopdesk.api.auth import authenticate
 from stopdesk.api.errors import error_response, server_error
-from stopdesk.api.idempotency import once, once_transition
+from stopdesk.api.idempotency import once, once_transition, once_work_first
 from stopdesk.models import WorkItem
 from stopdesk.protocol.errors import (
     InvalidRequest,
@@ -33,7 +33,7 @@ from stopdesk.protocol.errors import (
     StopRequested,
 )
 from stopdesk.protocol.ids import path_id
-from stopdesk.protocol.types import ItemInfo, LaunchedInfo, RecordInfo, ResultInfo, StartedInfo, TaskInfo
+from stopdesk.protocol.types import ItemInfo, LaunchedInfo, RecordInfo, ResultInfo, ResultsInfo, StartedInfo, TaskInfo
 from stopdesk.tracing import server_span, span_event
 
 log = logging.getLogger(__name__)
@@ -394,7 +394,7 @@ def register_started(sd: LocalRuntime, args: schemas.RegisterStarted, key: str |
         with ledger_errors():
             return StartedInfo(id=sd.register_started(task_id, **fields), task=task_id)
 
-    return once(sd.runtime, key, f"register_started:{task_id}", StartedInfo, produce, args)
+    return once_work_first(sd.runtime, key, f"register_started:{task_id}", StartedInfo, produce, args)
 
 
 @endpoint(
@@ -406,6 +406,15 @@ def finish_fast(sd: LocalRuntime, args: schemas.FinishFast, key: None, item_id: 
     again changes nothing."""
     sd.finish_fast(item_id, status=args.status, detail=args.detail, open_item=args.open_item)
     return ResultInfo(item=item_id, status=args.status)
+
+
+@endpoint("POST", "/results", body=schemas.WriteResults, returns="ResultsInfo", conflicts=True, replayable=False)
+def write_results(sd: LocalRuntime, args: schemas.WriteResults, key: None) -> Any:
+    """Several items' results in one request and one transaction, each written as `POST /items/{item_id}/result`
+    writes it (`results[].item` names the item). One refused (an item unknown here) refuses them all, and nothing
+    is written. Safe to repeat: the same results again change nothing."""
+    sd.write_results([result.model_dump() for result in args.results])
+    return ResultsInfo(items=[result.item for result in args.results])
 
 
 @endpoint("POST", "/items/{item_id}/stopped", body=schemas.ReportStopped, returns="ItemInfo", replayable=False)

@@ -294,6 +294,11 @@ class AsyncClient:
         run), which keeps the task from settling meanwhile."""
         await self._run(calls.finish_fast(item_id, status=status, detail=detail, open_item=open_item))
 
+    async def write_results(self, results: list[dict[str, Any]]) -> None:
+        """Several items' results in one request (each `finish_fast`'s keywords and its `item`);
+        one refused refuses them all, and nothing is written."""
+        await self._run(calls.write_results(results))
+
     async def report_stopped(self, item_id: int, *, detail: str = "") -> ItemInfo:
         """The work stopped because of Stop: cancelled, also when Stop's job already left it
         awaiting this report."""

@@ -16,6 +16,7 @@ from stopdesk.protocol.types import (
     LaunchedInfo,
     RecordInfo,
     ResultInfo,
+    ResultsInfo,
     StartedInfo,
     StopInfo,
     StopWatchInfo,
@@ -140,6 +141,11 @@ def register_started(
 def finish_fast(item_id: int, *, status: str, detail: str, open_item: int | None) -> Call[ResultInfo]:
     body = {"status": status, "detail": detail, "open_item": open_item}
     return _post(f"/items/{int(item_id)}/result", body, ResultInfo.from_json, None, keyed=False, safe=True)
+
+
+def write_results(results: list[dict[str, Any]]) -> Call[ResultsInfo]:
+    body = {"results": [_compact(result) for result in results]}
+    return _post("/results", body, ResultsInfo.from_json, None, keyed=False, safe=True)
 
 
 def report_stopped(item_id: int, *, detail: str) -> Call[ItemInfo]:

@@ -181,6 +181,13 @@ class ResultInfo(_Json):
 
 
 @dataclass(frozen=True)
+class ResultsInfo(_Json):
+    """Several results received in one request (`write_results`): the items they were for."""
+
+    items: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class LaunchedInfo(_Json):
     """The tool calls a model response launched, recorded under its item (`record_launched`):
     the ids of the items created now; a call already recorded (by call id) is not recorded again."""

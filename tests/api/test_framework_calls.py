@@ -80,6 +80,92 @@ def test_register_started_refuses_a_parent_of_another_task_and_writes_nothing(sd
     assert refused.value.field == "parent" and ledger_counts() == before
 
 
+def test_register_started_repeated_with_its_key_after_stop_answers_the_first_item_and_writes_nothing(sd):
+    task = sd.create_task("Look Acme up")
+    first = sd.register_started(task.id, request_key="turn-1-call-1", **TOOL)
+    sd.request_stop(task.id, reason="operator pressed Stop")
+    before = ledger_counts()
+
+    # The first answer was lost on its way; the repeat comes after Stop and is not a new call.
+    again = sd.register_started(task.id, request_key="turn-1-call-1", **TOOL)
+
+    assert again == first and ledger_counts() == before
+    with pytest.raises(StopRequested):
+        sd.register_started(task.id, request_key="turn-2-call-1", **TOOL)  # a new call is refused
+
+
+def test_write_results_writes_several_in_one_request_as_finish_fast_writes_each(sd):
+    task = sd.create_task("Look Acme up")
+    the_run = sd.register_started(task.id, **{**TOOL, "noun": "agent run"})
+    call = sd.register_started(task.id, handle="call_1", **TOOL)
+    draft = sd.register_started(task.id, **{**TOOL, "kind": "model_request", "noun": "draft"})
+    results = [
+        {"item": call, "status": "completed", "detail": "12 employees", "open_item": the_run},
+        {"item": draft, "status": "failed", "detail": "APIError: overloaded", "open_item": the_run},
+    ]
+
+    sd.write_results(results)
+    sd.write_results(results)  # a repeat changes nothing
+
+    states = dict(WorkItem.objects.filter(task_id=task.id).values_list("pk", "state"))
+    assert states == {the_run: S.RUNNING, call: S.COMPLETED, draft: S.FAILED}
+    assert WorkItem.objects.get(pk=call).outcome == "12 employees"
+    assert not WorkItem.objects.filter(task_id=task.id, needs_review=True).exists()
+    assert Task.objects.get(pk=task.id).settled_at is None  # the run's item is still open
+
+
+def test_write_results_for_an_item_stop_settled_is_a_late_result(sd):
+    task = sd.create_task("Look Acme up")
+    call = sd.register_started(task.id, handle="call_1", **TOOL)
+    sd.cancel(call, detail="stopped between steps")
+
+    sd.write_results([{"item": call, "status": "completed", "detail": "it finished after all"}])
+
+    item = WorkItem.objects.get(pk=call)
+    assert (item.state, item.needs_review) == (S.CANCELLED, True)
+
+
+@pytest.mark.parametrize(
+    ("bad", "field"),
+    [
+        ({"item": 1, "status": "done"}, "results.1.status"),
+        ({"status": "completed"}, "results.1.item"),
+        ({"item": 1, "status": "completed", "detail": "x" * 201}, "results.1.detail"),
+        ({"item": 1, "status": "completed", "evidence": {}}, "results.1.evidence"),
+    ],
+)
+def test_write_results_refuses_a_bad_result_naming_the_field_and_writes_none(sd, bad, field):
+    task = sd.create_task("Look Acme up")
+    call = sd.register_started(task.id, handle="call_1", **TOOL)
+    before = ledger_counts()
+
+    with pytest.raises(InvalidRequest) as refused:
+        sd.write_results([{"item": call, "status": "completed"}, bad])
+
+    assert refused.value.field == field
+    assert ledger_counts() == before and WorkItem.objects.get(pk=call).state == S.RUNNING
+
+
+def test_write_results_refuses_an_empty_list(sd):
+    with pytest.raises(InvalidRequest) as refused:
+        sd.write_results([])
+    assert refused.value.field == "results"
+
+
+def test_write_results_with_another_runtimes_item_is_not_found_and_writes_nothing(sd, theirs):
+    their_task = theirs.create_task("Theirs")
+    their_call = theirs.register_started(their_task.id, **TOOL)
+    task = sd.create_task("Look Acme up")
+    call = sd.register_started(task.id, handle="call_1", **TOOL)
+    before = ledger_counts()
+
+    with pytest.raises(NotFound):
+        sd.write_results([{"item": call, "status": "completed"}, {"item": their_call, "status": "completed"}])
+
+    assert ledger_counts() == before
+    assert WorkItem.objects.get(pk=call).state == WorkItem.objects.get(pk=their_call).state == S.RUNNING
+
+
 def test_finish_fast_holds_the_task_open_for_the_run_until_the_settle_check(sd):
     task = sd.create_task("Look Acme up")
     the_run = sd.register_started(task.id, **{**TOOL, "noun": "agent run"})
@@ -298,6 +384,7 @@ def test_the_openapi_document_describes_the_framework_calls(live_server):
         "/items/{item_id}/stopped",
         "/items/{item_id}/launched",
         "/tasks/{task_id}/settle",
+        "/results",
     ):
         assert "post" in paths[path], path
     launched = paths["/items/{item_id}/launched"]["post"]

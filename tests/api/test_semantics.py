@@ -186,6 +186,7 @@ def test_the_openapi_document_is_served_and_names_every_endpoint(api):
         "record_handle",
         "register_started",
         "finish_fast",
+        "write_results",
         "report_stopped",
         "record_launched",
         "task_settle_check",

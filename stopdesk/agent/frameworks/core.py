@@ -23,6 +23,9 @@ Per tool call, on the caller's path: register the child item and pass the bounda
 `submit` with the idempotency key for a declared external action; one round trip where the runtime
 offers `register_started`), then the body. The result is written afterwards off the caller's path
 (the writes are awaited before the run ends), so the model's next request does not wait for it.
+Over a runtime whose every call is a request (the HTTP client), results wait for the next tool body
+to start and go together in one request (`results.py`), so none competes with the requests the
+caller waits for: until then the item is running; Stop and the run's end send them at once.
 Model requests are drafts with no effect outside, so their items are written entirely off the path
 (see `model_request` for what the ledger says when Stop and an answer cross); a request made after
 Stop is refused in memory.
@@ -60,6 +63,7 @@ from typing import Any
 
 from stopdesk.agent.frameworks import lanes
 from stopdesk.agent.frameworks.declare import UNDECLARED, ToolDeclaration
+from stopdesk.agent.frameworks.results import ResultOutbox
 from stopdesk.agent.frameworks.threads import (
     CALL,
     RUN_STOP,
@@ -122,6 +126,11 @@ class StopdeskRun:
         self._in_flight: dict[str, _InFlight] = {}
         self._failed: dict[str, str] = {}
         self._writes: set[asyncio.Future[Any]] = set()
+        # Over a runtime whose every call is a request, results wait for the next tool body and
+        # go together (`results.py`); in-process each is one statement on a lane of its own.
+        self._outbox = (
+            ResultOutbox(self._send_result, self._send_results, self._later) if _writes_results(runtime) else None
+        )
         self._watcher: asyncio.Task[None] | None = None
         self._token: contextvars.Token[StopdeskRun | None] | None = None
         self._stop_token: contextvars.Token[threading.Event | None] | None = None
@@ -224,7 +233,8 @@ class StopdeskRun:
 
     async def flush(self) -> None:
         """Wait (bounded) for the ledger writes made off the caller's path, including any that
-        those writes queue in turn."""
+        those writes queue in turn. Results waiting for the next tool body go now."""
+        self._hurry_results()
         deadline = asyncio.get_running_loop().time() + self.cleanup_s
         while self._writes:
             left = deadline - asyncio.get_running_loop().time()
@@ -251,6 +261,13 @@ class StopdeskRun:
         self.stop_flag.set()
         for callback in list(self._on_stop):
             self._fire(callback)
+        self._hurry_results()
+
+    def _hurry_results(self) -> None:
+        # Stop is known, or the run is ending: no result waits for the next tool body.
+        if self._outbox is not None:
+            self._outbox.hurry = True
+            self._outbox.send_all()
 
     def _fire(self, callback: Callable[[], Any]) -> None:
         try:
@@ -488,6 +505,9 @@ class StopdeskRun:
         flight = _InFlight(item_id, name, declaration, external, CallThreads(self.stop_flag))
         self._in_flight[call_id] = flight
         scope = CALL.set(flight.calls)
+        if self._outbox is not None:
+            # The caller now waits on the body, not on the ledger: the results waiting go now.
+            self._outbox.send_all()
         try:
             result = await body()
         except asyncio.CancelledError:
@@ -552,22 +572,46 @@ class StopdeskRun:
             await self._call("start", item.id, worker=self.worker)
         return int(item.id)
 
+    async def _send_results(self, taken: list[Any]) -> None:
+        """Several results in one request (`write_results`), each as `_send_result` sends it."""
+        held = self.item_id
+        results = [
+            {
+                "item": p.item_id,
+                "status": p.status,
+                "detail": p.detail,
+                "open_item": held if p.item_id != held else None,
+            }
+            for p in taken
+        ]
+        await self._call("write_results", results, lane="results")
+        await self._settle_check_after(held)
+
+    async def _settle_check_after(self, held: int | None) -> None:
+        if held is not None and self.item_id is None:
+            # The run's item was settled while these results were being written (the run ended
+            # before its writes did): its check may not have seen them, so check again.
+            await self._call("task_settle_check", self.task_id)
+
     async def _finish(self, item_id: int, *, status: str, detail: str, flushed: bool = True) -> None:
         """A result, off the caller's path; nobody reads the answer, so a runtime that can skip
         reading the item back (`finish_fast`) does, in one round trip while the run's own item
         keeps the task unsettled. `flushed=False`: on the results lane, whose commits wait for the
-        disk unless the operator opted out (see the module's docstring); the run's own end always
-        waits."""
-        lane = "writes" if flushed else "results"
+        disk unless the operator opted out (see the module's docstring), or, over a runtime whose
+        every call is a request, sent with the others waiting when the next tool body starts
+        (`results.py`); the run's own end always waits and goes at once."""
+        if not flushed and self._outbox is not None:
+            await self._outbox.write(item_id, status, detail)
+            return
+        await self._send_result(item_id, status, detail, lane="writes" if flushed else "results")
+
+    async def _send_result(self, item_id: int, status: str, detail: str, lane: str = "results") -> None:
         if not hasattr(self.runtime, "finish_fast"):
             await self._call("finish", item_id, status=status, detail=detail, lane=lane)
             return
         held = self.item_id if item_id != self.item_id else None
         await self._call("finish_fast", item_id, status=status, detail=detail, open_item=held, lane=lane)
-        if held is not None and self.item_id is None:
-            # The run's item was settled while this result was being written (the run ended
-            # before its writes did): its check may not have seen this result, so check again.
-            await self._call("task_settle_check", self.task_id)
+        await self._settle_check_after(held)
 
     async def _settle_unstarted(self, registration: asyncio.Future[int], name: str) -> None:
         """A call cancelled before its registration answered: once it does, the item (started at
@@ -742,6 +786,11 @@ class _Draft:
 RUN_STOPPED = "stopped before it finished"
 USED_AFTER_REFUSAL = "the answer came back before Stop was known here, and the agent used it"
 DEADLOCK_RETRIES = 3
+
+
+def _writes_results(runtime: Any) -> bool:
+    """Whether each call is a request (an async runtime) that can send several results in one."""
+    return inspect.iscoroutinefunction(getattr(runtime, "write_results", None)) and hasattr(runtime, "finish_fast")
 
 
 def current_run() -> StopdeskRun:
