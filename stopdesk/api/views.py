@@ -72,6 +72,7 @@ def endpoint(
     returns: str,
     status: int = 200,
     conflicts: bool = False,
+    names_items: bool = False,
     replayable: bool = True,
     atomic: bool = True,
 ) -> Callable[..., Any]:
@@ -97,7 +98,7 @@ def endpoint(
         errors = [401]
         if method == "POST":
             errors += [400, 413, 422]
-        if "{" in path:
+        if "{" in path or names_items:  # a path or a body naming what may not be there
             errors.append(404)
         if conflicts:
             errors.append(409)
@@ -408,7 +409,15 @@ def finish_fast(sd: LocalRuntime, args: schemas.FinishFast, key: None, item_id: 
     return ResultInfo(item=item_id, status=args.status)
 
 
-@endpoint("POST", "/results", body=schemas.WriteResults, returns="ResultsInfo", conflicts=True, replayable=False)
+@endpoint(
+    "POST",
+    "/results",
+    body=schemas.WriteResults,
+    returns="ResultsInfo",
+    conflicts=True,
+    names_items=True,
+    replayable=False,
+)
 def write_results(sd: LocalRuntime, args: schemas.WriteResults, key: None) -> Any:
     """Several items' results in one request and one transaction, each written as `POST /items/{item_id}/result`
     writes it (`results[].item` names the item). One refused (an item unknown here) refuses them all, and nothing
