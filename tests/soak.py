@@ -1,7 +1,7 @@
 """The nightly soak: the race and browser tests run again and again, each run a fresh pytest
 process, and every test that failed in any run is named with how often. A test that failed in
 some runs and passed in others is a flake; the count is printed and the exit status is 1 while it
-is not 0.
+is not 0. A failing run's report (its assertion and traceback) is printed as it happens.
 
     python -m tests.soak --runs 50 tests/ledger/test_stop_races.py tests/browser
 """
@@ -12,6 +12,7 @@ import argparse
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import xml.etree.ElementTree as ET
 from collections import Counter
@@ -46,8 +47,14 @@ def run_once(paths: list[str], extra: list[str]) -> tuple[set[str], int, int]:
         for case in ET.parse(report).iter("testcase"):
             ran += 1
             name = f"{case.get('classname')}::{case.get('name')}"
-            if case.find("failure") is not None or case.find("error") is not None:
+            problem = case.find("failure")
+            if problem is None:
+                problem = case.find("error")
+            if problem is not None:
                 failed.add(name)
+                # What failed, as pytest reported it: the line and the values, for finding the cause.
+                print(f"  failed: {name}: {problem.get('message', '')}", flush=True)
+                print(textwrap.indent((problem.text or "").strip()[-3000:], "    "), flush=True)
             elif case.find("skipped") is not None:
                 skipped += 1
         return failed, ran, skipped
