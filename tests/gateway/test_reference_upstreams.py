@@ -82,6 +82,25 @@ def git_gateway(settings, timings, git_server) -> Iterator[tuple[Path, str]]:  #
         yield git_server["wire"], front_url  # type: ignore[misc]
 
 
+def stop_during_the_long_operation_then_echo(url: str, mode: str, task_id: int, calls: Any) -> None:
+    """server-everything's long operation through the gateway, Stop pressed once the upstream has
+    it, then `echo`: the client is told at Stop (not after the 10 s operation), and the echo is
+    refused with the Stop's words."""
+    presser = press_stop_when(lambda: calls(), task_id)
+
+    async def long_then_echo(client: Client) -> Any:
+        with pytest.raises(MCPError) as stopped:
+            await client.call_tool("trigger-long-running-operation", {"duration": 10, "steps": 5})
+        assert stopped.value.error.code == STOPPED
+        await client.call_tool("echo", {"message": "after stop"})
+
+    began = time.monotonic()
+    with pytest.raises(MCPError, match=r"^stopped by user:operator: enough$"):
+        through_gateway(url, long_then_echo, mode=mode, task_id=task_id)
+    presser.join()
+    assert time.monotonic() - began < 8
+
+
 @pytest.fixture
 def everything_stdio_gateway(settings, timings, tmp_path) -> Iterator[tuple[Path, str]]:  # type: ignore[no-untyped-def]
     """server-everything over stdio (its default transport), behind the recording tee."""
@@ -107,19 +126,7 @@ def test_stop_during_server_everythings_long_operation_over_stdio_cancels_it_by_
         and m["msg"].get("method") == "tools/call"
         and m["msg"]["params"]["name"].startswith("trigger")
     ]
-    presser = press_stop_when(lambda: calls(), task.pk)
-
-    async def long_then_echo(client: Client) -> Any:
-        with pytest.raises(MCPError) as stopped:
-            await client.call_tool("trigger-long-running-operation", {"duration": 10, "steps": 5})
-        assert stopped.value.error.code == STOPPED
-        await client.call_tool("echo", {"message": "after stop"})
-
-    began = time.monotonic()
-    with pytest.raises(MCPError, match=r"^stopped by user:operator: enough$"):
-        through_gateway(url, long_then_echo, mode=mode, task_id=task.pk)
-    presser.join()
-    assert time.monotonic() - began < 8  # told at Stop, not after the 10 s operation
+    stop_during_the_long_operation_then_echo(url, mode, task.pk, calls)
     [call] = calls()
     received = [m["msg"] for m in read_wire(wire) if m["dir"] == "in"]
     [cancelled] = [m for m in received if m.get("method") == "notifications/cancelled"]
@@ -144,19 +151,7 @@ def test_stop_during_server_everythings_long_operation_cancels_it_by_its_upstrea
     wire, url = everything_gateway
     task = make_task()
     calls = lambda: [m for m in wire.received("tools/call") if m["msg"]["params"]["name"].startswith("trigger")]  # noqa: E731
-    presser = press_stop_when(lambda: calls(), task.pk)
-
-    async def long_then_echo(client: Client) -> Any:
-        with pytest.raises(MCPError) as stopped:
-            await client.call_tool("trigger-long-running-operation", {"duration": 10, "steps": 5})
-        assert stopped.value.error.code == STOPPED
-        await client.call_tool("echo", {"message": "after stop"})
-
-    began = time.monotonic()
-    with pytest.raises(MCPError, match=r"^stopped by user:operator: enough$"):
-        through_gateway(url, long_then_echo, mode=mode, task_id=task.pk)
-    presser.join()
-    assert time.monotonic() - began < 8  # told at Stop, not after the 10 s operation
+    stop_during_the_long_operation_then_echo(url, mode, task.pk, calls)
     [call] = calls()
     [cancelled] = wire.received("notifications/cancelled")
     assert cancelled["msg"]["params"]["requestId"] == call["msg"]["id"]  # the upstream's id, not the client's
