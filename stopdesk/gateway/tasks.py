@@ -41,7 +41,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from reconcile.mechanisms.base import Seen
 from reconcile.mechanisms.mcp.agent import StopPushed, TaskOwner, mcp_run_task
 from reconcile.mechanisms.mcp.agent.common import error_text
-from reconcile.mechanisms.mcp.servers import TASKS_EXTENSION, ServerSpec
+from reconcile.mechanisms.mcp.servers import TASKS_EXTENSION, ServerSpec, with_task_capabilities
 from reconcile.mechanisms.mcp.servers import is_modern as is_modern_revision
 from stopdesk.agent.aio import LedgerThreads, in_thread, ledger_threads
 from stopdesk.gateway.sessions import ACTOR, stopped_words
@@ -100,17 +100,7 @@ class TaskServer(Server[Any]):
         self, *args: Any, protocol_version: str | None = None, **kwargs: Any
     ) -> types.ServerCapabilities:
         caps = super().get_capabilities(*args, protocol_version=protocol_version, **kwargs)
-        if protocol_version in MODERN_PROTOCOL_VERSIONS:
-            caps.extensions = {**(caps.extensions or {}), TASKS_EXTENSION: {}}
-            return caps
-        caps.tasks = types.ServerTasksCapability(
-            list=types.TasksListCapability(),
-            cancel=types.TasksCancelCapability(),
-            requests=types.ServerTasksRequestsCapability(
-                tools=types.TasksToolsCapability(call=types.TasksCallCapability())
-            ),
-        )
-        return caps
+        return with_task_capabilities(caps, protocol_version)
 
 
 @dataclass(eq=False)

@@ -54,6 +54,7 @@ from starlette.routing import Mount, Route
 
 from reconcile.mechanisms.mcp.sandbox_tasks import TASKS_EXTENSION, TaskRegistry
 from reconcile.mechanisms.mcp.sandbox_wire import BOTH, SPEAKS, WireGate, WireLog
+from reconcile.mechanisms.mcp.servers import with_task_capabilities
 from stopdrill.sandbox.common import FaultError, SandboxParty
 
 MCP_PATH = "/mcp"
@@ -126,19 +127,8 @@ class _TaskServer(Server[Any]):
         self, *args: Any, protocol_version: str | None = None, **kwargs: Any
     ) -> types.ServerCapabilities:
         caps = super().get_capabilities(*args, protocol_version=protocol_version, **kwargs)
-        if protocol_version in MODERN_PROTOCOL_VERSIONS:
-            # Tasks left the core spec in 2026-07-28 for an extension.
-            if self.offers_extension():
-                caps.extensions = {**(caps.extensions or {}), TASKS_EXTENSION: {}}
-            return caps
-        caps.tasks = types.ServerTasksCapability(
-            list=types.TasksListCapability(),
-            cancel=types.TasksCancelCapability(),
-            requests=types.ServerTasksRequestsCapability(
-                tools=types.TasksToolsCapability(call=types.TasksCallCapability())
-            ),
-        )
-        return caps
+        # Tasks left the core spec in 2026-07-28 for an extension.
+        return with_task_capabilities(caps, protocol_version, extension=self.offers_extension())
 
 
 class MCPToolServer(SandboxParty):

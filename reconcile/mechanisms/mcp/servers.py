@@ -43,6 +43,7 @@ from mcp.client.extension import ClientExtension
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 HTTP = "streamable_http"
 STDIO = "stdio"
@@ -61,6 +62,25 @@ STREAM_CLOSED = "response stream closed"
 TASKS_CANCEL = "tasks/cancel, then tasks/get"
 # 2026-07-28 moved tasks out of the core into this extension (declared per request, no session).
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+
+
+def with_task_capabilities(
+    caps: types.ServerCapabilities, protocol_version: str | None, *, extension: bool = True
+) -> types.ServerCapabilities:
+    """A server's capabilities offering tasks the way the revision means it: the tasks extension
+    in 2026-07-28 (when `extension`), core tasks (list, cancel, `tools/call`) in 2025-11-25."""
+    if protocol_version in MODERN_PROTOCOL_VERSIONS:
+        if extension:
+            caps.extensions = {**(caps.extensions or {}), TASKS_EXTENSION: {}}
+        return caps
+    caps.tasks = types.ServerTasksCapability(
+        list=types.TasksListCapability(),
+        cancel=types.TasksCancelCapability(),
+        requests=types.ServerTasksRequestsCapability(
+            tools=types.TasksToolsCapability(call=types.TasksCallCapability())
+        ),
+    )
+    return caps
 
 
 class TasksExtension(ClientExtension):
