@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from stopdesk.models import CancellationAttempt, Event, StopRequest, WorkItem
+from django.db import connection, transaction
+
+from stopdesk.models import CancellationAttempt, Event, StopRequest, Task, WorkItem
 from stopdesk.states import SETTLED, ItemState
 from stopdrill.drills.core import DrillContext
 
@@ -67,13 +69,12 @@ class Inspection:
 def inspect_drill(ctx: DrillContext) -> Inspection:
     assert ctx.task is not None
     task = ctx.task
-    task.refresh_from_db()
+    ledger = _read_ledger(task)
+    items, events = ledger.items, ledger.events
     stop_at = task.stop_requested_at
     out = Inspection()
-    items = list(WorkItem.objects.filter(task=task).order_by("id"))
     by_id = {i.pk: i for i in items}
     by_key = {i.idempotency_key: i for i in items if i.idempotency_key}
-    events = list(Event.objects.filter(task=task).order_by("id"))
 
     for item in items:
         out.items.append(
@@ -157,7 +158,7 @@ def inspect_drill(ctx: DrillContext) -> Inspection:
     # 3. the audit.
     for item in items:
         out.audit.extend(_audit_gaps(item, events))
-    stops = StopRequest.objects.filter(task=task).first()
+    stops = ledger.stop
     if stops is None:
         if ctx.stop_outcomes:
             out.audit.append("no stop request recorded")
@@ -167,10 +168,40 @@ def inspect_drill(ctx: DrillContext) -> Inspection:
         duplicates = sum(1 for e in events if e.kind == "stop_duplicate")
         if duplicates != stops.duplicates:
             out.audit.append(f"{stops.duplicates} duplicate stops counted, {duplicates} events")
-    open_attempts = CancellationAttempt.objects.filter(item__task=task, answered_at__isnull=True).count()
-    if open_attempts:
-        out.audit.append(f"{open_attempts} cancellation attempt(s) never closed")
+    if ledger.open_attempts:
+        out.audit.append(f"{ledger.open_attempts} cancellation attempt(s) never closed")
     return out
+
+
+@dataclass
+class _Ledger:
+    items: list[WorkItem]
+    events: list[Event]
+    stop: StopRequest | None
+    open_attempts: int
+
+
+def _read_ledger(task: Task) -> _Ledger:
+    """The task, its items, events, stop request and open attempts as of one moment. Read one by
+    one, a worker settling an item between the reads would look like an item whose events end
+    somewhere else than its state."""
+
+    def read() -> _Ledger:
+        task.refresh_from_db()
+        return _Ledger(
+            items=list(WorkItem.objects.filter(task=task).order_by("id")),
+            events=list(Event.objects.filter(task=task).order_by("id")),
+            stop=StopRequest.objects.filter(task=task).first(),
+            open_attempts=CancellationAttempt.objects.filter(item__task=task, answered_at__isnull=True).count(),
+        )
+
+    if connection.in_atomic_block:
+        return read()  # inside a caller's transaction its isolation applies
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        return read()  # SQLite: one transaction is one snapshot already
 
 
 def _refused(item: WorkItem, events: list[Event]) -> bool:

@@ -3,8 +3,11 @@ kept, and docs/RELIABILITY.md is written from a run."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connections
 
 from reconcile.models import DrillResult, DrillRun
 from stopdrill.drills import reliability
@@ -95,3 +98,43 @@ def test_the_reliability_document_says_so_when_work_was_lost(drill_sandbox, unsa
 
     assert "Items lost: **0**" not in text
     assert "| FAIL |" in text
+
+
+def test_the_inspection_reads_items_and_events_as_of_one_moment():
+    """A worker settling items while the drill is inspected: each inspection sees every item in
+    the state its events lead to. Read one after the other, an item settled between the reads
+    looked like an audit gap ("running but its events end at completed"), and a full run failed
+    on it."""
+    from stopdesk.models import Task
+    from stopdesk.services.items import item_finish, item_register_started, task_create
+    from stopdesk.states import Kind
+    from stopdrill.drills.checks import inspect_drill
+    from stopdrill.drills.core import DrillContext
+
+    ctx = DrillContext(sandbox=None, mechanism="manual", drill="settling while inspected")
+    ctx.task = task_create(title="inspected while it works", actor="test")
+    task_id = ctx.task.pk
+    done, errors = threading.Event(), []
+
+    def work() -> None:
+        try:
+            for n in range(80):
+                item_id = item_register_started(task_id=task_id, actor="test", kind=Kind.REMOTE_TOOL, noun=f"call {n}")
+                item_finish(item_id=item_id, succeeded=True, actor="test")
+        except Exception as exc:  # handed to the test thread
+            errors.append(exc)
+        finally:
+            done.set()
+            connections.close_all()
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    inspections, gaps = 0, []
+    while not done.is_set():
+        gaps += inspect_drill(ctx).audit
+        inspections += 1
+    worker.join(30)
+    assert errors == []
+    assert inspections >= 5, "the worker finished before the inspections could overlap it"
+    assert gaps == []
+    assert Task.objects.get(pk=task_id).items.filter(state="completed").count() == 80

@@ -242,9 +242,11 @@ def test_the_settle_sweep_reads_a_window_of_unsettled_tasks_and_carries_on_from_
 
 def test_attaching_a_record_leaves_the_task_row_free_for_stop_and_new_work():
     """Attaching a record locks its item, not its task: while an attach's transaction is open, a
-    new tool call of the same task registers and Stop commits. Locking the item with its task
-    joined took the task row FOR UPDATE too, and every registration and Stop of the task queued
-    behind a record being attached (and, with the gate in the circle, deadlocked)."""
+    new tool call of the same task registers, and Stop commits (after which new work is refused).
+    Locking the item with its task joined took the task row FOR UPDATE too, and every
+    registration and Stop of the task queued behind a record being attached (and, with the gate
+    in the circle, deadlocked). Stop's fan-out then stamps the item being attached to once the
+    attach commits: that one row is all it waits for."""
     from stopdesk.services.items import item_attach_record
 
     task = make_task()
@@ -257,21 +259,32 @@ def test_attaching_a_record_leaves_the_task_row_free_for_stop_and_new_work():
             attached.set()
             release.wait(WAIT)
 
+    def register():
+        return item_register_started(task_id=task.pk, actor="test", kind=Kind.REMOTE_TOOL, noun="lookup")
+
     holder = Worker(attach_and_hold)
     holder.start()
     assert attached.wait(WAIT)
     try:
-        start = Worker(
-            lambda: item_register_started(task_id=task.pk, actor="test", kind=Kind.REMOTE_TOOL, noun="lookup")
-        )
+        start = Worker(register)
         start.start()
         started = start.outcome()  # the task row was free: no wait behind the open attach
         assert started is not None and WorkItem.objects.get(pk=started).state == S.RUNNING
         stop = Worker(lambda: task_request_stop(task_id=task.pk, actor="test", dispatch=lambda ids: None))
         stop.start()
-        assert stop.outcome().created
-        assert lock_waiters() == 0
+        deadline = time.monotonic() + WAIT
+        while not Task.objects.filter(pk=task.pk, stop_requested_at__isnull=False).exists():
+            assert time.monotonic() < deadline, "the stop did not commit while the attach was open"
+            time.sleep(0.02)
+        refused = Worker(register)
+        refused.start()
+        with pytest.raises(TaskStopped):
+            refused.outcome()
+        assert not WorkItem.objects.get(pk=item.pk).cancel_requested_at  # the attach still holds it
     finally:
         release.set()
         holder.outcome()
-    assert Task.objects.get(pk=task.pk).stop_requested_at is not None
+    assert stop.outcome().created
+    assert WorkItem.objects.get(pk=item.pk).cancel_requested_at is not None
+    assert WorkItem.objects.get(pk=started).cancel_requested_at is not None
+    assert lock_waiters() == 0
