@@ -12,6 +12,7 @@ from typing import Any
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.db.models.fields.json import KT
 from django.utils import timezone
 
 from stopdesk.states import Effect, ItemState, Kind
@@ -150,6 +151,11 @@ class WorkItem(models.Model):
             models.Index(fields=["updated_at", "id"], condition=Q(needs_review=True), name="item_late_results"),
             # A provider's webhook names its work by handle (a response id): one probe per delivery.
             models.Index(fields=["handle"], condition=~Q(handle=""), name="item_handle"),
+            # A client names its task through the MCP gateway by the gateway's own task id; after a
+            # restart of the gateway that id is found here (stopdesk.gateway.tasks).
+            models.Index(
+                KT("detail__gateway__client_task_id"), condition=Q(mechanism="mcp"), name="item_gateway_client_task"
+            ),
         ]
 
     def __str__(self) -> str:

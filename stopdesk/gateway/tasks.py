@@ -15,8 +15,10 @@ the owner last read of the upstream task and from the item's Stop: once Stop can
 client's task is `cancelled` with "stopped by <person>: <reason>", whatever the upstream does
 next (terminal states never change); the item keeps the truth (cancelled, uncertain, or completed
 when the read-back shows the work landed). Tasks are kept in the process that created them
-(2025-11-25 sessions stick to their process) for their ttl; after a restart the client's task is
-unknown, and the item is the reconciler's (its owner's lease runs out)."""
+(2025-11-25 sessions stick to their process) for their ttl. After a restart, a 2026-07-28 client
+that asks about its task again is answered from the item and the upstream (`recorded_tasks`); the
+item is the reconciler's once its owner's lease runs out. A 2025-11-25 client's task ended with its
+session."""
 
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ from reconcile.mechanisms.mcp.agent.common import error_text
 from reconcile.mechanisms.mcp.servers import TASKS_EXTENSION, ServerSpec, with_task_capabilities
 from reconcile.mechanisms.mcp.servers import is_modern as is_modern_revision
 from stopdesk.agent.aio import LedgerThreads, in_thread, ledger_threads
+from stopdesk.gateway.recorded_tasks import recorded_cancel, recorded_task
 from stopdesk.gateway.sessions import ACTOR, stopped_words
 
 CLIENT_CAPABILITIES_META_KEY = "io.modelcontextprotocol/clientCapabilities"
@@ -54,6 +57,7 @@ TASK_CANCELLED = -32000
 # How often an owner reads its upstream task back (at least; the upstream's pollInterval may ask
 # for less often). A Stop does not wait for it: the StopHub wakes the owner at once.
 TASK_POLL_S = 0.5
+POLL_MS = round(TASK_POLL_S * 1000)
 
 
 def modern_client(ctx: ServerRequestContext[Any, Any]) -> bool:
@@ -164,7 +168,7 @@ class ClientTask:
             "createdAt": _iso(self.created),
             "lastUpdatedAt": _iso(self.last_updated),
         }
-        poll_ms = round(TASK_POLL_S * 1000)  # the client's task changes no faster than its owner reads
+        poll_ms = POLL_MS  # the client's task changes no faster than its owner reads
         if modern:
             task |= {"ttlMs": self.ttl_ms, "pollIntervalMs": poll_ms}
         else:
@@ -307,8 +311,16 @@ class ClientTasks:
 
     async def _get(self, ctx: ServerRequestContext[Any], params: types.GetTaskRequestParams) -> dict[str, Any]:
         with ledger_threads(self.ledger):
+            if self._elsewhere(ctx, params.task_id):
+                return await recorded_task(self.spec, params.task_id, poll_ms=POLL_MS)
             task = await self._current(self._find(ctx, params.task_id))
         return task.to_json(modern=modern_client(ctx))
+
+    def _elsewhere(self, ctx: ServerRequestContext[Any, Any], task_id: str) -> bool:
+        """A 2026-07-28 client names a task this process does not hold: one the gateway gave out
+        before it restarted, or from another of its processes (`recorded_tasks`)."""
+        self._forget_expired()
+        return modern_client(ctx) and task_id not in self._tasks
 
     async def _result(
         self, ctx: ServerRequestContext[Any], params: types.GetTaskPayloadRequestParams
@@ -337,6 +349,9 @@ class ClientTasks:
     async def _cancel(self, ctx: ServerRequestContext[Any], params: types.CancelTaskRequestParams) -> dict[str, Any]:
         """The client cancels its own task: `cancelled` before the reply (2025-11-25), the owner
         then cancels the upstream task and reads it back, and the item follows that read-back."""
+        if self._elsewhere(ctx, params.task_id):
+            with ledger_threads(self.ledger):
+                return await recorded_cancel(self.spec, params.task_id)
         task = self._find(ctx, params.task_id)
         with ledger_threads(self.ledger):
             await self._current(task)

@@ -16,15 +16,17 @@ from django.db import connection
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from mcp_types import METHOD_NOT_FOUND, Implementation
+from mcp_types import INVALID_PARAMS, METHOD_NOT_FOUND, Implementation
 
 from reconcile.mechanisms.mcp import sandbox as tools
 from reconcile.mechanisms.mcp.servers import TasksExtension
-from stopdesk.gateway.server import STOPPED
+from stopdesk.gateway.server import STOPPED, gateway_app
 from stopdesk.models import WorkItem
+from stopdesk.services.items import item_finish
 from stopdesk.states import ItemState
+from stopdrill.sandbox.server import BackgroundServer
 from tests.factories import make_task
-from tests.gateway.conftest import CHECK
+from tests.gateway.conftest import CHECK, POLL_S, Gateway
 from tests.gateway.test_gateway_calls import leaf, started, stop, stop_once_started
 
 S = ItemState
@@ -334,3 +336,113 @@ def test_an_upstream_that_answers_without_a_task_finishes_the_item_and_the_clien
     item = WorkItem.objects.get()
     assert item.state == S.COMPLETED and item.handle == ""  # no task upstream, so no task id to hold
     assert gateway.party.tasks() == [] and gateway.party.counts.count("tasks/get") == 0
+
+
+def restarted(gateway: Gateway, created_by: Callable[[str], Any]) -> tuple[Any, str]:
+    """`created_by(url)` runs against a gateway process that then ends (as a restart ends it); the
+    URL of a fresh gateway process in front of the same upstream is returned beside its answer."""
+    with BackgroundServer(lambda: gateway_app(poll_s=POLL_S), name="gateway-before") as before:
+        answer = created_by(before.url + "/mcp/sandbox")
+    return answer, gateway.url  # the fixture's gateway never held the task: a process of its own
+
+
+def test_after_a_restart_a_2026_07_28_client_still_polls_its_task_and_hears_the_upstream(gateway):
+    """The gateway restarted while a task ran. The client asks about it again by the id it was given
+    and is not told "not found": the new process finds the item by that id and answers with the
+    upstream's own view of the task, result included. The relay records nothing; the item is the
+    reconciler's once the ended owner's lease runs out. An id never given out is still unknown."""
+    gateway.party.configure(revisions="both")
+    task = make_task()
+
+    async def create(client: TaskClient) -> dict[str, Any]:
+        return await client.call_as_task(tools.EXPORT_REPORT, {"name": "q4", "seconds": 1.0})
+
+    created, url = restarted(gateway, lambda before: with_task_client(before, create, mode="auto", task_id=task.pk))
+    item = WorkItem.objects.get(task=task)
+    asked_before = gateway.party.counts.count("tasks/get", item.handle)
+
+    async def poll(client: TaskClient) -> tuple[dict[str, Any], dict[str, Any], MCPError]:
+        first = await client.get(created["taskId"])
+        done = await client.until(created["taskId"], {"completed", "failed", "cancelled"})
+        with pytest.raises(MCPError) as unknown:
+            await client.get("8d7c0b6e-0000-4000-8000-000000000000")
+        return first, done, unknown.value
+
+    first, done, unknown = with_task_client(url, poll, mode="auto")
+    assert (first["taskId"], first["status"]) == (created["taskId"], "working")
+    assert (done["taskId"], done["status"]) == (created["taskId"], "completed"), done
+    assert done["result"]["content"][0]["text"] == "report 'q4' exported"
+    assert (unknown.error.code, unknown.error.message) == (
+        INVALID_PARAMS,
+        "Task not found: 8d7c0b6e-0000-4000-8000-000000000000",
+    )
+    assert gateway.party.counts.count("tasks/get", item.handle) >= asked_before + 2  # asked by the item's handle
+    item.refresh_from_db()
+    assert item.state == S.RUNNING and item.lease_until is not None  # nothing claimed from the relay
+
+
+def test_after_a_restart_a_task_stopped_meanwhile_reads_cancelled_with_who_stopped_it(gateway):
+    gateway.party.configure(revisions="both")
+    task = make_task()
+
+    async def create(client: TaskClient) -> dict[str, Any]:
+        return await client.call_as_task(tools.EXPORT_REPORT, {"name": "q4", "seconds": 5.0})
+
+    created, url = restarted(gateway, lambda before: with_task_client(before, create, mode="auto", task_id=task.pk))
+    stop(task.pk, reason="wrong quarter")
+
+    async def poll(client: TaskClient) -> dict[str, Any]:
+        return await client.get(created["taskId"])
+
+    seen = with_task_client(url, poll, mode="auto")
+    assert (seen["status"], seen["statusMessage"]) == ("cancelled", "stopped by user:operator: wrong quarter")
+    assert WorkItem.objects.get(task=task).cancel_requested_at is not None
+
+
+def test_after_a_restart_the_client_cancels_its_task_and_the_cancel_reaches_the_upstream(gateway):
+    gateway.party.configure(revisions="both")
+
+    async def create(client: TaskClient) -> dict[str, Any]:
+        return await client.call_as_task(tools.SLOW_LOOKUP, {"query": "q", "seconds": 5})
+
+    created, url = restarted(gateway, lambda before: with_task_client(before, create, mode="auto"))
+    item = WorkItem.objects.get()
+
+    async def cancel(client: TaskClient) -> tuple[dict[str, Any], dict[str, Any]]:
+        answer = await client.request("tasks/cancel", {"taskId": created["taskId"]})
+        return answer, await client.until(created["taskId"], {"completed", "failed", "cancelled"})
+
+    answer, seen = with_task_client(url, cancel, mode="auto")
+    assert "status" not in answer and "taskId" not in answer  # 2026-07-28's empty acknowledgement
+    assert gateway.party.counts.count("tasks/cancel", item.handle) == 1
+    assert (seen["taskId"], seen["status"]) == (created["taskId"], "cancelled")
+
+
+def test_after_a_restart_a_task_of_a_2025_11_25_upstream_is_answered_from_its_item(gateway):
+    """The upstream's task lived in the upstream session of the process that ended: nobody can ask
+    it about the task now. The client hears what the item says, never more: working while it is in
+    flight, and once it is recorded completed, that the call completed and no result was kept."""
+    gateway.party.configure(revisions="2025-11-25")
+
+    async def create(client: TaskClient) -> dict[str, Any]:
+        return await client.call_as_task(tools.EXPORT_REPORT, {"name": "q4", "seconds": 0.3})
+
+    created, url = restarted(gateway, lambda before: with_task_client(before, create, mode="auto"))
+    item = WorkItem.objects.get()
+    assert item.detail["mcp"]["revision"] == "2025-11-25"
+
+    async def poll(client: TaskClient) -> tuple[dict[str, Any], MCPError]:
+        seen = await client.get(created["taskId"])
+        with pytest.raises(MCPError) as refused:
+            await client.request("tasks/cancel", {"taskId": created["taskId"]})
+        return seen, refused.value
+
+    seen, refused = with_task_client(url, poll, mode="auto")
+    assert seen["status"] == "working" and "restarted while this task ran" in seen["statusMessage"]
+    assert refused.error.code == INVALID_PARAMS and "cannot be cancelled from here" in refused.error.message
+    assert gateway.party.counts.count("tasks/cancel") == 0
+
+    item_finish(item_id=item.pk, succeeded=True, actor="test", outcome="report exported")
+    seen = with_task_client(url, lambda client: client.get(created["taskId"]), mode="auto")
+    assert seen["status"] == "failed", seen
+    assert "kept no result" in seen["statusMessage"] and "recorded the call completed" in seen["statusMessage"]

@@ -316,12 +316,12 @@ def _by_task_id(spec: mcp_servers.ServerSpec, item: ItemRef, *, cancel: bool, ti
     cancel_answer = ""
     with httpx.Client(timeout=timeout_s, headers=spec.http_headers()) as http:
         if cancel:
-            status, answer = _modern_rpc(http, spec.url, "tasks/cancel", item.handle)
+            status, answer = modern_task_rpc(http, spec.url, "tasks/cancel", item.handle)
             error = answer.get("error") or {}
             if status in (400, 404) or (error and error.get("code") != INVALID_PARAMS):
                 return Observation(Seen.UNREACHABLE, remote_status=f"HTTP {status}", message=str(error)[:200])
             cancel_answer = "-32602; looked it up" if error else "empty acknowledgement (proves nothing)"
-        status, answer = _modern_rpc(http, spec.url, "tasks/get", item.handle)
+        status, answer = modern_task_rpc(http, spec.url, "tasks/get", item.handle)
     error = answer.get("error") or {}
     if error.get("code") == INVALID_PARAMS:
         return Observation(
@@ -336,7 +336,9 @@ def _by_task_id(spec: mcp_servers.ServerSpec, item: ItemRef, *, cancel: bool, ti
     return task_observation(answer.get("result") or {}, annotations, cancel=cancel_answer)
 
 
-def _modern_rpc(http: httpx.Client, url: str, method: str, task_id: str) -> tuple[int, dict[str, Any]]:
+def modern_task_rpc(http: httpx.Client, url: str, method: str, task_id: str) -> tuple[int, dict[str, Any]]:
+    """A 2026-07-28 `tasks/get` or `tasks/cancel` of a task by its id alone: (HTTP status, the
+    JSON-RPC answer). 400 and 404 come back as ({}); other HTTP errors raise."""
     meta = {
         "io.modelcontextprotocol/protocolVersion": mcp_servers.MODERN,
         "io.modelcontextprotocol/clientInfo": {"name": "stopdesk-reconciler", "version": "1"},
@@ -371,7 +373,7 @@ def _rpc(
     return response.status_code, payload if isinstance(payload, dict) else {}
 
 
-__all__ = ["MCPError", "McpToolCall", "annotations_of", "run_status_check", "task_observation"]
+__all__ = ["MCPError", "McpToolCall", "annotations_of", "modern_task_rpc", "run_status_check", "task_observation"]
 
 
 ADAPTER = McpToolCall
