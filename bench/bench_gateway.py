@@ -43,7 +43,7 @@ def run() -> list[Figure]:
 
     from reconcile.mechanisms import registry
     from reconcile.mechanisms.mcp.sandbox import MCPToolServer
-    from stopdesk.gateway.server import gateway_app
+    from stopdesk.gateway.app import gateway_app
     from stopdesk.push.hub import stop_hub_close
     from stopdrill.sandbox.server import BackgroundServer
 

@@ -13,6 +13,6 @@ def application() -> Starlette:
 
     django.setup()
     from stopdesk import config
-    from stopdesk.gateway.server import gateway_app  # after django.setup(): it reads the models
+    from stopdesk.gateway.app import gateway_app  # after django.setup(): it reads the models
 
     return gateway_app(host=config.bind_host())

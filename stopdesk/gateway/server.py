@@ -1,4 +1,5 @@
-"""One MCP server per configured upstream, served at `/mcp/<name>` over Streamable HTTP.
+"""The MCP server for one configured upstream (`UpstreamGateway`), which `app.py` serves at
+`/mcp/<name>` over Streamable HTTP.
 
 The SDK's server side speaks both revisions to clients (2026-07-28, and 2025-11-25 with its
 `initialize` handshake and `Mcp-Session-Id`); upstream calls go through `open_client`, in the
@@ -25,7 +26,7 @@ import hashlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,10 +37,6 @@ from mcp.server import Server
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import BaseRoute, Route
 
 from reconcile.mechanisms.mcp.agent import ProgressSeen, StopPushed, call_passed, describe, listening
 from reconcile.mechanisms.mcp.agent.common import Described, record_failure, unwrap
@@ -47,7 +44,6 @@ from reconcile.mechanisms.mcp.servers import (
     Connection,
     ServerConfigError,
     ServerSpec,
-    configured_servers,
 )
 from reconcile.mechanisms.registry import mechanism_settings
 from stopdesk.agent.aio import LedgerThreads, in_thread, ledger_threads
@@ -490,37 +486,3 @@ def _name_and_version(info: Any) -> tuple[str, str]:
     if isinstance(info, Mapping):
         return str(info.get("name") or ""), str(info.get("version") or "")
     return str(getattr(info, "name", "") or ""), str(getattr(info, "version", "") or "")
-
-
-def gateway_app(*, host: str = "127.0.0.1", poll_s: float = 5.0, timeout_s: float = 300.0) -> Starlette:
-    """One Starlette app: `/mcp/<name>` for every configured MCP server, one session manager each.
-    Stop reaches a call through the process's StopHub at once; `poll_s` paces each call's lease
-    (and is the longest a Stop waits should the hub's notification be lost)."""
-    tasks = SessionTasks()
-    ledger = LedgerThreads(LEDGER_THREADS)
-    specs = configured_servers(mechanism_settings("mcp").options)
-    routes: list[BaseRoute] = []
-    managers = []
-    gateways = []
-    for name, spec in sorted(specs.items()):
-        gateway = UpstreamGateway(spec, tasks, ledger, poll_s=poll_s, timeout_s=timeout_s)
-        server = gateway.build_server()
-        app = server.streamable_http_app(streamable_http_path=PATH.format(name=name), host=host)
-        routes.extend(app.routes)
-        managers.append(server.session_manager)
-        gateways.append(gateway)
-
-    @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with AsyncExitStack() as stack:
-            stack.callback(ledger.close)  # last: the calls below may still write as they end
-            for gateway in gateways:
-                await stack.enter_async_context(gateway.running())
-            for manager in managers:
-                await stack.enter_async_context(manager.run())
-            yield
-
-    async def healthz(request: Request) -> JSONResponse:
-        return JSONResponse({"ok": True, "servers": sorted(specs)})
-
-    return Starlette(routes=[Route("/healthz", healthz, methods=["GET"]), *routes], lifespan=lifespan)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from reconcile.mechanisms.mcp.sandbox import READ_VALUE, SLOW_WRITE, MCPToolServer
-from stopdesk.gateway.server import gateway_app
+from stopdesk.gateway.app import gateway_app
 from stopdrill.sandbox.server import BackgroundServer
 from tests.reconcile.conftest import clock, configure_mcp_server
 

@@ -20,7 +20,8 @@ from mcp_types import INVALID_PARAMS, METHOD_NOT_FOUND, Implementation
 
 from reconcile.mechanisms.mcp import sandbox as tools
 from reconcile.mechanisms.mcp.servers import TasksExtension
-from stopdesk.gateway.server import STOPPED, gateway_app
+from stopdesk.gateway.app import gateway_app
+from stopdesk.gateway.server import STOPPED
 from stopdesk.models import WorkItem
 from stopdesk.services.items import item_finish
 from stopdesk.states import ItemState

@@ -17,7 +17,8 @@ from django.db import connection
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from stopdesk.gateway.server import STOPPED, gateway_app
+from stopdesk.gateway.app import gateway_app
+from stopdesk.gateway.server import STOPPED
 from stopdesk.models import WorkItem
 from stopdesk.services.stop import task_request_stop
 from stopdesk.states import ItemState

@@ -1,0 +1,52 @@
+"""The gateway as one ASGI app: `/mcp/<name>` for every configured MCP server (each served by an
+`UpstreamGateway` of `server`), and `/healthz`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import BaseRoute, Route
+
+from reconcile.mechanisms.mcp.servers import configured_servers
+from reconcile.mechanisms.registry import mechanism_settings
+from stopdesk.agent.aio import LedgerThreads
+from stopdesk.gateway.server import LEDGER_THREADS, PATH, UpstreamGateway
+from stopdesk.gateway.sessions import SessionTasks
+
+
+def gateway_app(*, host: str = "127.0.0.1", poll_s: float = 5.0, timeout_s: float = 300.0) -> Starlette:
+    """One Starlette app: `/mcp/<name>` for every configured MCP server, one session manager each.
+    Stop reaches a call through the process's StopHub at once; `poll_s` paces each call's lease
+    (and is the longest a Stop waits should the hub's notification be lost)."""
+    tasks = SessionTasks()
+    ledger = LedgerThreads(LEDGER_THREADS)
+    specs = configured_servers(mechanism_settings("mcp").options)
+    routes: list[BaseRoute] = []
+    managers = []
+    gateways = []
+    for name, spec in sorted(specs.items()):
+        gateway = UpstreamGateway(spec, tasks, ledger, poll_s=poll_s, timeout_s=timeout_s)
+        server = gateway.build_server()
+        app = server.streamable_http_app(streamable_http_path=PATH.format(name=name), host=host)
+        routes.extend(app.routes)
+        managers.append(server.session_manager)
+        gateways.append(gateway)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            stack.callback(ledger.close)  # last: the calls below may still write as they end
+            for gateway in gateways:
+                await stack.enter_async_context(gateway.running())
+            for manager in managers:
+                await stack.enter_async_context(manager.run())
+            yield
+
+    async def healthz(request: Request) -> JSONResponse:
+        return JSONResponse({"ok": True, "servers": sorted(specs)})
+
+    return Starlette(routes=[Route("/healthz", healthz, methods=["GET"]), *routes], lifespan=lifespan)
