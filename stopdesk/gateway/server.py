@@ -60,6 +60,7 @@ from stopdesk.gateway.sessions import (
     stopped_words,
 )
 from stopdesk.gateway.tasks import (
+    KEEP_MS,
     ClientTasks,
     TaskServer,
     modern_client,
@@ -114,10 +115,13 @@ class UpstreamGateway:
         # without starting anything upstream. A client's new listing replaces it.
         self.described: Described | None = None
         self.upstream = UpstreamConnections(spec, timeout_s=timeout_s)
-        self.client_tasks = ClientTasks(spec, ledger, stopped_code=STOPPED)
+        options = mechanism_settings("mcp").options
+        # How long a client's task is kept in this process once it ended, at most.
+        keep_ms = round(float(options.get("task_keep_s", KEEP_MS / 1000)) * 1000)
+        self.client_tasks = ClientTasks(spec, ledger, stopped_code=STOPPED, keep_ms=keep_ms)
         # How long a call Stop cancelled keeps its connection for the progress the server goes on
         # sending (evidence).
-        self.after_cancel_s = float(mechanism_settings("mcp").options.get("after_cancel_s", 2.0))
+        self.after_cancel_s = float(options.get("after_cancel_s", 2.0))
 
     def build_server(self) -> Server[Any]:
         server = TaskServer(

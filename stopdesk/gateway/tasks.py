@@ -58,6 +58,9 @@ TASK_CANCELLED = -32000
 # for less often). A Stop does not wait for it: the StopHub wakes the owner at once.
 TASK_POLL_S = 0.5
 POLL_MS = round(TASK_POLL_S * 1000)
+# How long a process keeps a client's task after it ended, at most (the MCP option `task_keep_s`);
+# a 2026-07-28 client asking later is answered from the item and the upstream (`recorded_tasks`).
+KEEP_MS = 3_600_000
 
 
 def modern_client(ctx: ServerRequestContext[Any, Any]) -> bool:
@@ -125,6 +128,7 @@ class ClientTask:
     error: str | None = None  # what the owner raised
     changed: anyio.Event = field(default_factory=anyio.Event)
     done: bool = False
+    keep_ms: int = KEEP_MS  # the longest this process keeps the task once it ended
 
     def note_change(self) -> None:
         """The owner's hook (run in the gateway's loop): wake whoever waits on this task."""
@@ -133,12 +137,14 @@ class ClientTask:
         self.changed = anyio.Event()
 
     @property
-    def ttl_ms(self) -> int | None:
+    def ttl_ms(self) -> int:
+        """The upstream's ttl, or this process's keep if shorter or the upstream set none: the
+        client is never promised a task kept longer than it is."""
         ttl = self.owner.detail.get("ttl_ms")
-        return int(ttl) if isinstance(ttl, int) else None
+        return min(int(ttl), self.keep_ms) if isinstance(ttl, int) else self.keep_ms
 
     def expired(self, now: float) -> bool:
-        return self.done and self.ttl_ms is not None and now > self.created + self.ttl_ms / 1000
+        return self.done and now > self.created + self.ttl_ms / 1000
 
     def settle(self) -> None:
         """The client's status, from what the owner saw. Once terminal it never changes."""
@@ -187,8 +193,9 @@ class ClientTask:
 class ClientTasks:
     """The gateway's tasks for one upstream, with the task group their owners run in."""
 
-    def __init__(self, spec: ServerSpec, ledger: LedgerThreads, *, stopped_code: int) -> None:
+    def __init__(self, spec: ServerSpec, ledger: LedgerThreads, *, stopped_code: int, keep_ms: int = KEEP_MS) -> None:
         self.spec = spec
+        self.keep_ms = keep_ms
         self.ledger = ledger
         self.stopped_code = stopped_code
         self._tasks: dict[str, ClientTask] = {}
@@ -249,6 +256,7 @@ class ClientTasks:
             owner=owner,
             wake=stopped,
             unwatch=unwatch,
+            keep_ms=self.keep_ms,
         )
         owner.on_change = task.note_change
         self._forget_expired()
@@ -290,7 +298,8 @@ class ClientTasks:
                 task.note_change()
 
     def _forget_expired(self) -> None:
-        # The spec lets a receiver delete a task once its ttl has passed; the item keeps the record.
+        # The spec lets a receiver delete a task once its ttl has passed (every task's ttl here is
+        # at most the process's keep); the item keeps the record.
         now = time.time()
         for gone in [t for t in self._tasks.values() if t.expired(now)]:
             self._tasks.pop(gone.task_id, None)

@@ -447,3 +447,35 @@ def test_after_a_restart_a_task_of_a_2025_11_25_upstream_is_answered_from_its_it
     seen = with_task_client(url, lambda client: client.get(created["taskId"]), mode="auto")
     assert seen["status"] == "failed", seen
     assert "kept no result" in seen["statusMessage"] and "recorded the call completed" in seen["statusMessage"]
+
+
+@pytest.mark.parametrize(("mode", "upstream"), REVISIONS)
+def test_an_ended_task_is_kept_as_long_as_its_ttl_says_and_no_longer(gateway, settings, mode, upstream):
+    """The gateway promises its keep as the task's ttl (the upstream set none) and forgets the task
+    once it has ended and that ttl has passed, so a long-running gateway does not hold every task
+    it ever ran. A 2025-11-25 client is then told the task is not found; a 2026-07-28 client's
+    later `tasks/get` is answered from the upstream by the item's handle."""
+    gateway.party.configure(revisions=upstream)
+    settings.STOPDESK_MECHANISMS["mcp"]["options"]["task_keep_s"] = 1.0
+
+    async def body(client: TaskClient) -> tuple[dict[str, Any], dict[str, Any], Any]:
+        created = await client.call_as_task(tools.EXPORT_REPORT, {"name": "q1", "seconds": 0.1})
+        done = await client.until(created["taskId"], {"completed", "failed", "cancelled"})
+        await anyio.sleep(1.3)
+        if not client.modern:
+            with pytest.raises(MCPError) as forgotten:
+                await client.get(created["taskId"])
+            return created, done, forgotten.value
+        return created, done, await client.get(created["taskId"])
+
+    with BackgroundServer(lambda: gateway_app(poll_s=POLL_S), name="gateway-keeping") as front:
+        created, done, later = with_task_client(front.url + "/mcp/sandbox", body, mode=mode)
+    assert done["status"] == "completed"
+    assert created["ttlMs" if mode != "legacy" else "ttl"] == 1000
+    item = WorkItem.objects.get()
+    if mode == "legacy":
+        assert (later.error.code, later.error.message) == (INVALID_PARAMS, f"Task not found: {created['taskId']}")
+    else:
+        assert (later["taskId"], later["status"]) == (created["taskId"], "completed")
+        assert later["result"]["content"][0]["text"] == "report 'q1' exported"
+        assert gateway.party.counts.count("tasks/get", item.handle) >= 2  # the owner's read, then the relay
