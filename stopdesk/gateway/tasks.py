@@ -335,7 +335,9 @@ class ClientTasks:
         self, ctx: ServerRequestContext[Any], params: types.GetTaskPayloadRequestParams
     ) -> dict[str, Any]:
         """Blocks until the task is terminal, then answers what the call would have: its result, or
-        the error that says who stopped it."""
+        the error that says who stopped it. 2025-11-25 only: the 2026-07-28 extension has no
+        `tasks/result` (its `tasks/get` carries the result)."""
+        _core_tasks_only(ctx, "tasks/result")
         task = self._find(ctx, params.task_id)
         with ledger_threads(self.ledger):
             while True:
@@ -376,10 +378,17 @@ class ClientTasks:
         return {} if modern else task.to_json(modern=False)
 
     async def _list(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams) -> dict[str, Any]:
+        """The session's tasks. 2025-11-25 only: the 2026-07-28 extension has no `tasks/list`."""
+        _core_tasks_only(ctx, "tasks/list")
         session = session_of(ctx)
         with ledger_threads(self.ledger):
             mine = [await self._current(t) for t in self._tasks.values() if t.session == session]
         return {"tasks": [t.to_json(modern=modern_client(ctx)) for t in mine]}
+
+
+def _core_tasks_only(ctx: ServerRequestContext[Any, Any], method: str) -> None:
+    if modern_client(ctx):
+        raise MCPError(code=METHOD_NOT_FOUND, message=f"{method} is not part of the 2026-07-28 tasks extension")
 
 
 def refuse_unless_runnable(spec: ServerSpec, mcp_facts: dict[str, Any], tool: str) -> None:
