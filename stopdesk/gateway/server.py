@@ -116,7 +116,7 @@ class UpstreamGateway:
         self.described: Described | None = None
         self.upstream = UpstreamConnections(spec, timeout_s=timeout_s)
         options = mechanism_settings("mcp").options
-        # How long a client's task is kept in this process once it ended, at most.
+        # How long a client's task is kept in this process once it ended.
         keep_ms = round(float(options.get("task_keep_s", KEEP_MS / 1000)) * 1000)
         self.client_tasks = ClientTasks(spec, ledger, stopped_code=STOPPED, keep_ms=keep_ms)
         # How long a call Stop cancelled keeps its connection for the progress the server goes on

@@ -58,8 +58,8 @@ TASK_CANCELLED = -32000
 # for less often). A Stop does not wait for it: the StopHub wakes the owner at once.
 TASK_POLL_S = 0.5
 POLL_MS = round(TASK_POLL_S * 1000)
-# How long a process keeps a client's task after it ended, at most (the MCP option `task_keep_s`);
-# a 2026-07-28 client asking later is answered from the item and the upstream (`recorded_tasks`).
+# How long a process keeps a client's task after it ended (the MCP option `task_keep_s`); a
+# 2026-07-28 client asking later is answered from the item and the upstream (`recorded_tasks`).
 KEEP_MS = 3_600_000
 
 
@@ -128,7 +128,8 @@ class ClientTask:
     error: str | None = None  # what the owner raised
     changed: anyio.Event = field(default_factory=anyio.Event)
     done: bool = False
-    keep_ms: int = KEEP_MS  # the longest this process keeps the task once it ended
+    ended: float | None = None
+    keep_ms: int = KEEP_MS  # how long this process keeps the task once it ended
 
     def note_change(self) -> None:
         """The owner's hook (run in the gateway's loop): wake whoever waits on this task."""
@@ -138,13 +139,14 @@ class ClientTask:
 
     @property
     def ttl_ms(self) -> int:
-        """The upstream's ttl, or this process's keep if shorter or the upstream set none: the
-        client is never promised a task kept longer than it is."""
+        """The upstream's ttl, or this process's keep if shorter or the upstream set none. A ttl
+        counts from the task's creation, and the task is kept `keep_ms` after it ended: the
+        client is never promised more than it gets, and a long task's result outlives its ttl."""
         ttl = self.owner.detail.get("ttl_ms")
         return min(int(ttl), self.keep_ms) if isinstance(ttl, int) else self.keep_ms
 
     def expired(self, now: float) -> bool:
-        return self.done and now > self.created + self.ttl_ms / 1000
+        return self.ended is not None and now > self.ended + self.keep_ms / 1000
 
     def settle(self) -> None:
         """The client's status, from what the owner saw. Once terminal it never changes."""
@@ -294,12 +296,13 @@ class ClientTasks:
                 task.error = error_text(exc)
             finally:
                 task.unwatch()
+                task.ended = time.time()
                 task.done = True
                 task.note_change()
 
     def _forget_expired(self) -> None:
-        # The spec lets a receiver delete a task once its ttl has passed (every task's ttl here is
-        # at most the process's keep); the item keeps the record.
+        # The spec lets a receiver delete a task once its ttl (from creation) has passed; here a
+        # task is kept its keep after it ended, which is never sooner. The item keeps the record.
         now = time.time()
         for gone in [t for t in self._tasks.values() if t.expired(now)]:
             self._tasks.pop(gone.task_id, None)

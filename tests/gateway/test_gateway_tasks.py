@@ -456,31 +456,41 @@ def test_after_a_restart_a_task_of_a_2025_11_25_upstream_is_answered_from_its_it
 
 
 @pytest.mark.parametrize(("mode", "upstream"), REVISIONS)
-def test_an_ended_task_is_kept_as_long_as_its_ttl_says_and_no_longer(gateway, settings, mode, upstream):
-    """The gateway promises its keep as the task's ttl (the upstream set none) and forgets the task
-    once it has ended and that ttl has passed, so a long-running gateway does not hold every task
-    it ever ran. A 2025-11-25 client is then told the task is not found; a 2026-07-28 client's
-    later `tasks/get` is answered from the upstream by the item's handle."""
+def test_an_ended_task_is_kept_its_keep_after_it_ended_and_no_longer(gateway, settings, mode, upstream):
+    """The gateway gives its keep as the task's ttl (the upstream set none: never a promise of
+    forever) and forgets the task once it has ended and the keep has passed, so a long-running
+    gateway does not hold every task it ever ran. A 2025-11-25 client is then told the task is not
+    found; a 2026-07-28 client's later `tasks/get` is answered from the upstream by the item's
+    handle. A task still working is never forgotten, however old."""
     gateway.party.configure(revisions=upstream)
     settings.STOPDESK_MECHANISMS["mcp"]["options"]["task_keep_s"] = 1.0
 
-    async def body(client: TaskClient) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    async def body(client: TaskClient) -> tuple[dict[str, Any], dict[str, Any], Any, Any]:
         created = await client.call_as_task(tools.EXPORT_REPORT, {"name": "q1", "seconds": 0.1})
         done = await client.until(created["taskId"], {"completed", "failed", "cancelled"})
         await anyio.sleep(1.3)
         if not client.modern:
             with pytest.raises(MCPError) as forgotten:
                 await client.get(created["taskId"])
-            return created, done, forgotten.value
-        return created, done, await client.get(created["taskId"])
+            # A task that outlives its ttl while working is kept until its keep after it ended.
+            long = await client.call_as_task(tools.EXPORT_REPORT, {"name": "q2", "seconds": 1.6})
+            await anyio.sleep(1.2)
+            working = await client.get(long["taskId"])
+            await client.until(long["taskId"], {"completed", "failed", "cancelled"})
+            result = await client.request("tasks/result", {"taskId": long["taskId"]})
+            return created, done, forgotten.value, (working, result)
+        return created, done, await client.get(created["taskId"]), None
 
     with BackgroundServer(lambda: gateway_app(poll_s=POLL_S), name="gateway-keeping") as front:
-        created, done, later = with_task_client(front.url + "/mcp/sandbox", body, mode=mode)
+        created, done, later, long = with_task_client(front.url + "/mcp/sandbox", body, mode=mode)
     assert done["status"] == "completed"
     assert created["ttlMs" if mode != "legacy" else "ttl"] == 1000
-    item = WorkItem.objects.get()
+    item = WorkItem.objects.filter(detail__gateway__client_task_id=created["taskId"]).get()
     if mode == "legacy":
         assert (later.error.code, later.error.message) == (INVALID_PARAMS, f"Task not found: {created['taskId']}")
+        working, result = long
+        assert working["status"] == "working"
+        assert result["content"][0]["text"] == "report 'q2' exported"
     else:
         assert (later["taskId"], later["status"]) == (created["taskId"], "completed")
         assert later["result"]["content"][0]["text"] == "report 'q1' exported"
