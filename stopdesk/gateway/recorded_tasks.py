@@ -68,9 +68,10 @@ async def recorded_task(spec: ServerSpec, client_task_id: str, *, poll_ms: int) 
         error = answer.get("error") or {}
         if status in (400, 404) or (error and error.get("code") != INVALID_PARAMS):
             raise MCPError(code=INTERNAL_ERROR, message=f"the upstream did not answer for the task: {error or status}")
-        if not error:  # -32602: the upstream no longer knows it; the item says what is known
+        if not error:
             relayed = {k: v for k, v in (answer.get("result") or {}).items() if k in RELAYED}
             return {**relayed, "taskId": client_task_id}
+        # -32602: the upstream no longer knows the task; the item says what is known.
     return _from_item(client_task_id, item, poll_ms=poll_ms)
 
 
