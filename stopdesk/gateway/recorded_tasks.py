@@ -66,13 +66,19 @@ async def recorded_task(spec: ServerSpec, client_task_id: str, *, poll_ms: int) 
     if _upstream_holds_it(item):
         status, answer = await _upstream(spec, "tasks/get", item.handle)
         error = answer.get("error") or {}
-        if status in (400, 404) or (error and error.get("code") != INVALID_PARAMS):
-            raise MCPError(code=INTERNAL_ERROR, message=f"the upstream did not answer for the task: {error or status}")
-        if not error:
+        if not _unknown_upstream(status, error):
+            if error:
+                raise MCPError(code=INTERNAL_ERROR, message=f"the upstream did not answer for the task: {error}")
             relayed = {k: v for k, v in (answer.get("result") or {}).items() if k in RELAYED}
             return {**relayed, "taskId": client_task_id}
-        # -32602: the upstream no longer knows the task; the item says what is known.
+        # The upstream no longer knows the task (deleted, or its ttl ran out): the item says what is known.
     return _from_item(client_task_id, item, poll_ms=poll_ms)
+
+
+def _unknown_upstream(status: int, error: dict[str, Any]) -> bool:
+    """-32602, or the HTTP 400/404 a 2026-07-28 server answers for a task id (`Mcp-Name`) it does
+    not hold."""
+    return status in (400, 404) or error.get("code") == INVALID_PARAMS
 
 
 async def recorded_cancel(spec: ServerSpec, client_task_id: str) -> dict[str, Any]:
@@ -90,9 +96,9 @@ async def recorded_cancel(spec: ServerSpec, client_task_id: str) -> dict[str, An
         )
     status, answer = await _upstream(spec, "tasks/cancel", item.handle)
     error = answer.get("error") or {}
-    if status in (400, 404) or (error and error.get("code") != INVALID_PARAMS):
-        raise MCPError(code=INTERNAL_ERROR, message=f"the upstream did not take the cancel: {error or status}")
-    return {}  # taken, or the upstream no longer knows the task (-32602)
+    if error and not _unknown_upstream(status, error):
+        raise MCPError(code=INTERNAL_ERROR, message=f"the upstream did not take the cancel: {error}")
+    return {}  # taken, or the upstream no longer knows the task
 
 
 async def _lookup(spec: ServerSpec, client_task_id: str) -> tuple[WorkItem, str | None]:

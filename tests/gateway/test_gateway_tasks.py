@@ -495,3 +495,24 @@ def test_an_ended_task_is_kept_its_keep_after_it_ended_and_no_longer(gateway, se
         assert (later["taskId"], later["status"]) == (created["taskId"], "completed")
         assert later["result"]["content"][0]["text"] == "report 'q1' exported"
         assert gateway.party.counts.count("tasks/get", item.handle) >= 2  # the owner's read, then the relay
+
+
+def test_after_a_restart_a_task_the_upstream_deleted_is_answered_from_its_item(gateway):
+    """The 2026-07-28 upstream deleted the task (the spec allows it at any time): it answers -32602
+    for it. The client then hears what the item says, and never that the work is done or undone
+    when nobody knows."""
+    gateway.party.configure(revisions="both")
+    gateway.party.set_fault(tools.TASKS_FORGET, target=tools.EXPORT_REPORT)
+
+    async def create(client: TaskClient) -> dict[str, Any]:
+        return await client.call_as_task(tools.EXPORT_REPORT, {"name": "gone", "seconds": 0.5})
+
+    created, url = restarted(gateway, lambda before: with_task_client(before, create, mode="auto"))
+    seen = with_task_client(url, lambda client: client.get(created["taskId"]), mode="auto")
+    item = WorkItem.objects.get()
+    assert gateway.party.counts.count("tasks/get", item.handle) >= 1
+    assert seen["status"] == "working", seen
+    if item.state == S.UNCERTAIN:  # the owner read -32602 before the restart and recorded it
+        assert seen["statusMessage"].startswith("Outcome unknown")
+    else:
+        assert item.state == S.RUNNING and "restarted while this task ran" in seen["statusMessage"]
