@@ -7,6 +7,8 @@ through). Each was fixed in its mechanism, and each is asserted here as holding.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from stopdrill.drills.runner import run_drills
@@ -28,6 +30,9 @@ def test_mcp_plain_calls_and_tasks_hold_when_stopped(drill_sandbox):
     )
 
     assert report.passed, table(report)
+    # The threads that owned the drills' MCP tasks ended before the drills did: left running, they
+    # wrote on their items after the run was over.
+    assert [t.name for t in threading.enumerate() if t.name.startswith("mcp-task-owner-")] == []
     rows = by_drill(report)
     assert rows["before_dispatch"].external_actions == 0
     # A task read back `cancelled` proves nothing about a tool that is not read-only.
@@ -79,6 +84,9 @@ def test_asyncio_children_hold_when_stopped(drill_sandbox):
     )
 
     assert report.passed, table(report)
+    # The threads that owned the drills' MCP tasks ended before the drills did: left running, they
+    # wrote on their items after the run was over.
+    assert [t.name for t in threading.enumerate() if t.name.startswith("mcp-task-owner-")] == []
     rows = by_drill(report)
     assert rows["before_dispatch"].external_actions == 0
     assert rows["during_tool_call"].observed == "record completed; computation cancelled"

@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 
 from reconcile.mechanisms.mcp import sandbox as mcp_faults
-from reconcile.mechanisms.mcp.agent import mcp_call_tool, mcp_start_task
+from reconcile.mechanisms.mcp.agent import mcp_call_tool, mcp_start_task, task_owner
 from stopdesk.models import WorkItem
 from stopdesk.services.items import item_register
 from stopdesk.states import Kind
@@ -96,6 +96,7 @@ class McpDriver(Driver):
     def child(self, ctx: DrillContext, variant: str) -> Child:
 
         party = _sandbox(ctx).sandbox.mcp
+        ctx.cleanups.append(lambda: self._owners_end(ctx))  # runs last: cleanups run in reverse
         ctx.cleanups.append(lambda: self._world_settles(ctx))
         if variant == "normal" and ctx.drill == "during_tool_call":
             main = self._call(ctx, mcp_faults.SLOW_LOOKUP, name="lookup", seconds=3.0)
@@ -157,6 +158,18 @@ class McpDriver(Driver):
         server.stop()
         ctx.fault("mcp: the tool server is down (stopped) for the whole deadline; tasks/cancel and tasks/get refused")
         ctx.cleanups.append(server.start)
+
+    def _owners_end(self, ctx: DrillContext, timeout: float = 15.0) -> None:
+        """Before the checker looks and before the drill's task is left: wait for the threads that
+        own the drill's MCP tasks to end. An owner writes its last read-back and the end of its
+        session on the item as it ends; left running, it wrote after the drill was over (and a
+        test's database teardown deadlocked against it)."""
+        for child in ctx.children:
+            owner = task_owner(child.item_id)
+            if owner is not None and not owner.join(timeout):
+                ctx.notes.append(
+                    f"the owner of the MCP task of item {child.item_id} had not ended after {timeout:.0f} s"
+                )
 
     def _world_settles(self, ctx: DrillContext, timeout: float = 6.0) -> None:
         """Before the checker looks: wait until each call and task the drill sent has ended at the
