@@ -152,7 +152,7 @@ class WorkItem(models.Model):
             # A provider's webhook names its work by handle (a response id): one probe per delivery.
             models.Index(fields=["handle"], condition=~Q(handle=""), name="item_handle"),
             # A client names its task through the MCP gateway by the gateway's own task id; after a
-            # restart of the gateway that id is found here (stopdesk.gateway.tasks).
+            # restart of the gateway that id is found here (stopdesk.gateway.recorded_tasks).
             models.Index(
                 KT("detail__gateway__client_task_id"), condition=Q(mechanism="mcp"), name="item_gateway_client_task"
             ),
