@@ -8,12 +8,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import connection, transaction
+from django.db import connection
 
 from stopdesk.audit_db import SQLITE_COLUMNS, postgres_columns
 from stopdesk.audit_offline import Break, Head, anchor_break, check_chain
 from stopdesk.audit_sign import Anchored
 from stopdesk.services.audit_seal import audit_seal, audit_unsealed
+from stopdesk.services.sql import read_snapshot
 
 
 @dataclass
@@ -56,14 +57,9 @@ def audit_verify(
     assert report.breaks is not None
     if seal:
         report.sealed_now = audit_seal(wait=True) or 0
-    if connection.vendor == "postgresql" and not connection.in_atomic_block:
-        # One snapshot for heads and events, so a sealer moving a head meanwhile is not taken
-        # for a broken link. (Inside a caller's transaction, the caller's isolation applies.)
-        with transaction.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            _walk(report, task_id, batch, anchored)
-    else:
+    # One snapshot for heads and events, so a sealer moving a head meanwhile is not taken for a
+    # broken link. No transaction on SQLite: this database's transactions take the write lock.
+    with read_snapshot(sqlite_transaction=False):
         _walk(report, task_id, batch, anchored)
     unsealed = audit_unsealed()
     report.unsealed, report.oldest_unsealed = unsealed.events, unsealed.oldest

@@ -13,14 +13,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from django.db import connection, transaction
+from django.db import connection
 
 from stopdesk.audit_offline import EXPORT_COLUMNS, EXPORT_FORMAT, EXPORT_VERSION, HASH_RULE
 from stopdesk.audit_sign import SigningKey
 from stopdesk.services.audit import chain_events
 from stopdesk.services.audit_anchor import signing_key
 from stopdesk.services.audit_seal import audit_seal, audit_unsealed
-from stopdesk.services.sql import is_postgres
+from stopdesk.services.sql import read_snapshot
 
 
 @dataclass(frozen=True)
@@ -58,12 +58,7 @@ def audit_export(path: Path, *, batch: int = 500) -> Exported:
 
 
 def _write(out: IO[bytes], path: Path, key: SigningKey, batch: int) -> Exported:
-    # One snapshot for heads and events (inside a caller's transaction, the caller's isolation applies).
-    snapshot = is_postgres() and not connection.in_atomic_block
-    with transaction.atomic():
-        if snapshot:
-            with connection.cursor() as cursor:
-                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+    with read_snapshot():  # heads and events as of one moment
         signed = _Signed(out)
         signed.line(
             {

@@ -2,10 +2,12 @@
 
 import select
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import DateTimeField, Func
 
 
@@ -23,6 +25,22 @@ class ClockNow(Func):
 
 def is_postgres() -> bool:
     return connection.vendor == "postgresql"
+
+
+@contextmanager
+def read_snapshot(*, sqlite_transaction: bool = True) -> Iterator[None]:
+    """Everything read inside sees the database as of one moment: on PostgreSQL a transaction
+    `REPEATABLE READ, READ ONLY`; on SQLite one transaction, whose reads are one snapshot already
+    (`sqlite_transaction=False` opens none there, for a caller whose transaction would take the
+    write lock). Inside a caller's transaction, the caller's isolation applies."""
+    if connection.in_atomic_block or not (is_postgres() or sqlite_transaction):
+        yield
+        return
+    with transaction.atomic():
+        if is_postgres():
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        yield
 
 
 def server_side_cursor() -> Any:

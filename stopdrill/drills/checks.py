@@ -20,9 +20,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import connection, transaction
-
 from stopdesk.models import CancellationAttempt, Event, StopRequest, Task, WorkItem
+from stopdesk.services.sql import read_snapshot
 from stopdesk.states import SETTLED, ItemState
 from stopdrill.drills.core import DrillContext
 
@@ -195,13 +194,8 @@ def _read_ledger(task: Task) -> _Ledger:
             open_attempts=CancellationAttempt.objects.filter(item__task=task, answered_at__isnull=True).count(),
         )
 
-    if connection.in_atomic_block:
-        return read()  # inside a caller's transaction its isolation applies
-    with transaction.atomic():
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        return read()  # SQLite: one transaction is one snapshot already
+    with read_snapshot():
+        return read()
 
 
 def _refused(item: WorkItem, events: list[Event]) -> bool:

@@ -9,6 +9,7 @@ import re
 import pytest
 
 from stopdesk.models import StopRequest
+from tests.browser.polls import count_polls, polls_seen, wait_for_polls
 from tests.web.scenes import running_task
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -31,24 +32,13 @@ def page(operator_page, task):  # type: ignore[no-untyped-def]
     return operator_page
 
 
-def _polls_seen(page) -> int:  # type: ignore[no-untyped-def]
-    return page.evaluate("window.__polls || 0")
-
-
-def _count_polls(page) -> None:  # type: ignore[no-untyped-def]
-    # Counted in the page, so the test proves the refresh really ran while the form stayed open.
-    page.evaluate(
-        "window.__polls = 0; document.body.addEventListener('htmx:afterRequest', () => { window.__polls += 1 })"
-    )
-
-
 def _read_through_polls(page, polls: int = 3) -> None:  # type: ignore[no-untyped-def]
     """A person reads for a few seconds while the page refreshes: at least POLLS_MS, and until
     `polls` more refreshes have come back. On a busy machine a refresh answers later; what is
     tested is what the refreshes do to the page, so it waits for them rather than assume them."""
-    seen = _polls_seen(page)
+    seen = polls_seen(page)
     page.wait_for_timeout(POLLS_MS)
-    page.wait_for_function(f"(window.__polls || 0) >= {seen + polls}", timeout=20_000)
+    wait_for_polls(page, seen + polls)
 
 
 def _wait_stopping(page) -> None:  # type: ignore[no-untyped-def]
@@ -63,7 +53,7 @@ def _stopped_with(task, reason: str) -> StopRequest:  # type: ignore[no-untyped-
 
 def test_a_person_opens_waits_types_and_stops(live_server, page, task, shots):
     page.goto(f"{live_server.url}/tasks/{task.pk}/")
-    _count_polls(page)
+    count_polls(page)
     page.get_by_role("link", name="Stop…").click()
     page.get_by_role("heading", name="Stop this task?").wait_for()
     _read_through_polls(page)
@@ -77,12 +67,12 @@ def test_a_person_opens_waits_types_and_stops(live_server, page, task, shots):
 
 def test_the_confirmation_keeps_its_focus_and_text_for_a_minute(live_server, page, task):
     page.goto(f"{live_server.url}/tasks/{task.pk}/")
-    _count_polls(page)
+    count_polls(page)
     page.get_by_role("link", name="Stop…").click()
     page.get_by_role("heading", name="Stop this task?").wait_for()
     page.get_by_label("Reason").press_sequentially("Checking first", delay=KEY_DELAY_MS)
     page.wait_for_timeout(60_000)
-    assert _polls_seen(page) >= 40
+    assert polls_seen(page) >= 40
     assert page.get_by_role("heading", name="Stop this task?").is_visible()
     assert page.evaluate("document.activeElement && document.activeElement.id") == "stop-reason"
     assert page.get_by_label("Reason").input_value() == "Checking first"
@@ -91,7 +81,7 @@ def test_the_confirmation_keeps_its_focus_and_text_for_a_minute(live_server, pag
 
 def test_keyboard_only_at_human_pace(live_server, page, task):
     page.goto(f"{live_server.url}/tasks/{task.pk}/")
-    _count_polls(page)
+    count_polls(page)
     page.get_by_role("link", name="Stop…").focus()
     page.keyboard.press("Enter")
     page.get_by_role("heading", name="Stop this task?").wait_for()
@@ -110,7 +100,7 @@ def test_keyboard_only_at_human_pace(live_server, page, task):
 
 def test_the_full_stop_page_works_at_human_pace(live_server, page, task):
     page.goto(f"{live_server.url}/tasks/{task.pk}/stop/")
-    _count_polls(page)
+    count_polls(page)
     page.get_by_role("heading", name="Stop this task?").wait_for()
     _read_through_polls(page)
     page.get_by_label("Reason").press_sequentially("From the stop page", delay=KEY_DELAY_MS)
@@ -128,7 +118,7 @@ def test_live_regions_change_only_when_their_content_does(live_server, page, tas
     from tests.web.scenes import settle
 
     page.goto(f"{live_server.url}/tasks/{task.pk}/")
-    _count_polls(page)
+    count_polls(page)
     page.evaluate(
         """window.__mutations = 0;
         new MutationObserver(ms => { window.__mutations += ms.length })

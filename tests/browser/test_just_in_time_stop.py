@@ -19,6 +19,7 @@ from stopdesk.client import Client, StopRequested
 from stopdesk.models import Event, StopRequest, Task, WorkItem
 from stopdesk.services.runtimes import runtime_create
 from stopdesk.states import ItemState as S
+from tests.browser.polls import count_polls, wait_for_polls
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -85,12 +86,9 @@ def test_a_person_stops_a_just_in_time_agent_and_its_next_child_is_refused(live_
         assert agent.failed is None and agent.is_alive(), agent.failed
         time.sleep(0.1)
     page.goto(f"{live_server.url}/tasks/{agent.task_id}/")
-    page.evaluate(
-        "window.__polls = 0; document.body.addEventListener('htmx:afterRequest', () => { window.__polls += 1 })"
-    )
+    count_polls(page)
     page.wait_for_timeout(REFRESHES_MS)  # a person reads the page while it refreshes
-    # Three refreshes back (on a busy machine they answer later; waited for, not assumed).
-    page.wait_for_function("window.__polls >= 3", timeout=20_000)
+    wait_for_polls(page, 3)  # three refreshes back (on a busy machine they answer later)
     page.get_by_role("link", name="Stop…").click()
     page.get_by_role("heading", name="Stop this task?").wait_for()
     page.get_by_label("Reason").press_sequentially("Wrong vendor list", delay=KEY_DELAY_MS)
