@@ -23,6 +23,8 @@ integration.overhead_ratio.crewai   the same 20-tool-call run with a CrewAI crew
     (stopdrill/crewai_child.py), recording over HTTP into the deployed shape on loopback (gunicorn
     and the watch server, `bench.deployed`); that process times plain and recorded kickoffs,
     alternating, median of REPEATS each. Results durable (the default).
+integration.crew_cpu_s[_plain].crewai   the CPU time the crew's process spent on a recorded (plain)
+    kickoff, median: what recording costs the crew's own process in CPU, beside the wall time.
 """
 
 from __future__ import annotations
@@ -343,4 +345,6 @@ def _crewai(base_url: str, model: str) -> list[Figure]:
         Figure("integration.overhead_ratio.crewai", ratio, "x", target=TARGET),
         Figure("integration.run_s.crewai", timed["recorded_s"], "s"),
         Figure("integration.run_s_plain.crewai", timed["plain_s"], "s"),
+        Figure("integration.crew_cpu_s.crewai", timed["cpu_recorded_s"], "s"),
+        Figure("integration.crew_cpu_s_plain.crewai", timed["cpu_plain_s"], "s"),
     ]
