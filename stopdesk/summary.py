@@ -13,6 +13,7 @@ Every phrase follows an item's *latest known* outcome, not only its recorded sta
 | cancelled, never started, model request | — | discarded                                          |
 | cancelled, never started, other kinds   | — | cancelled before it started                         |
 | cancelled, never started, a function call a response left | — | never ran                           |
+| cancelled, a call registered as asked for, never run      | — | never ran                           |
 | cancelled after it started, model request | — | discarded                                        |
 | cancelled after it started, other kinds | — | stopped before it finished                          |
 | uncertain      | —                          | unknown outcome; review required                      |
@@ -120,6 +121,8 @@ def task_summary(task: Task) -> str:
             review=Count("id", filter=needs_review(task=task)),
             # A function call a cancelled response left for the application (reconcile/services/launched.py).
             never_ran=Count("id", filter=Q(started_at__isnull=True, detail__launched__type="function_call")),
+            # A call registered as the model asked for it that the agent never ran (frameworks/core.py).
+            never_ran_started=Count("id", filter=Q(started_at__isnull=False, evidence__has_key="never_ran")),
             uninterruptible=Count("id", filter=Q(evidence__has_key="uninterruptible")),
         )
         .order_by("state", "noun")
@@ -282,11 +285,12 @@ def compose(rows: list[dict[str, Any]], effects: list[dict[str, Any]], *, stoppe
         elif outcome == S.CANCELLED:
             # Which of them had started is not split by review: a flag on a cancelled item is rare.
             never_ran = min(row.get("never_ran", 0), n - started)
+            asked_only = min(row.get("never_ran_started", 0), started)
             left = review
             for phrase, count in (
                 (NEVER_STARTED, n - started - never_ran),
-                (STOPPED_EARLY, started),
-                (NEVER_RAN, never_ran),
+                (STOPPED_EARLY, started - asked_only),
+                (NEVER_RAN, never_ran + asked_only),
             ):
                 tell(phrase, count, min(left, count))
                 left -= min(left, count)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -294,3 +295,123 @@ def _stop(runtime: Any, task_id: int) -> None:
         runtime.request_stop(task_id)
     finally:
         connections.close_all()
+
+
+def _item_for(task_id: int, call_id: str, timeout_s: float = 10.0) -> WorkItem:
+    """The item of a call, once it is in the ledger (read on a thread of its own)."""
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = WorkItem.objects.filter(task_id=task_id, handle=call_id).first()
+            if found is not None:
+                return found
+            time.sleep(0.01)
+        raise AssertionError(f"no item for {call_id} after {timeout_s} s")
+    finally:
+        connections.close_all()
+
+
+def test_a_call_asked_for_is_registered_ahead_and_its_tool_call_takes_the_record_over(runtime):
+    """The model's answer asks for a call: its record is written while the framework gets to
+    running it, and the tool call finds it there (one item, one registration, one result)."""
+    task = runtime.create_task("Look Acme up")
+    seen_in_body: list[str] = []
+
+    async def agent() -> None:
+        async with StopdeskRun(runtime, task.id, framework="plain", watch=never) as run:
+            run.tool_call_ahead(call_id="call_1", name="lookup", arguments={"q": "Acme"})
+            ahead = await asyncio.to_thread(_item_for, task.id, "call_1")
+            assert ahead.state == S.RUNNING  # registered and through the boundary, before the call runs
+
+            async def body() -> str:
+                seen_in_body.append(str((await asyncio.to_thread(_item_for, task.id, "call_1")).pk))
+                return "12 employees"
+
+            await run.tool_call(call_id="call_1", name="lookup", arguments={"q": "Acme"}, body=body)
+
+    asyncio.run(agent())
+
+    (call,) = WorkItem.objects.filter(task_id=task.id, handle="call_1")
+    assert seen_in_body == [str(call.pk)]
+    assert (call.state, call.outcome, call.detail["tool"]["arguments"]) == (S.COMPLETED, "12 employees", {"q": "Acme"})
+    assert [k for k, *_ in events_of(call.pk)].count("item_registered") == 1
+
+
+def test_a_call_asked_for_that_the_agent_never_runs_is_recorded_never_ran(runtime):
+    task = runtime.create_task("Look Acme up")
+
+    async def agent() -> None:
+        async with StopdeskRun(runtime, task.id, framework="plain", watch=never) as run:
+            run.tool_call_ahead(call_id="call_1", name="lookup", arguments={"q": "Acme"})
+            await asyncio.to_thread(_item_for, task.id, "call_1")
+            # The agent ends without running it (a limit, a middleware that ends the graph).
+
+    asyncio.run(agent())
+
+    call = WorkItem.objects.get(task_id=task.id, handle="call_1")
+    assert (call.state, call.outcome, call.cancel_requested_at) == (S.CANCELLED, "lookup: asked for, never ran", None)
+    assert Task.objects.get(pk=task.id).settled_at is not None
+    assert call.evidence == {"never_ran": True}
+    # Nothing stopped it, and it never began: never told "stopped".
+    assert task_summary(Task.objects.get(pk=task.id)) == (
+        "Every item so far has finished; the task is still open. One lookup call never ran. One agent run completed."
+    )
+
+
+def test_a_call_that_acts_outside_is_never_registered_before_it_runs(runtime):
+    """An external call's key is submitted when it is about to run, not when the model asks."""
+    from stopdesk.agent.frameworks.declare import ToolDeclaration
+
+    task = runtime.create_task("Create a lead")
+    lead = ToolDeclaration(system="crm", idempotency_key=lambda args: "lead-Acme", noun="lead")
+    assert lead.external
+
+    async def agent() -> None:
+        async with StopdeskRun(runtime, task.id, framework="plain", watch=never) as run:
+            run.tool_call_ahead(call_id="call_lead", name="create_lead", arguments={"name": "Acme"}, declaration=lead)
+            run.tool_call_ahead(call_id="call_look", name="lookup", arguments={"q": "Acme"})
+            # The lookup, asked for after the lead, is in the ledger; the lead is not.
+            await asyncio.to_thread(_item_for, task.id, "call_look")
+            assert not await asyncio.to_thread(_exists, task.id, "call_lead")
+            await run.tool_call(call_id="call_look", name="lookup", arguments={"q": "Acme"}, body=_answer)
+            await run.tool_call(
+                call_id="call_lead", name="create_lead", arguments={"name": "Acme"}, body=_answer, declaration=lead
+            )
+
+    asyncio.run(agent())
+
+    lead_item = WorkItem.objects.get(task_id=task.id, handle="call_lead")
+    assert (lead_item.state, lead_item.idempotency_key) == (S.COMPLETED, "lead-Acme")
+
+
+def _exists(task_id: int, call_id: str) -> bool:
+    try:
+        return WorkItem.objects.filter(task_id=task_id, handle=call_id).exists()
+    finally:
+        connections.close_all()
+
+
+def test_stop_known_between_a_calls_early_record_and_its_body_means_the_body_never_runs(runtime):
+    task = runtime.create_task("Look Acme up")
+    ran: list[str] = []
+
+    async def body() -> str:
+        ran.append("lookup")
+        return "12 employees"
+
+    async def agent() -> Any:
+        async with StopdeskRun(runtime, task.id, framework="plain", watch=never) as run:
+            run.tool_call_ahead(call_id="call_1", name="lookup", arguments={"q": "Acme"})
+            await asyncio.to_thread(_item_for, task.id, "call_1")
+            await asyncio.to_thread(_stop, runtime, task.id)
+            run.stop_seen()  # as the push would
+            return await run.tool_call(
+                call_id="call_1", name="lookup", arguments={"q": "Acme"}, body=body, stopped_result="stopped"
+            )
+
+    assert asyncio.run(agent()) == "stopped"
+
+    assert ran == []
+    call = WorkItem.objects.get(task_id=task.id, handle="call_1")
+    assert call.state == S.CANCELLED and call.cancel_requested_at is not None
+    assert call.outcome == "lookup: stopped before its body ran"

@@ -125,6 +125,8 @@ class StopdeskRun:
         self._on_stop: list[Callable[[], Any]] = []
         self._in_flight: dict[str, _InFlight] = {}
         self._failed: dict[str, str] = {}
+        # Calls registered as the model asked for them (`tool_call_ahead`), by call id: name, registration.
+        self._ahead: dict[str, tuple[str, asyncio.Future[int]]] = {}
         self._writes: set[asyncio.Future[Any]] = set()
         # Over a runtime whose every call is a request, results wait for the next tool body and
         # go together (`results.py`); in-process each is one statement on a lane of its own.
@@ -165,6 +167,7 @@ class StopdeskRun:
                 await self._watcher
         try:
             await self._wait_outliving()
+            self._settle_ahead()
             await self.flush()
             await self._settle_run(exc)
         finally:
@@ -172,6 +175,11 @@ class StopdeskRun:
                 CURRENT.reset(self._token)
             if self._stop_token is not None:
                 RUN_STOP.reset(self._stop_token)
+
+    def _settle_ahead(self) -> None:
+        ahead, self._ahead = self._ahead, {}
+        for name, registration in ahead.values():
+            self._later(self._settle_never_run(registration, name), name)
 
     async def _settle_run(self, exc: BaseException | None) -> None:
         """The run's item, after its calls' records: completed on a normal end, cancelled when
@@ -463,34 +471,19 @@ class StopdeskRun:
         """Register, pass the boundary, run `body`, record the outcome. After Stop the body never
         runs and `stopped_result` is returned instead (the model reads it as the tool's answer).
         `parent`: the item the call belongs under (a subagent's run), else none."""
-        key = declaration.idempotency_key(arguments) if declaration.idempotency_key and declaration.external else ""
-        detail = {
-            "tool": {
-                "framework": self.framework,
-                "name": name,
-                "call_id": call_id,
-                "arguments": _clip(arguments),
-                **declaration.as_detail(),
-                **(extra or {}),
-            }
-        }
-        if declaration.http:
-            detail["http"] = {"system": declaration.system, **declaration.http}
+        ahead = self._ahead.pop(call_id, None) if call_id else None
         external = declaration.external
-        placed: dict[str, Any] = {"parent": parent} if parent is not None else {}
-        registration = asyncio.ensure_future(
-            self._register_started(
-                submit_key=key if external else "",
-                kind=kind or ("external_operation" if external else "local_worker"),
-                noun=noun_of(declaration.noun or f"{name} call"),
-                mechanism=mechanism or ("http" if declaration.http else "manual"),
-                handle=call_id,
-                label=name,
-                idempotency_key=key,
-                detail=detail,
-                **placed,
+        if ahead is not None and external:  # declared otherwise than when it was asked for
+            self._later(self._settle_never_run(ahead[1], name), name)
+            ahead = None
+        if ahead is not None:
+            registration = ahead[1]
+        else:
+            registration = asyncio.ensure_future(
+                self._register_started(
+                    **self._tool_registration(call_id, name, arguments, declaration, kind, mechanism, extra, parent)
+                )
             )
-        )
         try:
             item_id = await asyncio.shield(registration)
         except StopRequested:
@@ -502,6 +495,10 @@ class StopdeskRun:
             # Its body never ran; the answer is awaited apart and the call recorded stopped.
             self._later(self._settle_unstarted(registration, name), name)
             raise
+        if ahead is not None and self.stopped.is_set():
+            # Registered ahead, and Stop known before its body began: the body never runs.
+            self._later(self._stopped(item_id, _clip_text(f"{name}: stopped before its body ran")), name)
+            return stopped_result
         flight = _InFlight(item_id, name, declaration, external, CallThreads(self.stop_flag))
         self._in_flight[call_id] = flight
         scope = CALL.set(flight.calls)
@@ -553,6 +550,96 @@ class StopdeskRun:
             return result
         self._later(self._finish(item_id, status="completed", detail=_clip_text(result), flushed=False), name)
         return result
+
+    def _tool_registration(
+        self,
+        call_id: str,
+        name: str,
+        arguments: dict[str, Any],
+        declaration: ToolDeclaration,
+        kind: str,
+        mechanism: str,
+        extra: dict[str, Any] | None,
+        parent: int | None,
+    ) -> dict[str, Any]:
+        """What a tool call is registered with (`_register_started`'s keywords)."""
+        external = declaration.external
+        key = declaration.idempotency_key(arguments) if declaration.idempotency_key and external else ""
+        detail = {
+            "tool": {
+                "framework": self.framework,
+                "name": name,
+                "call_id": call_id,
+                "arguments": _clip(arguments),
+                **declaration.as_detail(),
+                **(extra or {}),
+            }
+        }
+        if declaration.http:
+            detail["http"] = {"system": declaration.system, **declaration.http}
+        placed: dict[str, Any] = {"parent": parent} if parent is not None else {}
+        return {
+            "submit_key": key if external else "",
+            "kind": kind or ("external_operation" if external else "local_worker"),
+            "noun": noun_of(declaration.noun or f"{name} call"),
+            "mechanism": mechanism or ("http" if declaration.http else "manual"),
+            "handle": call_id,
+            "label": name,
+            "idempotency_key": key,
+            "detail": detail,
+            **placed,
+        }
+
+    def tool_call_ahead(
+        self,
+        *,
+        call_id: str,
+        name: str,
+        arguments: dict[str, Any],
+        declaration: ToolDeclaration = UNDECLARED,
+        kind: str = "",
+        mechanism: str = "",
+        extra: dict[str, Any] | None = None,
+        parent: int | None = None,
+    ) -> None:
+        """The model's answer asks for this call: its registration (and boundary) starts now,
+        while the framework reads the answer and gets to running the call, and `tool_call` with
+        the same call id takes it over instead of registering then. The same record, a few
+        milliseconds sooner; off the caller's path.
+
+        Never for a call that acts outside (`external`): its key is submitted when it is about to
+        run, not before. Nothing starts once Stop is known. If Stop is known by the time the body
+        would begin, it never begins (`tool_call`). A call registered ahead that the framework
+        never runs is recorded when the run ends: stopped, if Stop ended the run, else cancelled,
+        "never ran"."""
+        if not call_id or call_id in self._ahead or declaration.external or self.stopped.is_set():
+            return
+        registration = asyncio.ensure_future(
+            self._register_started(
+                **self._tool_registration(call_id, name, arguments, declaration, kind, mechanism, extra, parent)
+            )
+        )
+        self._ahead[call_id] = (name, registration)
+
+    async def _settle_never_run(self, registration: asyncio.Future[int], name: str) -> None:
+        """A call registered ahead (`tool_call_ahead`) that the framework never ran."""
+        try:
+            item_id = await registration
+        except StopRequested:
+            return  # the boundary refused it, and recorded it so
+        except Exception:
+            log.exception("could not learn whether the %s call asked for was recorded", name)
+            return
+        try:
+            if self.stopped.is_set():
+                await self._stopped(item_id, _clip_text(f"{name}: stopped before its body ran"))
+                return
+            # Nothing stopped it: the summary tells it "never ran" (`evidence.never_ran`), not "stopped".
+            words = _clip_text(f"{name}: asked for, never ran")
+            await self._call("note_evidence", item_id, message=words, evidence={NEVER_RAN: True})
+            await self._call("cancel", item_id, detail=words)
+        except Exception:
+            log.exception("could not record the %s call that never ran (item %s)", name, item_id)
 
     def note_failure(self, call_id: str, error: BaseException, *, answer: Any = None) -> None:
         """The framework caught the tool's exception and answered the model with `answer`."""
@@ -784,6 +871,7 @@ class _Draft:
 
 
 RUN_STOPPED = "stopped before it finished"
+NEVER_RAN = "never_ran"  # evidence of a call registered as asked for that the agent never ran
 USED_AFTER_REFUSAL = "the answer came back before Stop was known here, and the agent used it"
 DEADLOCK_RETRIES = 3
 

@@ -17,6 +17,12 @@ node's error handling turns a tool's exception into a `ToolMessage(status="error
 recorded failed. Stop cancels the asyncio task running `graph.ainvoke`, which cancels the tool
 tasks LangGraph is running.
 
+The middleware records a tool call as the model's answer asks for it (`awrap_model_call`, through
+`StopdeskRun.tool_call_ahead`): the registration and the boundary run while LangGraph moves on to
+its tool node, a few milliseconds of its own, and the tool call takes the record over. A call that
+acts outside (declared `system`/`http`) is registered when it is about to run, never sooner; a call
+the graph never runs (a middleware ended it, a limit) is recorded cancelled, "never ran".
+
 What Stop interrupts: a tool with a coroutine at its next await. A tool made from a plain function
 runs in the loop's default executor, which no cancel reaches: it is recorded as still running and
 then as it ended (`core`), unless it checks `stop_requested()` and raises `ToolStopped`.
@@ -42,16 +48,6 @@ from stopdesk.agent.frameworks.mcp_tools import METADATA_KEY, RemoteTool, mcp_de
 FRAMEWORK = "langgraph"
 
 
-def _declaration(request: Any, declarations: dict[str, ToolDeclaration]) -> ToolDeclaration:
-    name = request.tool_call["name"]
-    if name in declarations:
-        return declarations[name]
-    tool = request.tool
-    # A StructuredTool keeps the function it was made from (`@declare` below `@tool`); above
-    # `@tool`, the declaration sits on the tool itself.
-    return first_declaration(getattr(tool, "coroutine", None), getattr(tool, "func", None), tool)
-
-
 async def awrap_tool_call(
     request: Any,
     execute: Callable[[Any], Awaitable[Any]],
@@ -70,26 +66,48 @@ async def awrap_tool_call(
             run.note_failure(call_id, RuntimeError(str(message.content)[:200]), answer=message)
         return message
 
-    declarations = declarations or {}
-    remote = (getattr(request.tool, "metadata", None) or {}).get(METADATA_KEY)
-    if remote is not None:
-        # Served by an MCP server (`mcp_tools`): a remote tool with the server's annotations, which
-        # say what it does unless the application declared it by name.
-        named = declarations.get(call["name"])
-        declared = named or mcp_declaration(call["name"], remote["annotations"])
-        kind, extra = "remote_tool", {"mcp": remote}
-    else:
-        declared, kind, extra = _declaration(request, declarations), "", None
     return await run.tool_call(
         call_id=call_id,
         name=call["name"],
         arguments=dict(call.get("args") or {}),
         body=body,
-        declaration=declared,
-        kind=kind,
-        extra=extra,
+        **_call_facts(call["name"], request.tool, declarations or {}),
         stopped_result=ToolMessage(content=STOPPED_RESULT, tool_call_id=call_id, name=call["name"], status="error"),
     )
+
+
+def _call_facts(name: str, tool: Any, declarations: dict[str, ToolDeclaration]) -> dict[str, Any]:
+    """What a call of `tool` is recorded with: its declaration, and for a tool an MCP server
+    serves (`mcp_tools`), a remote tool with the server's annotations, which say what it does
+    unless the application declared it by name."""
+    remote = (getattr(tool, "metadata", None) or {}).get(METADATA_KEY)
+    if remote is not None:
+        declared = declarations.get(name) or mcp_declaration(name, remote["annotations"])
+        return {"declaration": declared, "kind": "remote_tool", "extra": {"mcp": remote}}
+    if name in declarations:
+        return {"declaration": declarations[name]}
+    # A StructuredTool keeps the function it was made from (`@declare` below `@tool`); above
+    # `@tool`, the declaration sits on the tool itself.
+    return {"declaration": first_declaration(getattr(tool, "coroutine", None), getattr(tool, "func", None), tool)}
+
+
+def _ask_ahead(run: StopdeskRun, request: Any, response: Any, declarations: dict[str, ToolDeclaration]) -> None:
+    """The tool calls the model's answer asks for are registered now (`tool_call_ahead`), while
+    the graph moves on to its tool node. A call of a tool the request did not offer (a
+    structured-output tool) is left alone."""
+    offered = {getattr(tool, "name", None): tool for tool in request.tools if not isinstance(tool, dict)}
+    model_response = getattr(response, "model_response", response)  # ExtendedModelResponse
+    messages = getattr(model_response, "result", None)
+    for message in messages if isinstance(messages, list) else [model_response]:
+        for call in getattr(message, "tool_calls", None) or []:
+            tool = offered.get(call.get("name"))
+            if tool is not None and call.get("id"):
+                run.tool_call_ahead(
+                    call_id=str(call["id"]),
+                    name=call["name"],
+                    arguments=dict(call.get("args") or {}),
+                    **_call_facts(call["name"], tool, declarations),
+                )
 
 
 async def mcp_tools(client: Any, *, server: str = "") -> list[StructuredTool]:
@@ -131,7 +149,9 @@ class StopdeskMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         if run is None:
             return await handler(request)
         async with run.model_request():
-            return await handler(request)
+            response = await handler(request)
+        _ask_ahead(run, request, response, self.declarations)
+        return response
 
 
 async def run_agent(
