@@ -128,8 +128,8 @@ class StopdeskRun:
         # Calls registered as the model asked for them (`tool_call_ahead`), by call id: name, registration.
         self._ahead: dict[str, tuple[str, asyncio.Future[int]]] = {}
         self._writes: set[asyncio.Future[Any]] = set()
-        # Over a runtime whose every call is a request, results wait for the next tool body and
-        # go together (`results.py`); in-process each is one statement on a lane of its own.
+        # Results wait for the next tool body and go together (`results.py`): over HTTP one
+        # request, in-process one transaction, while the caller waits on the body.
         self._outbox = (
             ResultOutbox(self._send_result, self._send_results, self._later) if _writes_results(runtime) else None
         )
@@ -877,8 +877,8 @@ DEADLOCK_RETRIES = 3
 
 
 def _writes_results(runtime: Any) -> bool:
-    """Whether each call is a request (an async runtime) that can send several results in one."""
-    return inspect.iscoroutinefunction(getattr(runtime, "write_results", None)) and hasattr(runtime, "finish_fast")
+    """Whether the runtime can write several results in one call (and one transaction)."""
+    return callable(getattr(runtime, "write_results", None)) and hasattr(runtime, "finish_fast")
 
 
 def current_run() -> StopdeskRun:

@@ -1,13 +1,15 @@
-"""Results sent while a tool body runs, together, over a runtime where every call is a request.
+"""Results sent while a tool body runs, together.
 
 Over HTTP (`stopdesk.client.AsyncClient`) each ledger call is a request the server answers with a
 transaction of its own. A step of a run is a model request then a tool call, and the caller waits
 on two of those requests in turn (the draft's registration goes out with the model request, the
 tool call's registration before its body). A result (a tool call's, a draft's) is written off the
 caller's path; sent at once, it would be one more request in that same window, competing with the
-ones the caller waits for. So `ResultOutbox` holds it until the next tool body starts (the caller
-then waits on the body, not on the ledger) and sends every result waiting in one request
-(`write_results`). No tool body within `ride_s`: they go then. Once Stop is known, or the run is
+ones the caller waits for. In-process (`LocalRuntime`) a result is a transaction on one of the
+run's threads, which shares the process's interpreter lock with the model request under way.
+So `ResultOutbox` holds it until the next tool body starts (the caller then waits on the body,
+not on the ledger) and sends every result waiting in one call (`write_results`: one request, one
+transaction). No tool body within `ride_s`: they go then. Once Stop is known, or the run is
 ending, nothing waits: a result goes at once.
 
 What the ledger says meanwhile: the item is running until its result is written, never settled

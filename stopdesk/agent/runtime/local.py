@@ -37,7 +37,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Literal
 
-from django.db import connections
+from django.db import connections, transaction
 from django.db.models import Count, Q
 from pydantic import BaseModel
 
@@ -418,10 +418,12 @@ class LocalRuntime:
 
     def write_results(self, results: list[dict[str, Any]]) -> None:
         """Several items' results, each the keywords of `finish_fast` and its `item`, written as
-        `finish_fast` writes each. Over HTTP one request and one transaction: one refused (an
+        `finish_fast` writes each, in one transaction (over HTTP, one request): one refused (an
         unknown item) refuses them all, and nothing is written."""
-        for result in schemas.WriteResults.parse({"results": results}).results:
-            self.finish_fast(result.item, status=result.status, detail=result.detail, open_item=result.open_item)
+        parsed = schemas.WriteResults.parse({"results": results}).results
+        with transaction.atomic():
+            for result in parsed:
+                self.finish_fast(result.item, status=result.status, detail=result.detail, open_item=result.open_item)
 
     def finish_fast(
         self,
