@@ -415,3 +415,28 @@ def test_stop_known_between_a_calls_early_record_and_its_body_means_the_body_nev
     call = WorkItem.objects.get(task_id=task.id, handle="call_1")
     assert call.state == S.CANCELLED and call.cancel_requested_at is not None
     assert call.outcome == "lookup: stopped before its body ran"
+
+
+def test_results_written_together_in_process_are_all_or_nothing(runtime):
+    """`write_results` is one transaction in-process as over HTTP: one refused refuses them all."""
+    task = runtime.create_task("Look two companies up")
+    first = runtime.register_started(task.id, **TOOL)
+    second = runtime.register_started(task.id, **{**TOOL, "handle": "call_2"})
+
+    with pytest.raises(NotFound):
+        runtime.write_results(
+            [
+                {"item": first, "status": "completed", "detail": "Acme: 12 employees"},
+                {"item": 987654321, "status": "completed", "detail": "no such item"},
+            ]
+        )
+    assert WorkItem.objects.get(pk=first).state == S.RUNNING  # nothing written
+
+    runtime.write_results(
+        [
+            {"item": first, "status": "completed", "detail": "Acme: 12 employees"},
+            {"item": second, "status": "failed", "detail": "Globex: not found"},
+        ]
+    )
+    states = dict(WorkItem.objects.filter(task_id=task.id).values_list("pk", "state"))
+    assert states == {first: S.COMPLETED, second: S.FAILED}
