@@ -440,3 +440,26 @@ def test_results_written_together_in_process_are_all_or_nothing(runtime):
     )
     states = dict(WorkItem.objects.filter(task_id=task.id).values_list("pk", "state"))
     assert states == {first: S.COMPLETED, second: S.FAILED}
+
+
+def test_a_call_asked_for_that_stops_job_reached_before_the_run_ended_is_settled_stopped(runtime):
+    """The run never ran the call and never heard the Stop (no watch), but Stop's job got to the
+    call first and left it awaiting the agent's report: the run's end reports it stopped."""
+    task = runtime.create_task("Look Acme up")
+    left_in: list[str] = []
+
+    async def agent() -> None:
+        async with StopdeskRun(runtime, task.id, framework="plain", watch=never) as run:
+            run.tool_call_ahead(call_id="call_1", name="lookup", arguments={"q": "Acme"})
+            call = await asyncio.to_thread(_item_for, task.id, "call_1")
+            left_in.append(await asyncio.to_thread(_stop_and_job, runtime, task.id, call.pk))
+
+    asyncio.run(agent())
+
+    call = WorkItem.objects.get(task_id=task.id, handle="call_1")
+    assert left_in == [S.AWAITING_RECONCILIATION]  # what Stop's job left for the report
+    assert call.state == S.CANCELLED and call.cancel_requested_at is not None
+    assert call.evidence["never_ran"] is True
+    assert task_summary(Task.objects.get(pk=task.id)) == (
+        "Stopped new work. One lookup call never ran. One agent run completed."
+    )

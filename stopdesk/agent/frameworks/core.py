@@ -637,7 +637,11 @@ class StopdeskRun:
             # Nothing stopped it: the summary tells it "never ran" (`evidence.never_ran`), not "stopped".
             words = _clip_text(f"{name}: asked for, never ran")
             await self._call("note_evidence", item_id, message=words, evidence={NEVER_RAN: True})
-            await self._call("cancel", item_id, detail=words)
+            try:
+                await self._call("cancel", item_id, detail=words)
+            except Exception:
+                # A Stop committed meanwhile, whose job left the item awaiting this report.
+                await self._stopped(item_id, _clip_text(f"{name}: stopped before its body ran"))
         except Exception:
             log.exception("could not record the %s call that never ran (item %s)", name, item_id)
 
