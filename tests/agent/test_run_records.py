@@ -311,6 +311,12 @@ def _item_for(task_id: int, call_id: str, timeout_s: float = 10.0) -> WorkItem:
         connections.close_all()
 
 
+async def _ask_for_lookup(run: StopdeskRun, task_id: int) -> WorkItem:
+    """The model's answer asks for a lookup: recorded ahead, and waited for in the ledger."""
+    run.tool_call_ahead(call_id="call_1", name="lookup", arguments={"q": "Acme"})
+    return await asyncio.to_thread(_item_for, task_id, "call_1")
+
+
 def test_a_call_asked_for_is_registered_ahead_and_its_tool_call_takes_the_record_over(runtime):
     """The model's answer asks for a call: its record is written while the framework gets to
     running it, and the tool call finds it there (one item, one registration, one result)."""
@@ -319,8 +325,7 @@ def test_a_call_asked_for_is_registered_ahead_and_its_tool_call_takes_the_record
 
     async def agent() -> None:
         async with StopdeskRun(runtime, task.id, framework="plain", watch=never) as run:
-            run.tool_call_ahead(call_id="call_1", name="lookup", arguments={"q": "Acme"})
-            ahead = await asyncio.to_thread(_item_for, task.id, "call_1")
+            ahead = await _ask_for_lookup(run, task.id)
             assert ahead.state == S.RUNNING  # registered and through the boundary, before the call runs
 
             async def body() -> str:
@@ -342,8 +347,7 @@ def test_a_call_asked_for_that_the_agent_never_runs_is_recorded_never_ran(runtim
 
     async def agent() -> None:
         async with StopdeskRun(runtime, task.id, framework="plain", watch=never) as run:
-            run.tool_call_ahead(call_id="call_1", name="lookup", arguments={"q": "Acme"})
-            await asyncio.to_thread(_item_for, task.id, "call_1")
+            await _ask_for_lookup(run, task.id)
             # The agent ends without running it (a limit, a middleware that ends the graph).
 
     asyncio.run(agent())
@@ -401,8 +405,7 @@ def test_stop_known_between_a_calls_early_record_and_its_body_means_the_body_nev
 
     async def agent() -> Any:
         async with StopdeskRun(runtime, task.id, framework="plain", watch=never) as run:
-            run.tool_call_ahead(call_id="call_1", name="lookup", arguments={"q": "Acme"})
-            await asyncio.to_thread(_item_for, task.id, "call_1")
+            await _ask_for_lookup(run, task.id)
             await asyncio.to_thread(_stop, runtime, task.id)
             run.stop_seen()  # as the push would
             return await run.tool_call(
@@ -450,8 +453,7 @@ def test_a_call_asked_for_that_stops_job_reached_before_the_run_ended_is_settled
 
     async def agent() -> None:
         async with StopdeskRun(runtime, task.id, framework="plain", watch=never) as run:
-            run.tool_call_ahead(call_id="call_1", name="lookup", arguments={"q": "Acme"})
-            call = await asyncio.to_thread(_item_for, task.id, "call_1")
+            call = await _ask_for_lookup(run, task.id)
             left_in.append(await asyncio.to_thread(_stop_and_job, runtime, task.id, call.pk))
 
     asyncio.run(agent())
