@@ -34,6 +34,7 @@ tool with the server's annotations.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -46,6 +47,7 @@ from stopdesk.agent.frameworks.declare import ToolDeclaration, first_declaration
 from stopdesk.agent.frameworks.mcp_tools import METADATA_KEY, RemoteTool, mcp_declaration, remote_tools
 
 FRAMEWORK = "langgraph"
+log = logging.getLogger(__name__)
 
 
 async def awrap_tool_call(
@@ -150,7 +152,10 @@ class StopdeskMiddleware(AgentMiddleware):  # type: ignore[type-arg]
             return await handler(request)
         async with run.model_request():
             response = await handler(request)
-        _ask_ahead(run, request, response, self.declarations)
+        try:
+            _ask_ahead(run, request, response, self.declarations)
+        except Exception:  # an answer shaped otherwise: each call is then registered as it runs
+            log.exception("could not record ahead the tool calls a model answer asked for")
         return response
 
 
