@@ -72,7 +72,7 @@ from stopdesk.agent.frameworks.threads import (
     ToolStopped,
     loop_tool_threads,
 )
-from stopdesk.protocol.errors import StopRequested
+from stopdesk.protocol.errors import Conflict, StopRequested
 from stopdesk.protocol.spec import noun_of
 
 log = logging.getLogger(__name__)
@@ -206,6 +206,10 @@ class StopdeskRun:
         # report; `report_stopped` settles it from there too (`cancel` only from running).
         method = "report_stopped" if hasattr(self.runtime, "report_stopped") else "cancel"
         await self._call(method, item_id, detail=detail)
+
+    async def _stopped_unrun(self, item_id: int, name: str) -> None:
+        # A call that passed the boundary and whose body never began.
+        await self._stopped(item_id, _clip_text(f"{name}: stopped before its body ran"))
 
     def on_stop(self, callback: Callable[[], Any]) -> None:
         """Register the framework's cancel; called once, when Stop arrives."""
@@ -497,7 +501,7 @@ class StopdeskRun:
             raise
         if ahead is not None and self.stopped.is_set():
             # Registered ahead, and Stop known before its body began: the body never runs.
-            self._later(self._stopped(item_id, _clip_text(f"{name}: stopped before its body ran")), name)
+            self._later(self._stopped_unrun(item_id, name), name)
             return stopped_result
         flight = _InFlight(item_id, name, declaration, external, CallThreads(self.stop_flag))
         self._in_flight[call_id] = flight
@@ -632,16 +636,16 @@ class StopdeskRun:
             return
         try:
             if self.stopped.is_set():
-                await self._stopped(item_id, _clip_text(f"{name}: stopped before its body ran"))
+                await self._stopped_unrun(item_id, name)
                 return
             # Nothing stopped it: the summary tells it "never ran" (`evidence.never_ran`), not "stopped".
             words = _clip_text(f"{name}: asked for, never ran")
             await self._call("note_evidence", item_id, message=words, evidence={NEVER_RAN: True})
             try:
                 await self._call("cancel", item_id, detail=words)
-            except Exception:
+            except Conflict:
                 # A Stop committed meanwhile, whose job left the item awaiting this report.
-                await self._stopped(item_id, _clip_text(f"{name}: stopped before its body ran"))
+                await self._stopped_unrun(item_id, name)
         except Exception:
             log.exception("could not record the %s call that never ran (item %s)", name, item_id)
 
@@ -716,7 +720,7 @@ class StopdeskRun:
             log.exception("could not learn whether the cancelled %s call was recorded", name)
             return
         try:
-            await self._stopped(item_id, _clip_text(f"{name}: stopped before its body ran"))
+            await self._stopped_unrun(item_id, name)
         except Exception:
             log.exception("could not record the cancelled %s call (item %s)", name, item_id)
 
