@@ -9,8 +9,9 @@ It imports nothing of Django: only crewai, httpx and stopdesk's client side. It 
 per event (`tool_started`, `tool_returned`, `end`) so whoever started it can follow it. Config keys:
 `stopdesk_url`, `token`, `task_id`, `model_url`, `model`, `tools` (names below), `tasks` (how many
 crew tasks, one agent), `step_s`, `block_s`, `watch` ("push", or "never": only the boundary stands
-between Stop and the next call), `uninterruptible_s`, `lead` (the drill's CRM lead), and `bench`
-(repeats: time plain and recorded kickoffs, alternating, and print the medians).
+between Stop and the next call), `uninterruptible_s`, `lead` (the drill's CRM lead), `max_uses`
+(a tool's name: how many calls CrewAI lets it have), and `bench` (repeats: time plain and recorded
+kickoffs, alternating, and print the medians).
 """
 
 from __future__ import annotations
@@ -122,6 +123,8 @@ def tools_for(config: dict[str, Any]) -> dict[str, Any]:
         return f"step {step} done"
 
     chosen = {t.name: t for t in (look_up, write_report, blocking_export, careful_export, work)}
+    for name, uses in config.get("max_uses", {}).items():
+        chosen[name].max_usage_count = int(uses)  # CrewAI refuses the calls past it
     lead = config.get("lead")
     if lead:
         chosen["create_lead"] = lead_tool(lead)

@@ -246,3 +246,47 @@ def test_a_crew_stopped_between_tasks_never_begins_the_next(live_server, model):
     assert len(party.model_log()) == 1  # the second task never asked the model
     assert not any(e["event"] == "task_finished" for e in crew.seen[1:])
     assert crew.summary() == "Stopped new work. One agent run stopped before it finished. One draft completed."
+
+
+def test_a_call_crewai_refuses_is_recorded_as_asked_for_and_never_ran(live_server, model):
+    """A tool call is recorded as the model's answer asks for it (before CrewAI runs it). CrewAI
+    refuses a call past the tool's usage limit without running the tool: that call is in the
+    ledger as asked for, and never ran; never "stopped"."""
+    party, url = model
+    name = party.load_script(
+        Script.build(
+            "crew-limited",
+            [
+                Turn(tool_calls=(ToolCall("look_up", {"company": "Acme"}),)),
+                Turn(tool_calls=(ToolCall("look_up", {"company": "Globex"}),)),
+                Turn(text="done"),
+            ],
+        )
+    )
+    crew = Crew(live_server, url, name, tools=["look_up"], max_uses={"look_up": 1})
+
+    assert crew.end()["outcome"] == "completed"
+    assert [e["tool"] for e in crew.seen if e["event"] == "tool_started"] == ["look_up"]  # once
+    assert [(t.handle, t.state, t.outcome, t.evidence) for t in crew.tools()] == [
+        ("call_0_0", S.COMPLETED, "Acme: 12 employees, based in Lyon", {}),
+        ("call_1_0", S.CANCELLED, "look_up: asked for, never ran", {"never_ran": True}),
+    ]
+    summary = crew.summary()
+    assert "One lookup completed." in summary and "One lookup never ran." in summary
+    assert "stopped" not in summary.lower()
+
+
+def test_a_call_whose_arguments_crewai_coerces_is_one_record_under_the_models_id(live_server, model):
+    """The model asks for `work` with its step as text; CrewAI validates it to a number before the
+    tool sees it. The call registered as asked for is the one that ran: one record, the model's id."""
+    party, url = model
+    name = party.load_script(
+        Script.build("crew-coerced", [Turn(tool_calls=(ToolCall("work", {"step": "3"}),)), Turn(text="done")])
+    )
+    crew = Crew(live_server, url, name, tools=["work"])
+
+    assert crew.end()["outcome"] == "completed"
+    assert [(t.label, t.handle, t.state, t.outcome) for t in crew.tools()] == [
+        ("work", "call_0_0", S.COMPLETED, "step 3 done"),
+    ]
+    assert "never ran" not in crew.summary()

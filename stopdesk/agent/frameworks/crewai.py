@@ -51,6 +51,7 @@ from typing import Any, ClassVar
 from crewai import Crew
 from crewai.hooks.dispatch import HookAborted
 from crewai.tools import BaseTool
+from crewai.utilities.string_utils import sanitize_tool_name
 from pydantic import ConfigDict, PrivateAttr
 
 from stopdesk.agent.frameworks.core import STOPPED_RESULT, StopdeskRun
@@ -81,6 +82,7 @@ class _Bridge:
         # The tool calls the model asked for, by (name, arguments): the model's call ids.
         self.asked: list[tuple[str, str, str]] = []
         self.calls = 0
+        self.tools: dict[str, StopdeskTool] = {}  # the crew's guarded tools, by the name the model sees
 
     def submit[T](self, work: Coroutine[Any, Any, T]) -> T:
         """Run `work` on the run's loop and wait for it here (a CrewAI thread)."""
@@ -103,7 +105,9 @@ class _Bridge:
     def stopped(self) -> bool:
         return self.run.stop_flag.is_set()
 
-    def remember_asked(self, answer: Any) -> None:
+    def remember_asked(self, answer: Any) -> list[tuple[str, str, str]]:
+        """The tool calls a model answer asks for, remembered: (name, canonical arguments, call id)."""
+        asked = []
         for call in answer if isinstance(answer, list) else []:
             function = getattr(call, "function", None) or (call.get("function") if isinstance(call, dict) else None)
             call_id = getattr(call, "id", None) or (call.get("id") if isinstance(call, dict) else None)
@@ -113,16 +117,37 @@ class _Bridge:
             raw = getattr(function, "arguments", None)
             if raw is None and isinstance(function, dict):
                 raw = function.get("arguments")
-            with self.lock:
-                self.asked.append((str(name), _canonical(raw), str(call_id)))
+            asked.append((str(name), _canonical(raw), str(call_id)))
+        with self.lock:
+            self.asked.extend(asked)
+        return asked
+
+    def ask_ahead(self, asked: list[tuple[str, str, str]]) -> None:
+        """The calls of the crew's own tools that an answer asks for are registered now
+        (`tool_call_ahead`), while CrewAI reads the answer and gets to running them (on the run's
+        loop). A call CrewAI then never runs (its cache answered, a usage limit refused it) is
+        recorded as never ran when the run ends."""
+        for name, arguments, call_id in asked:
+            tool = self.tools.get(name)
+            parsed = _parsed(arguments)
+            if tool is not None and parsed is not None:
+                self.run.tool_call_ahead(
+                    call_id=call_id, name=tool.name, arguments=parsed, declaration=tool.declaration
+                )
 
     def call_id(self, name: str, arguments: dict[str, Any]) -> str:
+        """The model's id for this call: the first call of this tool asked for with these
+        arguments; else, as CrewAI validates them against the tool's schema first (coerced, with
+        the defaults filled in), the first whose arguments that would give; else an id of its own
+        (the call asked for and this one are then two records: one never ran, one ran)."""
         wanted = _canonical(arguments)
+        seen_as = sanitize_tool_name(name)  # the name CrewAI gives the model
         with self.lock:
-            for index, (asked_name, asked_args, call_id) in enumerate(self.asked):
-                if asked_name == name and asked_args == wanted:
-                    del self.asked[index]
-                    return call_id
+            same_name = [index for index, asked in enumerate(self.asked) if asked[0] == seen_as]
+            exact = [index for index in same_name if self.asked[index][1] == wanted]
+            validated = [index for index in same_name if _validated_from(self.asked[index][1], arguments)]
+            for index in exact or validated:
+                return self.asked.pop(index)[2]
             self.calls += 1
             return f"{name}-{self.calls}"
 
@@ -243,9 +268,10 @@ async def _draft(bridge: _Bridge, request: Callable[[], Awaitable[Any]]) -> Any:
     try:
         async with run.model_request():
             answer = await request()
-            bridge.remember_asked(answer)
+            asked = bridge.remember_asked(answer)
     except StopRequested as exc:
         raise CrewStopped(run.task_id) from exc
+    bridge.ask_ahead(asked)  # only for an answer the crew is given
     return answer
 
 
@@ -306,6 +332,7 @@ async def run_crew(
         bridge = _Bridge(run, asyncio.get_running_loop())
         for tool in _tools_of(crew):
             tool._bridge = bridge
+            bridge.tools.setdefault(sanitize_tool_name(tool.name), tool)
         for agent in crew.agents:
             if getattr(type(agent.llm), "__stopdesk_llm__", False):
                 type(agent.llm).stopdesk_bridge = bridge
@@ -329,6 +356,24 @@ async def _unshielded(kickoff: asyncio.Future[Any]) -> Any:
 def _tools_of(crew: Crew) -> list[StopdeskTool]:
     tools = [t for a in crew.agents for t in a.tools or []] + [t for task in crew.tasks for t in task.tools or []]
     return [t for t in tools if isinstance(t, StopdeskTool)]
+
+
+def _parsed(canonical: str) -> dict[str, Any] | None:
+    try:
+        arguments = json.loads(canonical)
+    except ValueError:
+        return None
+    return arguments if isinstance(arguments, dict) else None
+
+
+def _validated_from(asked: str, arguments: dict[str, Any]) -> bool:
+    """Whether `arguments` could be what CrewAI's validation made of the arguments `asked` for:
+    every argument asked for is there, equal or equal as text (coerced)."""
+    parsed = _parsed(asked)
+    return parsed is not None and all(
+        key in arguments and (arguments[key] == value or str(arguments[key]).lower() == str(value).lower())
+        for key, value in parsed.items()
+    )
 
 
 def _canonical(arguments: Any) -> str:
