@@ -13,7 +13,7 @@
         sd.finish(item.id, status="completed")
 
 `AsyncClient` has the same methods, awaited; `stopdesk.agent.runtime.LocalRuntime` has the same methods
-in-process. This package imports nothing from Django: it needs only httpx.
+in-process. This package imports nothing from Django: it needs only httpx and aiohttp.
 """
 
 from stopdesk.client.aio import AsyncClient

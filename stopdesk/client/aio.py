@@ -9,10 +9,10 @@ from typing import Any, Literal
 import httpx
 
 from stopdesk.client import calls
+from stopdesk.client.aio_calls import CallSession
 from stopdesk.client.calls import Call
 from stopdesk.client.calls import record_launched as launched_call
 from stopdesk.client.transport import (
-    CALL_LIMITS,
     CALLS_IN_FLIGHT,
     WATCH_LIMITS,
     api_base,
@@ -59,16 +59,19 @@ class AsyncClient:
         self.worker = worker
         self.retries = retries
         self.backoff_seconds = backoff_seconds
-        self._own_http = http is None
-        self.http = http or httpx.AsyncClient(timeout=timeout, limits=CALL_LIMITS)
-        # Calls beyond this wait here, where a waiter costs nothing, not in httpcore's queue (see
+        # The calls go through aiohttp (`aio_calls`: a fraction of httpx's CPU a call, taken from
+        # the agent's own steps otherwise), or through the httpx client you give (`http`).
+        self.http = http
+        if http is not None:
+            http.headers["Authorization"] = f"Bearer {token}"
+        self._calls = CallSession(timeout=timeout, limit=CALLS_IN_FLIGHT, headers={"Authorization": f"Bearer {token}"})
+        # Calls beyond this wait here, where a waiter costs nothing, not in the pool's queue (see
         # CALLS_IN_FLIGHT); a pool of your own (`http`) gets the same bound.
         self._in_flight = asyncio.Semaphore(CALLS_IN_FLIGHT)
         self.base = api_base(base_url)
         # Where the stop watch is served. Unset, the web door's answer names the watch server (a
         # 307, followed and remembered), or the web door serves the watch itself.
         self.watch_base = api_base(watch_url) if watch_url else self.base
-        self.http.headers["Authorization"] = f"Bearer {token}"
         # Watches wait on connections of their own, never on the pool the boundary passes use.
         if watch_http is not None:
             watch_http.headers["Authorization"] = f"Bearer {token}"
@@ -85,8 +88,7 @@ class AsyncClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        if self._own_http:
-            await self.http.aclose()
+        await self._calls.aclose()
         for pool in self.watch_pools.owned():
             await pool.aclose()
 
@@ -95,9 +97,7 @@ class AsyncClient:
         while True:
             try:
                 async with self._in_flight:
-                    response = await self.http.request(
-                        call.method, self.base + call.path, json=call.body, headers=headers_for(call)
-                    )
+                    response = await self._send(call)
             except httpx.TransportError as exc:
                 if not should_retry(call, attempt, self.retries, error=exc):
                     raise
@@ -106,6 +106,15 @@ class AsyncClient:
                     return read_answer(call, response)
             await asyncio.sleep(backoff(attempt, self.backoff_seconds))
             attempt += 1
+
+    async def _send(self, call: Call[Any]) -> Any:
+        if self.http is not None:
+            return await self.http.request(
+                call.method, self.base + call.path, json=call.body, headers=headers_for(call)
+            )
+        return await self._calls.request(
+            call.method, self.base + call.path, json_body=call.body, headers=headers_for(call)
+        )
 
     def _worker(self, worker: str | None) -> str:
         return self.worker if worker is None else worker

@@ -20,13 +20,12 @@ RETRY_STATUSES = frozenset({502, 503, 504})
 # The watches' own pool: one long poll per watched task holds one connection for as long as it
 # waits, so they never share the (bounded) pool the boundary passes use, and none is turned away.
 WATCH_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-# The async client's other calls: at most this many in its pool at once, the rest wait their turn
-# outside it (`AsyncClient._run`). httpcore's pool, on every request that enters or leaves it,
-# compares each queued request with each connection: hundreds of runs settling at once (each
-# reporting its Stop) made that seconds of the event loop's time, and the Stops still unheard waited
-# behind it.
+# The async client's other calls: at most this many at once (and as many connections), the rest
+# wait their turn outside the pool (`AsyncClient._run`). httpcore's pool (an `http=` of your own),
+# on every request that enters or leaves it, compares each queued request with each connection:
+# hundreds of runs settling at once (each reporting its Stop) made that seconds of the event loop's
+# time, and the Stops still unheard waited behind it.
 CALLS_IN_FLIGHT = 32
-CALL_LIMITS = httpx.Limits(max_connections=CALLS_IN_FLIGHT, max_keepalive_connections=CALLS_IN_FLIGHT)
 
 
 def api_base(base_url: str) -> str:

@@ -191,6 +191,37 @@ def test_a_server_that_is_not_there_is_retried_then_raises(token):
         sd.get_task(1)
 
 
+def test_the_async_client_retries_a_lost_answer_with_the_same_key_and_the_work_is_done_once(lossy_proxy, token):
+    # Its calls go through aiohttp (stopdesk/client/aio_calls.py): the same retry policy.
+    async def create() -> int:
+        async with AsyncClient(lossy_proxy, token, retries=2, backoff_seconds=0.01) as sd:
+            return (await sd.create_task("Analyse invoices")).id
+
+    task_id = asyncio.run(create())
+    assert [t.pk for t in Task.objects.all()] == [task_id]
+
+
+def test_the_async_client_does_not_repeat_blindly_a_lost_answer_without_a_key(lossy_proxy, token):
+    from stopdesk.client import calls
+
+    async def unkeyed() -> None:
+        async with AsyncClient(lossy_proxy, token, retries=2, backoff_seconds=0.01) as sd:
+            await sd._run(calls.Call("POST", "/tasks", {"title": "t"}, calls.TaskInfo.from_json, safe=False))
+
+    with pytest.raises(httpx.TransportError):  # as with httpx: the caller's error types hold
+        asyncio.run(unkeyed())
+    assert Task.objects.count() == 1  # done once, and not repeated blindly
+
+
+def test_the_async_client_raises_connect_error_for_a_server_that_is_not_there(token):
+    async def look() -> None:
+        async with AsyncClient("http://127.0.0.1:9", token, retries=2, backoff_seconds=0.01) as sd:
+            await sd.get_task(1)
+
+    with pytest.raises(httpx.ConnectError):
+        asyncio.run(look())
+
+
 def test_local_runtime_has_the_clients_method_names():
     def public(cls: type) -> set[str]:
         # Plumbing, not calls: the clients' closing, and the in-process runtime's thread hooks.

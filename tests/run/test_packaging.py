@@ -1,4 +1,4 @@
-"""What each install brings, and that it is enough: the client install (httpx only) runs the README's
+"""What each install brings, and that it is enough: the client install (httpx and aiohttp only) runs the README's
 agent against a live server, the server install alone passes `python -m stopdesk check`, each
 framework extra imports its integration without the server, and the two locks hold exactly what
 their requirements/*.in files need.
@@ -118,7 +118,7 @@ def test_each_extra_is_one_in_file_and_the_default_is_the_client() -> None:
     # Every .in file but the client (the default) and dev.in (never installed by users) is an extra
     # of its own name: a new framework's file without its line in pyproject fails here.
     assert extras == {p[:-3]: [f"requirements/{p}"] for p in EVERY_INPUT if p not in ("client.in", "dev.in")}
-    assert [r.name for r in requirements_in("client.in")] == ["httpx"]
+    assert [r.name for r in requirements_in("client.in")] == ["httpx", "aiohttp"]
 
 
 def test_the_runtime_lock_holds_exactly_what_client_and_server_need() -> None:
@@ -229,7 +229,7 @@ def test_the_server_install_alone_passes_check(source: Path, tmp_path: Path) -> 
 @pytest.mark.slow
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_the_client_install_brings_httpx_alone_and_runs_the_readme_agent(
+def test_the_client_install_brings_httpx_and_aiohttp_alone_and_runs_the_readme_agent(
     source: Path, tmp_path: Path, live_server
 ) -> None:
     from stopdesk.services.runtimes import runtime_create
