@@ -218,14 +218,35 @@ def guard_tool(tool: BaseTool, declaration: ToolDeclaration | None = None) -> St
     )
 
 
+# The guarded class of each LLM class, made once: an LLM is a pydantic model, and pydantic builds
+# a new model class in about 12 ms of CPU, which every kickoff would otherwise spend.
+_GUARDED: dict[Any, type] = {}
+# Where a guarded copy keeps the run its requests belong to: in the instance itself, outside
+# pydantic's fields (never dumped), so a copy CrewAI makes of it belongs to the same run.
+BRIDGE = "_stopdesk_bridge"
+
+
+def _bridge_of(llm: Any) -> _Bridge | None:
+    return getattr(llm, "__dict__", {}).get(BRIDGE)
+
+
 def _guarded_llm(llm: Any) -> Any:
     """A copy of `llm` whose every request is a draft of the run (its class wraps `call`/`acall`)."""
     if getattr(type(llm), "__stopdesk_llm__", False):
         return llm
-    base = type(llm)
+    clone = copy.copy(llm)
+    object.__setattr__(clone, "__class__", _guarded_class(type(llm)))
+    object.__setattr__(clone, BRIDGE, None)
+    return clone
+
+
+def _guarded_class(base: Any) -> type:
+    known = _GUARDED.get(base)
+    if known is not None:
+        return known
 
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        bridge = type(self).stopdesk_bridge
+        bridge = _bridge_of(self)
         if bridge is None:
             return base.call(self, *args, **kwargs)
         try:
@@ -235,7 +256,7 @@ def _guarded_llm(llm: Any) -> Any:
             raise CrewStopped(bridge.run.task_id) from None
 
     async def acall(self: Any, *args: Any, **kwargs: Any) -> Any:
-        bridge = type(self).stopdesk_bridge
+        bridge = _bridge_of(self)
         if bridge is None:
             return await base.acall(self, *args, **kwargs)
         work = asyncio.run_coroutine_threadsafe(
@@ -243,18 +264,13 @@ def _guarded_llm(llm: Any) -> Any:
         )
         return await asyncio.wrap_future(work)
 
-    # A class of its own per copy: it knows the run its requests belong to (`stopdesk_bridge`).
     members = {
         "call": call,
         "acall": acall,
         "__stopdesk_llm__": True,
-        "stopdesk_bridge": None,
-        "__annotations__": {"stopdesk_bridge": ClassVar[_Bridge | None], "__stopdesk_llm__": ClassVar[bool]},
+        "__annotations__": {"__stopdesk_llm__": ClassVar[bool]},
     }
-    guarded_class = type(f"Stopdesk{base.__name__}", (base,), members)
-    clone = copy.copy(llm)
-    object.__setattr__(clone, "__class__", guarded_class)
-    return clone
+    return _GUARDED.setdefault(base, type(f"Stopdesk{base.__name__}", (base,), members))
 
 
 async def _on_loop_of(work: Awaitable[Any]) -> Any:
@@ -335,7 +351,7 @@ async def run_crew(
             bridge.tools.setdefault(sanitize_tool_name(tool.name), tool)
         for agent in crew.agents:
             if getattr(type(agent.llm), "__stopdesk_llm__", False):
-                type(agent.llm).stopdesk_bridge = bridge
+                object.__setattr__(agent.llm, BRIDGE, bridge)
         crew.step_callback = _checkpoint(bridge, crew.step_callback)
         crew.task_callback = _checkpoint(bridge, crew.task_callback)
         for agent in crew.agents:
