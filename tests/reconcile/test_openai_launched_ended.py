@@ -32,7 +32,6 @@ from tests.reconcile.helpers import stop
 S = ItemState
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 PATHS = ["single", "batched"]
-FLIP_S = 0.2  # the stand-in's flip_after_s in the openai_party fixture
 
 
 def _count(path: str) -> int:
@@ -58,6 +57,9 @@ def _stopped(
     count = _count(path)
     if flip:
         party.arm(FLIP_TO_COMPLETED, times=count)
+        # The flip comes when the test says (`_read_back_after_the_flip`), never during the cancel's
+        # own read-back, however long a batch of them takes on a busy machine.
+        party.flip_after_s = 3600.0
     items = [
         item_register(task=task, kind=Kind.MODEL_REQUEST, noun="draft", actor="test", mechanism="openai")
         for _ in range(count)
@@ -71,9 +73,9 @@ def _stopped(
     return Task.objects.get(pk=task.pk), items  # as stopped
 
 
-def _read_back_after_the_flip(path: str, items: list[WorkItem]) -> None:
+def _read_back_after_the_flip(path: str, items: list[WorkItem], party: Any) -> None:
     """The flip watch's read-back, once the cancelled responses have turned completed."""
-    time.sleep(FLIP_S + 0.1)
+    assert party.flip_now() == len(items)
     due = [WorkItem.objects.get(pk=i.pk).next_check_at for i in items]
     assert all(d is not None for d in due)
     _cancel(path, [i.pk for i in items], now=max(d for d in due if d is not None) + timedelta(seconds=1))
@@ -182,7 +184,7 @@ def test_a_call_recorded_at_one_read_back_follows_what_a_later_one_reports(
     }
     assert "stopped before it finished" in task_summary(task) or "stopped before they finished" in task_summary(task)
 
-    _read_back_after_the_flip(path, items)
+    _read_back_after_the_flip(path, items, openai_party[0])
 
     for item in items:
         search = _child(item, "web_search_call")
@@ -238,7 +240,7 @@ def test_a_call_the_provider_later_reports_failed_or_incomplete_is_recorded_as_i
         "crm.archive_record": S.UNCERTAIN,
     }
 
-    _read_back_after_the_flip(path, items)
+    _read_back_after_the_flip(path, items, openai_party[0])
 
     for item in items:
         failed = _child(item, "crm.update_record")
@@ -287,7 +289,7 @@ def test_a_call_that_ran_after_the_cancel_is_flagged_as_work_done_after_stop(
     before = _child(items[0], "docs.search")
     assert before.detail["launched"]["when"] == "before_cancel"
 
-    _read_back_after_the_flip(path, items)
+    _read_back_after_the_flip(path, items, openai_party[0])
 
     for item in items:
         item.refresh_from_db()

@@ -272,6 +272,16 @@ class OpenAIStandin(SandboxParty):
             self._advance(stored)
             return stored.ended_at
 
+    def flip_now(self) -> int:
+        """Every flip still to come (FLIP_TO_COMPLETED) comes now: the next read of each of those
+        responses finds it `completed`. How many. For a test that must read a cancelled response
+        back before its flip however slow the machine, then after it."""
+        with self.lock:
+            pending = [stored for stored in self._responses.values() if stored.flip_at is not None]
+            for stored in pending:
+                stored.flip_at = time.monotonic()
+            return len(pending)
+
     def finish(self, response_id: str, status: str = "completed") -> dict[str, Any]:
         """Force a response to a terminal status now, whatever it was (a late flip, too)."""
         if status not in TERMINAL:
