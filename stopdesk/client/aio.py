@@ -108,13 +108,10 @@ class AsyncClient:
             attempt += 1
 
     async def _send(self, call: Call[Any]) -> Any:
+        url, headers = self.base + call.path, headers_for(call)
         if self.http is not None:
-            return await self.http.request(
-                call.method, self.base + call.path, json=call.body, headers=headers_for(call)
-            )
-        return await self._calls.request(
-            call.method, self.base + call.path, json_body=call.body, headers=headers_for(call)
-        )
+            return await self.http.request(call.method, url, json=call.body, headers=headers)
+        return await self._calls.request(call.method, url, json_body=call.body, headers=headers)
 
     def _worker(self, worker: str | None) -> str:
         return self.worker if worker is None else worker

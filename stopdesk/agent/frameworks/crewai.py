@@ -46,7 +46,7 @@ import inspect
 import json
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from crewai import Crew
 from crewai.hooks.dispatch import HookAborted
@@ -71,6 +71,16 @@ class CrewStopped(HookAborted):
         self.task_id = task_id
 
 
+class _Asked(NamedTuple):
+    """A tool call a model answer asked for: the tool's name as the model saw it, its arguments
+    (canonical text, and the object), the model's call id."""
+
+    name: str
+    canonical: str
+    parsed: dict[str, Any] | None
+    call_id: str
+
+
 class _Bridge:
     """A run on its event loop, reached from CrewAI's threads."""
 
@@ -79,8 +89,8 @@ class _Bridge:
         self.loop = loop
         self.in_flight: set[concurrent.futures.Future[Any]] = set()
         self.lock = threading.Lock()
-        # The tool calls the model asked for, by (name, arguments): the model's call ids.
-        self.asked: list[tuple[str, str, str]] = []
+        # The tool calls the model asked for, not yet run: the model's call ids.
+        self.asked: list[_Asked] = []
         self.calls = 0
         self.tools: dict[str, StopdeskTool] = {}  # the crew's guarded tools, by the name the model sees
 
@@ -105,8 +115,8 @@ class _Bridge:
     def stopped(self) -> bool:
         return self.run.stop_flag.is_set()
 
-    def remember_asked(self, answer: Any) -> list[tuple[str, str, str]]:
-        """The tool calls a model answer asks for, remembered: (name, canonical arguments, call id)."""
+    def remember_asked(self, answer: Any) -> list[_Asked]:
+        """The tool calls a model answer asks for, remembered."""
         asked = []
         for call in answer if isinstance(answer, list) else []:
             function = getattr(call, "function", None) or (call.get("function") if isinstance(call, dict) else None)
@@ -117,22 +127,22 @@ class _Bridge:
             raw = getattr(function, "arguments", None)
             if raw is None and isinstance(function, dict):
                 raw = function.get("arguments")
-            asked.append((str(name), _canonical(raw), str(call_id)))
+            canonical, parsed = _arguments(raw)
+            asked.append(_Asked(str(name), canonical, parsed, str(call_id)))
         with self.lock:
             self.asked.extend(asked)
         return asked
 
-    def ask_ahead(self, asked: list[tuple[str, str, str]]) -> None:
+    def ask_ahead(self, asked: list[_Asked]) -> None:
         """The calls of the crew's own tools that an answer asks for are registered now
         (`tool_call_ahead`), while CrewAI reads the answer and gets to running them (on the run's
         loop). A call CrewAI then never runs (its cache answered, a usage limit refused it) is
         recorded as never ran when the run ends."""
-        for name, arguments, call_id in asked:
-            tool = self.tools.get(name)
-            parsed = _parsed(arguments)
-            if tool is not None and parsed is not None:
+        for call in asked:
+            tool = self.tools.get(call.name)
+            if tool is not None and call.parsed is not None:
                 self.run.tool_call_ahead(
-                    call_id=call_id, name=tool.name, arguments=parsed, declaration=tool.declaration
+                    call_id=call.call_id, name=tool.name, arguments=call.parsed, declaration=tool.declaration
                 )
 
     def call_id(self, name: str, arguments: dict[str, Any]) -> str:
@@ -140,14 +150,13 @@ class _Bridge:
         arguments; else, as CrewAI validates them against the tool's schema first (coerced, with
         the defaults filled in), the first whose arguments that would give; else an id of its own
         (the call asked for and this one are then two records: one never ran, one ran)."""
-        wanted = _canonical(arguments)
+        wanted = _arguments(arguments)[0]
         seen_as = sanitize_tool_name(name)  # the name CrewAI gives the model
         with self.lock:
-            same_name = [index for index, asked in enumerate(self.asked) if asked[0] == seen_as]
-            exact = [index for index in same_name if self.asked[index][1] == wanted]
-            validated = [index for index in same_name if _validated_from(self.asked[index][1], arguments)]
-            for index in exact or validated:
-                return self.asked.pop(index)[2]
+            same_name = [index for index, asked in enumerate(self.asked) if asked.name == seen_as]
+            exact = [index for index in same_name if self.asked[index].canonical == wanted]
+            for index in exact or [i for i in same_name if _validated_from(self.asked[i].parsed, arguments)]:
+                return self.asked.pop(index).call_id
             self.calls += 1
             return f"{name}-{self.calls}"
 
@@ -374,28 +383,21 @@ def _tools_of(crew: Crew) -> list[StopdeskTool]:
     return [t for t in tools if isinstance(t, StopdeskTool)]
 
 
-def _parsed(canonical: str) -> dict[str, Any] | None:
-    try:
-        arguments = json.loads(canonical)
-    except ValueError:
-        return None
-    return arguments if isinstance(arguments, dict) else None
-
-
-def _validated_from(asked: str, arguments: dict[str, Any]) -> bool:
+def _validated_from(asked: dict[str, Any] | None, arguments: dict[str, Any]) -> bool:
     """Whether `arguments` could be what CrewAI's validation made of the arguments `asked` for:
     every argument asked for is there, equal or equal as text (coerced)."""
-    parsed = _parsed(asked)
-    return parsed is not None and all(
+    return asked is not None and all(
         key in arguments and (arguments[key] == value or str(arguments[key]).lower() == str(value).lower())
-        for key, value in parsed.items()
+        for key, value in asked.items()
     )
 
 
-def _canonical(arguments: Any) -> str:
+def _arguments(arguments: Any) -> tuple[str, dict[str, Any] | None]:
+    """A call's arguments (as the model sent them, JSON text, or as the tool gets them): their
+    canonical text, to match one with the other, and the object, when they are one."""
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments or "{}")
         except ValueError:
-            return arguments
-    return json.dumps(arguments, sort_keys=True, default=str)
+            return arguments, None
+    return json.dumps(arguments, sort_keys=True, default=str), arguments if isinstance(arguments, dict) else None
