@@ -156,6 +156,14 @@ class WorkItem(models.Model):
             models.Index(
                 KT("detail__gateway__client_task_id"), condition=Q(mechanism="mcp"), name="item_gateway_client_task"
             ),
+            # The MCP gateway's retry gate reads a task's identical calls before each call is sent
+            # (stopdesk.gateway.retry_gate): by this index, not by every call the session made.
+            models.Index(
+                "task",
+                KT("detail__gateway__arguments_sha256"),
+                condition=Q(mechanism="mcp"),
+                name="item_gateway_retry_gate",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -14,6 +14,7 @@ from starlette.routing import BaseRoute, Route
 from reconcile.mechanisms.mcp.servers import configured_servers
 from reconcile.mechanisms.registry import mechanism_settings
 from stopdesk.agent.aio import LedgerThreads
+from stopdesk.gateway.fast_calls import FastCalls
 from stopdesk.gateway.server import LEDGER_THREADS, PATH, UpstreamGateway
 from stopdesk.gateway.sessions import SessionTasks
 
@@ -31,8 +32,13 @@ def gateway_app(*, host: str = "127.0.0.1", poll_s: float = 5.0, timeout_s: floa
     for name, spec in sorted(specs.items()):
         gateway = UpstreamGateway(spec, tasks, ledger, poll_s=poll_s, timeout_s=timeout_s)
         server = gateway.build_server()
-        app = server.streamable_http_app(streamable_http_path=PATH.format(name=name), host=host)
-        routes.extend(app.routes)
+        path = PATH.format(name=name)
+        app = server.streamable_http_app(streamable_http_path=path, host=host)
+        security = server.session_manager.security_settings
+        for route in app.routes:
+            if isinstance(route, Route) and route.path == path:  # 2026-07-28 calls first (`fast_calls.py`)
+                route = Route(path, endpoint=FastCalls(gateway, route.app, security))
+            routes.append(route)
         managers.append(server.session_manager)
         gateways.append(gateway)
 
@@ -47,6 +53,8 @@ def gateway_app(*, host: str = "127.0.0.1", poll_s: float = 5.0, timeout_s: floa
             yield
 
     async def healthz(request: Request) -> JSONResponse:
-        return JSONResponse({"ok": True, "servers": sorted(specs)})
+        # How each server's calls went: forwarded as they came, or through the SDK (`fast_calls.py`).
+        calls = {g.spec.name: {"forwarded": g.calls["forwarded"], "sdk": g.calls["sdk"]} for g in gateways}
+        return JSONResponse({"ok": True, "servers": sorted(specs), "calls": calls})
 
     return Starlette(routes=[Route("/healthz", healthz, methods=["GET"]), *routes], lifespan=lifespan)

@@ -26,10 +26,12 @@ import hashlib
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Q
+from django.db.models.fields.json import KT
 from django.urls import reverse
 
 from stopdesk.models import Event, WorkItem
+from stopdesk.services.sql import is_postgres, server_side_cursor
 from stopdesk.states import ItemState
 
 UNSETTLED = (ItemState.UNCERTAIN, ItemState.AWAITING_RECONCILIATION)
@@ -53,23 +55,66 @@ def earlier_blocking(*, task_id: int, upstream: str, tool: str, arguments_sha256
     """The first identical call of the task that holds or refuses this one, if any: one still in
     flight (not read-only), one whose outcome is not known yet, or one that was unknown and was
     found to have taken effect. One statement reads them all: an earlier call moving from running
-    to uncertain meanwhile is seen in one state or the other, never missed between two reads."""
-    was_unsettled = Event.objects.filter(item=OuterRef("pk"), to_state__in=UNSETTLED)
+    to uncertain meanwhile is seen in one state or the other, never missed between two reads.
+
+    It reads by the task and the arguments hash (`item_gateway_retry_gate`), so a session's
+    thousandth call reads its identical calls, not the other 999; and the task's items that were
+    ever unsettled once (by the events' task index), not once for each identical call: an agent
+    that reads the same thing a thousand times has a thousand identical calls."""
+    if is_postgres():
+        return _earlier_blocking_sql(task_id, upstream, tool, arguments_sha256)
+    were_unsettled = Event.objects.filter(task_id=task_id, to_state__in=UNSETTLED, item__isnull=False)
     candidates = (
-        WorkItem.objects.filter(
-            task_id=task_id,
-            detail__gateway__upstream=upstream,
-            detail__gateway__tool=tool,
-            detail__gateway__arguments_sha256=arguments_sha256,
+        WorkItem.objects.alias(arguments=KT("detail__gateway__arguments_sha256"))
+        .filter(task_id=task_id, mechanism="mcp", arguments=arguments_sha256)
+        .filter(
+            Q(state__in=(*UNSETTLED, *IN_FLIGHT))
+            | Q(state=ItemState.COMPLETED, pk__in=were_unsettled.values("item_id"))
         )
-        .annotate(was_unsettled=Exists(was_unsettled))
-        .filter(Q(state__in=(*UNSETTLED, *IN_FLIGHT)) | Q(state=ItemState.COMPLETED, was_unsettled=True))
+        .filter(detail__gateway__upstream=upstream, detail__gateway__tool=tool)
         .order_by("pk")[:CANDIDATES]
     )
     for item in candidates:
         if item.state in IN_FLIGHT and _read_only(item):
             continue  # a read running beside its twin does no harm
         return item
+    return None
+
+
+# The same read in SQL written once and prepared by the connection (the ORM spent longer compiling
+# it than PostgreSQL did running it). The hash's expression is the index's.
+_EARLIER_SQL = """
+SELECT w.id, w.state, COALESCE((w.detail #> '{mcp,annotations,readOnlyHint}') = 'true'::jsonb, false)
+FROM stopdesk_workitem w
+WHERE w.task_id = %(task)s AND w.mechanism = 'mcp' AND (w.detail #>> '{gateway,arguments_sha256}') = %(hash)s
+  AND (w.state = ANY(%(held)s::text[])
+       OR (w.state = %(completed)s AND w.id IN (
+           SELECT e.item_id FROM stopdesk_event e
+           WHERE e.task_id = %(task)s AND e.to_state = ANY(%(unsettled)s::text[]) AND e.item_id IS NOT NULL)))
+  AND (w.detail #>> '{gateway,upstream}') = %(upstream)s AND (w.detail #>> '{gateway,tool}') = %(tool)s
+ORDER BY w.id
+LIMIT %(limit)s
+"""
+
+
+def _earlier_blocking_sql(task_id: int, upstream: str, tool: str, arguments_sha256: str) -> WorkItem | None:
+    params = {
+        "task": task_id,
+        "hash": arguments_sha256,
+        "held": [s.value for s in (*UNSETTLED, *IN_FLIGHT)],
+        "completed": ItemState.COMPLETED.value,
+        "unsettled": [s.value for s in UNSETTLED],
+        "upstream": upstream,
+        "tool": tool,
+        "limit": CANDIDATES,
+    }
+    with server_side_cursor() as cursor:
+        cursor.execute(_EARLIER_SQL, params)
+        rows = cursor.fetchall()
+    for item_id, state, read_only in rows:
+        if state in IN_FLIGHT and read_only:
+            continue  # a read running beside its twin does no harm
+        return WorkItem.objects.get(pk=item_id)
     return None
 
 

@@ -25,11 +25,13 @@ import asyncio
 import hashlib
 import json
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import anyio
 import mcp_types as types
 from django.db import transaction
@@ -41,6 +43,8 @@ from mcp_types import INVALID_PARAMS
 from reconcile.mechanisms.mcp.agent import ProgressSeen, StopPushed, call_passed, describe, listening
 from reconcile.mechanisms.mcp.agent.common import Described, record_failure, unwrap
 from reconcile.mechanisms.mcp.servers import (
+    HTTP,
+    MODERN,
     Connection,
     ServerConfigError,
     ServerSpec,
@@ -115,6 +119,10 @@ class UpstreamGateway:
         # without starting anything upstream. A client's new listing replaces it.
         self.described: Described | None = None
         self.upstream = UpstreamConnections(spec, timeout_s=timeout_s)
+        self.server_name = f"stopdesk-gateway-{spec.name}"
+        # Calls by the way they went: "forwarded" (`fast_calls.py`) or "sdk"; /healthz shows them.
+        self.calls: Counter[str] = Counter()
+        self._fast_session: aiohttp.ClientSession | None = None  # `fast_calls.py`'s, made in the loop
         options = mechanism_settings("mcp").options
         # How long a client's task is kept in this process once it ended.
         keep_ms = round(float(options.get("task_keep_s", KEEP_MS / 1000)) * 1000)
@@ -125,7 +133,7 @@ class UpstreamGateway:
 
     def build_server(self) -> Server[Any]:
         server = TaskServer(
-            f"stopdesk-gateway-{self.spec.name}",
+            self.server_name,
             version="1.0",
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
@@ -138,8 +146,12 @@ class UpstreamGateway:
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
         """For the gateway's lifetime: the upstream connections and the owners of upstream tasks."""
-        async with self.upstream.running(), self.client_tasks.running():
-            yield
+        try:
+            async with self.upstream.running(), self.client_tasks.running():
+                yield
+        finally:
+            if self._fast_session is not None:
+                await self._fast_session.close()
 
     async def _task_call(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         # A call that may become a task is answered here, before the SDK's `tools/call` handler,
@@ -203,10 +215,9 @@ class UpstreamGateway:
     async def _call(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams, *, task_wanted: bool = False
     ) -> Any:
+        self.calls["sdk"] += 1
         arguments = dict(params.arguments or {})
-        facts = self._call_facts(ctx, params.name, arguments)
-        await self._refuse_if_not_ready(params.name)
-        mcp_facts = await self._describe(params.name, arguments)
+        facts, mcp_facts = await self.call_facts(params.name, arguments, ctx.request_id, ctx.protocol_version)
         as_task = task_wanted and upstream_runs_tasks(self.spec, mcp_facts)
         if task_wanted and not modern_client(ctx):
             refuse_unless_runnable(
@@ -214,27 +225,8 @@ class UpstreamGateway:
             )  # asked for with params.task: no plain call instead
         if as_task:
             facts["client_task_id"] = new_client_task_id()
-        loop = asyncio.get_running_loop()
         stopped = asyncio.Event()
-        try:
-            # One trip to the ledger before anything is sent: the session's task, the retry gate, the
-            # item with everything known of the call, and the boundary.
-            entered = await in_thread(
-                self._enter,
-                caller=caller_of(ctx, self.spec.name),
-                facts=facts,
-                mcp_facts=mcp_facts,
-                on_stop=lambda: loop.call_soon_threadsafe(stopped.set),
-            )
-        except UnknownTask as exc:
-            raise MCPError(code=INVALID_PARAMS, message=str(exc)) from exc
-        except ToolNotReady as exc:  # the registration's own readiness check
-            raise MCPError(code=NOT_READY, message=str(exc)) from exc
-        except TaskStopped as exc:  # registered after Stop, and cancelled: the upstream is never contacted
-            assert exc.task_id is not None
-            raise await _stopped(exc.task_id) from None
-        except LedgerError as exc:  # a closed task: nothing was sent
-            raise MCPError(code=REFUSED, message=str(exc)) from exc
+        entered = await self.enter(caller_of(ctx, self.spec.name), facts, mcp_facts, stopped)
         if as_task:  # its owner watches the Stop from here on, and unwatches when it ends
             return await self.client_tasks.start(
                 ctx, client_task_id=facts["client_task_id"], ledger_task_id=entered.task_id, item_id=entered.item_id,
@@ -247,6 +239,73 @@ class UpstreamGateway:
         if task_wanted:  # a 2026-07-28 client that could take a task, for a tool that runs as none
             return {**result.model_dump(by_alias=True, mode="json", exclude_none=True), "resultType": "complete"}
         return result
+
+    async def call_facts(
+        self, tool: str, arguments: dict[str, Any], client_request_id: Any, client_revision: str | None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """What is known of a call before the ledger is asked: the gateway's facts and the MCP facts
+        (`_describe`), after readiness `enforce` had its say. Raises MCPError: nothing was recorded."""
+        facts = {
+            "upstream": self.spec.name,
+            "tool": tool,
+            "client_request_id": client_request_id,
+            "client_revision": client_revision,
+            "arguments_sha256": arguments_hash(arguments),
+            # The operator's configuration vouches for the upstream's annotations, or nobody does.
+            "annotations_trusted": self.spec.trusted,
+        }
+        await self._refuse_if_not_ready(tool)
+        return facts, await self._describe(tool, arguments)
+
+    async def enter(
+        self, caller: Caller, facts: dict[str, Any], mcp_facts: dict[str, Any], stopped: asyncio.Event
+    ) -> Entered:
+        """One trip to the ledger before anything is sent: the session's task, the retry gate, the
+        item with everything known of the call, and the boundary; `stopped` is set when the task's
+        Stop commits from then on. A refusal raises MCPError (nothing was sent)."""
+        loop = asyncio.get_running_loop()
+        try:
+            return await in_thread(
+                self._enter,
+                caller=caller,
+                facts=facts,
+                mcp_facts=mcp_facts,
+                on_stop=lambda: loop.call_soon_threadsafe(stopped.set),
+            )
+        except UnknownTask as exc:
+            raise MCPError(code=INVALID_PARAMS, message=str(exc)) from exc
+        except ToolNotReady as exc:  # the registration's own readiness check
+            raise MCPError(code=NOT_READY, message=str(exc)) from exc
+        except TaskStopped as exc:  # registered after Stop, and cancelled: the upstream is never contacted
+            assert exc.task_id is not None
+            raise await stopped_error(exc.task_id) from None
+        except LedgerError as exc:  # a closed task: nothing was sent
+            raise MCPError(code=REFUSED, message=str(exc)) from exc
+
+    async def forwards(self, tool: str) -> bool:
+        """Whether a 2026-07-28 client's call of `tool` may go without the SDK (`fast_calls.py`):
+        the upstream, as last described, is reached in 2026-07-28 over HTTP, and lists the tool. An
+        upstream never listed yet is listed now, as the SDK path's call would list it."""
+        if self.spec.transport != HTTP:
+            return False
+        if self.described is None or tool not in self.known_tools:
+            try:
+                await self._upstream_tools()
+            except Exception:  # the SDK path makes the same call, and says what went wrong
+                return False
+        described = self.described
+        return (
+            described is not None
+            and described.revision.get("revision") == MODERN
+            and tool in self.known_tools
+            and described.knows(tool)
+        )
+
+    def fast_session(self) -> aiohttp.ClientSession:
+        """The HTTP session the fast path's calls go upstream on (made on first use, in the loop)."""
+        if self._fast_session is None:
+            self._fast_session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        return self._fast_session
 
     async def _describe(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
         """The call's MCP facts (revision, transport, annotations, status check), known before the
@@ -354,7 +413,7 @@ class UpstreamGateway:
                 )  # fmt: skip
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):  # the record is written even as the handler ends
-                await in_thread(_client_cancelled, upstream_id=sent())
+                await in_thread(client_cancelled, upstream_id=sent())
             raise
         except Exception as exc:
             await record_failure(item_id, ACTOR, exc, mcp_facts)
@@ -365,23 +424,11 @@ class UpstreamGateway:
             raise error from exc
         if result is None:  # Stop cancelled it upstream; the item says cancelled or uncertain
             self.upstream.close_task(task_id)
-            raise await _stopped(task_id, sent())
+            raise await stopped_error(task_id, sent())
         # The ledger has the answer before the client does.
-        await in_thread(Answer(sent(), succeeded=not result.is_error, outcome=_outcome_of(result)).record)
+        outcome = outcome_text([c.model_dump(by_alias=True) for c in result.content])
+        await in_thread(Answer(sent(), succeeded=not result.is_error, outcome=outcome).record)
         return result
-
-    def _call_facts(self, ctx: ServerRequestContext[Any], tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        """What the gateway knows of the call before it goes anywhere. The upstream's annotations
-        (recorded by `mcp_call_tool`) are hints the upstream gives about itself, not promises."""
-        return {
-            "upstream": self.spec.name,
-            "tool": tool,
-            "client_request_id": ctx.request_id,
-            "client_revision": ctx.protocol_version,
-            "arguments_sha256": arguments_hash(arguments),
-            # The operator's configuration vouches for the upstream's annotations, or nobody does.
-            "annotations_trusted": self.spec.trusted,
-        }
 
 
 @dataclass(frozen=True)
@@ -401,13 +448,19 @@ class Answer:
     upstream_id: UpstreamId
     succeeded: bool
     outcome: str
+    settle: bool = True  # False: the caller checks whether the task settled (`task_settle_check`)
 
     def record(self) -> None:
         item_id, facts = self.upstream_id.item_id, self.upstream_id.with_id()
         # A running item's result and the call's upstream id in one statement; otherwise (SQLite,
         # or an item a Stop settled meanwhile: a late result, or the same one) the general path.
         if is_postgres() and item_close_running(
-            item_id=item_id, succeeded=self.succeeded, actor=ACTOR, outcome=self.outcome, detail=facts
+            item_id=item_id,
+            succeeded=self.succeeded,
+            actor=ACTOR,
+            outcome=self.outcome,
+            detail=facts,
+            settle=self.settle,
         ):
             return
         with transaction.atomic():
@@ -415,8 +468,10 @@ class Answer:
             item_finish(item_id=item_id, succeeded=self.succeeded, actor=ACTOR, outcome=self.outcome)
 
 
-def _outcome_of(result: types.CallToolResult) -> str:
-    text = " ".join(getattr(c, "text", "") for c in result.content)[:200]
+def outcome_text(content: Any) -> str:
+    """What a result's content says, as the item's outcome."""
+    parts = content if isinstance(content, list) else []
+    text = " ".join(str(c.get("text") or "") for c in parts if isinstance(c, dict))[:200]
     return text or "done"
 
 
@@ -440,11 +495,11 @@ class UpstreamId:
             item_record_detail(item_id=self.item_id, detail=detail, actor=ACTOR)
 
 
-async def _stopped(task_id: int, upstream_id: UpstreamId | None = None) -> MCPError:
+async def stopped_error(task_id: int, upstream_id: UpstreamId | None = None) -> MCPError:
     return MCPError(code=STOPPED, message=await in_thread(_record_and_word, task_id=task_id, upstream_id=upstream_id))
 
 
-def _client_cancelled(*, upstream_id: UpstreamId) -> None:
+def client_cancelled(*, upstream_id: UpstreamId) -> None:
     # The call's upstream id first, then its end: whoever sees the item settled sees which
     # upstream request it was (the other order left a moment where it had ended without it).
     upstream_id.record()

@@ -54,6 +54,17 @@ def through_gateway(
         connection.close()
 
 
+def went(gateway: Any) -> dict[str, int]:
+    """How the gateway's calls went so far (its /healthz): "forwarded" as they came (a 2026-07-28
+    client to a 2026-07-28 upstream over HTTP), or through the SDK on both sides."""
+    answer = httpx2.get(gateway.url.removesuffix("/mcp/sandbox") + "/healthz")
+    return dict(answer.json()["calls"]["sandbox"])
+
+
+def one_call_went(mode: str) -> dict[str, int]:
+    return {"forwarded": 1, "sdk": 0} if mode == "auto" else {"forwarded": 0, "sdk": 1}
+
+
 def leaf(error: BaseException) -> BaseException:
     while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
         error = error.exceptions[0]
@@ -103,6 +114,22 @@ def test_a_call_passes_and_is_recorded_as_an_item_of_the_session_task(gateway, m
     assert item.detail["mcp"]["revision"] == "2026-07-28"
     (upstream_call,) = gateway.party.wire("tools/call")
     assert facts["upstream_request_id"] == upstream_call["id"]  # the upstream's id, not the client's
+    assert went(gateway) == one_call_went(mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_upstream_error_reaches_the_client_as_it_was_and_the_call_is_recorded_failed(gateway, mode):
+    gateway.party.set_fault(tools.TOOL_CALL_ERROR, target=tools.SLOW_WRITE)
+    with pytest.raises(MCPError) as raised:
+        through_gateway(gateway.url, lambda c: c.call_tool(tools.SLOW_WRITE, {"key": "k", "value": "v"}), mode=mode)
+    assert (raised.value.error.code, raised.value.error.message) == (-32603, "the sandbox was told to fail this call")
+    (item,) = WorkItem.objects.all()
+    # The upstream answered: the write did not happen, and the record says failed, not unknown.
+    assert item.state == S.FAILED and item.evidence["answered"] is True
+    (upstream_call,) = gateway.party.wire("tools/call")
+    assert item.detail["gateway"]["upstream_request_id"] == upstream_call["id"]
+    assert gateway.party.effects(tools.SLOW_WRITE) == []
+    assert went(gateway) == one_call_went(mode)
 
 
 @pytest.mark.parametrize("upstream_config", [{"trusted": True}])
@@ -124,7 +151,8 @@ def test_each_call_on_a_kept_connection_records_its_own_upstream_request_id(gate
 
 def test_the_health_check_names_the_servers_it_fronts(gateway):
     answer = httpx2.get(gateway.url.removesuffix("/mcp/sandbox") + "/healthz")
-    assert (answer.status_code, answer.json()) == (200, {"ok": True, "servers": ["sandbox"]})
+    calls = {"sandbox": {"forwarded": 0, "sdk": 0}}
+    assert (answer.status_code, answer.json()) == (200, {"ok": True, "servers": ["sandbox"], "calls": calls})
 
 
 def test_tools_list_is_forwarded(gateway):
@@ -196,6 +224,7 @@ def test_stop_during_a_long_write_answers_the_client_cancels_upstream_and_leaves
     events = [e["event"] for e in gateway.party.journal(tools.SLOW_WRITE)]
     assert events[0] == "started" and "interrupted" in events
     assert gateway.party.effects(tools.SLOW_WRITE) == []
+    assert went(gateway) == one_call_went(mode)
 
 
 def test_stop_cancels_a_2025_11_25_upstream_call_with_a_notification_naming_its_id(gateway):

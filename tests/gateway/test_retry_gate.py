@@ -24,7 +24,7 @@ from stopdesk.permissions import roles_ensure
 from stopdesk.states import ItemState
 from tests.factories import make_task
 from tests.gateway.conftest import CHECK
-from tests.gateway.test_gateway_calls import MODES, started, through_gateway
+from tests.gateway.test_gateway_calls import MODES, one_call_went, started, through_gateway, went
 from tests.reconcile.helpers import sweep_until_settled
 
 S = ItemState
@@ -78,6 +78,7 @@ def test_a_write_the_client_cancelled_is_cancelled_upstream_and_recorded_uncerta
     item = settled_by_the_gateway()
     assert item.state == S.UNCERTAIN and item.investigate_by is not None
     assert item.evidence["cancelled_by"] == "the client"
+    assert went(gateway) == one_call_went(mode)
     assert "the status check (read_value) will look" in item.evidence["uncertain_because"]
     (upstream_call,) = gateway.party.wire("tools/call")
     assert item.detail["gateway"]["upstream_request_id"] == upstream_call["id"]

@@ -1,6 +1,6 @@
 """The gateway keeps a session's upstream connection across its calls: one handshake and one
-`tools/list` for many calls, and a call that Stop ends runs on it like any other. A connection
-left idle is closed."""
+`tools/list` for many calls, and a call that Stop ends runs on it like any other (or, forwarded
+as it came, on no session connection at all). A connection left idle is closed."""
 
 from __future__ import annotations
 
@@ -43,42 +43,51 @@ async def list_then_call_three_times(client: Client) -> list[Any]:
     return [await client.call_tool(tools.READ_VALUE, {"key": f"k{n}"}) for n in range(3)]
 
 
-def test_a_sessions_calls_share_one_upstream_connection(gateway):
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+def test_a_sessions_calls_share_one_upstream_connection(gateway, mode):
     task = make_task()
-    results = through_gateway(gateway.url, list_then_call_three_times, mode="auto", task_id=task.pk)
+    results = through_gateway(gateway.url, list_then_call_three_times, mode=mode, task_id=task.pk)
     assert [r.is_error for r in results] == [False, False, False]
     assert len(gateway.party.wire("tools/call")) == 3
-    # The client's tools/list is forwarded on the connection kept for listings; the first call
-    # takes that connection over for its session (it had none) and the three calls share it, so one
-    # handshake and one listing in all. Opened per call, it would have been four of each.
+    # The client's tools/list is forwarded on the connection kept for listings. Through the SDK
+    # (2025-11-25), the first call takes that connection over for its session (it had none) and the
+    # three calls share it; forwarded (2026-07-28), the calls are stateless requests that need no
+    # connection of their own. So one handshake and one listing in all, either way. Opened per
+    # call, it would have been four of each.
     assert handshakes(gateway.party) == 1
     assert len(gateway.party.wire("tools/list")) == 1
     assert set(WorkItem.objects.values_list("state", flat=True)) == {ItemState.COMPLETED}
 
 
-def test_a_call_stop_ends_runs_on_the_kept_connection_and_nothing_follows_it(gateway):
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+def test_a_call_stop_ends_runs_on_the_kept_connection_and_nothing_follows_it(gateway, mode):
+    """A 2025-11-25 client's calls go through the SDK, on the session's kept connection; a
+    2026-07-28 client's are forwarded as they came, each its own request, and open no session
+    connection at all (the connection kept for listings is the only one)."""
+    forwarded = mode == "auto"
     task = make_task()
     read = listing_first(tools.READ_VALUE, {"key": "k"})
-    through_gateway(gateway.url, read, mode="auto", task_id=task.pk)
-    assert handshakes(gateway.party) == 1  # the client's listing's, which the session's call took over
+    through_gateway(gateway.url, read, mode=mode, task_id=task.pk)
+    assert handshakes(gateway.party) == 1  # the client's listing's, which a session's call took over
     pressing = stop_once_started(gateway.party, tools.SLOW_LOOKUP, task.pk)
     with pytest.raises(MCPError) as raised:
         through_gateway(
             gateway.url,
             listing_first(tools.SLOW_LOOKUP, {"query": "q", "seconds": 5}),
-            mode="auto",
+            mode=mode,
             task_id=task.pk,
         )
     pressing.join()
     assert raised.value.error.code == STOPPED
-    # One new connection, for listings again: the stopped call ran on the session's kept one.
-    assert handshakes(gateway.party) == 2
+    # Through the SDK, one new connection, for listings again: the stopped call ran on the
+    # session's kept one, which the Stop closed. Forwarded, the listing connection was never lent.
+    assert handshakes(gateway.party) == (1 if forwarded else 2)
     # After the Stop the task's calls are refused as they are registered, before any upstream
     # connection is taken: only the client's own listing reaches the upstream, on its connection.
     with pytest.raises(MCPError) as refused:
-        through_gateway(gateway.url, read, mode="auto", task_id=task.pk)
+        through_gateway(gateway.url, read, mode=mode, task_id=task.pk)
     assert refused.value.error.code == STOPPED
-    assert handshakes(gateway.party) == 2
+    assert handshakes(gateway.party) == (1 if forwarded else 2)
     assert len(gateway.party.wire("tools/list")) == 3  # the client's three listings, nothing more
     assert len(gateway.party.wire("tools/call")) == 2
 

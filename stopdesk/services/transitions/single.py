@@ -183,6 +183,7 @@ def item_close_running(
     runtime_id: int | None = None,
     open_item: int | None = None,
     detail: dict[str, Any] | None = None,
+    settle: bool = True,
 ) -> bool:
     """Record the result of a running item (of the runtime `runtime_id`, when given) in one
     statement. Returns False, having written nothing, when the item is not running (or not there),
@@ -197,7 +198,11 @@ def item_close_running(
 
     `detail`: facts the caller itself learnt with the result (the gateway: the upstream's id of
     an MCP call), merged into the item's detail key by key in the same statement and kept on its
-    event. Never a runtime's words: those go through `item_record_detail`, which checks them."""
+    event. Never a runtime's words: those go through `item_record_detail`, which checks them.
+
+    `settle=False`: the caller checks whether the task settled itself (`task_settle_check`), once
+    it has done what it had to do first (the gateway answers its client); the sweep
+    (`tasks_settle_sweep`) does it should the caller die in between."""
     to_state = S.COMPLETED if succeeded else S.FAILED
     assert can_move(S.RUNNING, to_state) and to_state in SETTLED
     params = {
@@ -218,7 +223,7 @@ def item_close_running(
     if row is None:
         return False
     task_id, held_open = row
-    if not held_open:
+    if not held_open and settle:
         task_settle_after_commit(task_id=task_id)
     return True
 

@@ -46,19 +46,22 @@ class ProgressSeen:
 
     async def handle(self, message: Any) -> None:
         root = getattr(message, "root", message)
-        if not isinstance(root, types.ProgressNotification):
-            return
-        params = root.params
-        if str(params.progress_token) != self.token:
+        if isinstance(root, types.ProgressNotification):
+            params = root.params
+            self.heard(params.progress_token, params.progress, params.total, params.message)
+
+    def heard(self, token: Any, progress: Any, total: Any = None, message: Any = None) -> None:
+        """One progress notification, as its parameters."""
+        if str(token) != self.token:
             return
         if self.cancelled_at is None:
             self.before += 1
             return
         self.after.append(
             {
-                "progress": params.progress,
-                "total": params.total,
-                "message": params.message,
+                "progress": progress,
+                "total": total,
+                "message": message,
                 "after_cancel_s": round(time.monotonic() - self.cancelled_at, 3),
             }
         )
@@ -148,7 +151,7 @@ async def call_passed(
     is not killed in the middle of what it may still be doing."""
     result = await _call_watching(conn, item_id, tool, arguments, poll_s, progress, stop_seen)
     if result is None:
-        await _record_cancelled(item_id, actor, facts, conn.sent_ids.get("tools/call"))
+        await record_cancelled(item_id, actor, facts, conn.sent_ids.get("tools/call"))
         await anyio.sleep(linger_s)
         await _record_progress(item_id, progress)
     return result
@@ -241,7 +244,9 @@ async def _record_result(item_id: int, actor: str, result: types.CallToolResult)
     await in_thread(item_finish, item_id=item_id, succeeded=not result.is_error, actor=actor, outcome=text or "done")
 
 
-async def _record_cancelled(item_id: int, actor: str, facts: dict[str, Any], request_id: Any) -> None:
+async def record_cancelled(item_id: int, actor: str, facts: dict[str, Any], request_id: Any) -> None:
+    """A call Stop cancelled: cancelled if its tool is read-only, else uncertain with a deadline
+    (settled by its status check where one is declared)."""
 
     read_only = facts["annotations"]["readOnlyHint"]
     wire = str(facts.get("cancel_wire") or mcp_servers.NOTIFICATION)

@@ -107,6 +107,8 @@ async def record_failure(item_id: int, actor: str, exc: BaseException, facts: di
     never reached the server failed; a call that was sent and got no answer is unknown unless the
     tool is read-only."""
 
+    if isinstance(exc, Exception):
+        exc = unwrap(exc)  # a server's answer wrapped by a transport's task group is still its answer
     error = error_text(exc)
     item = await in_thread(item_state_of, item_id=item_id)
     try:
