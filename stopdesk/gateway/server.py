@@ -304,7 +304,11 @@ class UpstreamGateway:
     def fast_session(self) -> aiohttp.ClientSession:
         """The HTTP session the fast path's calls go upstream on (made on first use, in the loop)."""
         if self._fast_session is None:
-            self._fast_session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+            # No cap on connections (aiohttp's default is 100): each call in flight holds one for
+            # as long as the upstream works on it, and a cap would queue the 101st call unsent.
+            self._fast_session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=self.timeout_s)
+            )
         return self._fast_session
 
     async def _describe(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
