@@ -132,6 +132,33 @@ def test_an_upstream_error_reaches_the_client_as_it_was_and_the_call_is_recorded
     assert went(gateway) == one_call_went(mode)
 
 
+def test_more_calls_at_once_than_a_connection_pool_holds_all_reach_the_upstream_together(gateway):
+    """120 clients, each with a 3 s read in flight at once: the upstream has all 120 under way
+    together (a pool of 100 connections, aiohttp's default, would have held 20 back unsent)."""
+    calls = 120
+
+    async def one(n: int) -> None:
+        async with httpx2.AsyncClient(timeout=httpx2.Timeout(60.0)) as http:
+            transport = streamable_http_client(gateway.url, http_client=http)
+            async with Client(transport, mode="auto", client_info=CLIENT, read_timeout_seconds=60.0) as client:  # type: ignore[arg-type]
+                await client.call_tool(tools.SLOW_LOOKUP, {"query": f"q{n}", "seconds": 3})
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            for n in range(calls):
+                tg.start_soon(one, n)
+
+    anyio.run(main)
+    connection.close()
+    under_way = most = 0
+    for entry in gateway.party.journal(tools.SLOW_LOOKUP):
+        under_way += 1 if entry["event"] == "started" else -1
+        most = max(most, under_way)
+    assert most == calls
+    assert WorkItem.objects.filter(state=S.COMPLETED).count() == calls
+    assert went(gateway) == {"forwarded": calls, "sdk": 0}
+
+
 @pytest.mark.parametrize("upstream_config", [{"trusted": True}])
 def test_a_trusted_servers_annotations_are_recorded_trusted(gateway):
     through_gateway(gateway.url, lambda c: c.call_tool(tools.READ_VALUE, {"key": "k"}), mode="auto")
