@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -34,7 +35,11 @@ from typing import Any
 import aiohttp
 from mcp.server.runner import modern_error_data
 from mcp.server.streamable_http import check_accept_headers
-from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
+from mcp.server.transport_security import (
+    DEFAULT_MAX_REQUEST_BODY_SIZE,
+    TransportSecurityMiddleware,
+    TransportSecuritySettings,
+)
 from mcp.shared.exceptions import MCPError
 from mcp.shared.inbound import (
     ERROR_CODE_HTTP_STATUS,
@@ -65,13 +70,13 @@ from stopdesk.gateway.sessions import ACTOR, TASK_HEADER, TASK_META_KEY, Caller
 from stopdesk.services.items import item_heartbeat
 from stopdesk.services.transitions import task_settle_check
 
+log = logging.getLogger(__name__)
 PROTOCOL_VERSION_META_KEY = "io.modelcontextprotocol/protocolVersion"
 CLIENT_INFO_META_KEY = "io.modelcontextprotocol/clientInfo"
 CLIENT_CAPABILITIES_META_KEY = "io.modelcontextprotocol/clientCapabilities"
 # What the gateway calls itself upstream: the SDK client's own default, as on the SDK path.
 UPSTREAM_CLIENT_INFO = {"name": "mcp", "version": "0.1.0"}
 MCP_PARAM_HEADER_PREFIX = "mcp-param-"
-MAX_BODY = 4 * 1024 * 1024  # larger requests go to the SDK, which applies its own limit
 JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
@@ -156,6 +161,7 @@ class _Forwarded:
         self.call = call
         self.receive = receive
         self.send = send
+        self.replied = False
 
     async def run(self) -> None:
         gateway, call = self.gateway, self.call
@@ -168,6 +174,8 @@ class _Forwarded:
             finally:
                 entered.unwatch()
         except Exception as exc:  # answered as the SDK's server answers a handler's error
+            if self.replied:
+                raise
             await self._error(MCPError.from_error_data(modern_error_data(exc)))
 
     async def _forward(
@@ -204,7 +212,10 @@ class _Forwarded:
         # The ledger has the answer before the client does; whether the task settled is asked after.
         await in_thread(Answer(sent, succeeded=not result.get("isError"), outcome=outcome, settle=False).record)
         await self._reply({"jsonrpc": "2.0", "id": self.call.request_id, "result": result})
-        await in_thread(task_settle_check, task_id=entered.task_id)
+        try:
+            await in_thread(task_settle_check, task_id=entered.task_id)
+        except Exception:  # the client has its answer; the settle sweep does this later
+            log.exception("could not check whether task %s settled", entered.task_id)
 
     async def _upstream(self, item_id: int, upstream_request_id: int, progress: ProgressSeen) -> dict[str, Any]:
         """The call sent upstream; its result, or MCPError with the upstream's error."""
@@ -277,6 +288,7 @@ class _Forwarded:
     async def _reply(self, message: dict[str, Any], status: int = 200) -> None:
         body = json.dumps(message, separators=(",", ":")).encode()
         headers = [*JSON_HEADERS, (b"content-length", str(len(body)).encode())]
+        self.replied = True
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
         await self.send({"type": "http.response.body", "body": body})
 
@@ -318,7 +330,7 @@ async def _body_of(receive: Receive) -> tuple[bytes | None, Receive]:
         chunks.append(chunk)
         size += len(chunk)
         more = message.get("more_body", False)
-        if size > MAX_BODY and more:
+        if size > DEFAULT_MAX_REQUEST_BODY_SIZE and more:  # the SDK's app answers it with its own limit
             return None, _replay([{"type": "http.request", "body": b"".join(chunks), "more_body": True}], receive)
     body = b"".join(chunks)
     return body, _replay([{"type": "http.request", "body": body, "more_body": False}], receive)
