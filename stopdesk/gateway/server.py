@@ -17,7 +17,8 @@ known to have taken effect (`retry_gate.py`); under readiness `enforce`, tools t
 are left out of `tools/list` and refused (`readiness.py`). Each item records the upstream's
 JSON-RPC id of the call once it was sent (`upstream_request_id`, on either transport). A call the
 client asks to run as a task goes the same way to the boundary, then runs as a task upstream,
-owned by the agent side (`tasks.py`)."""
+owned by the agent side (`tasks.py`). A 2026-07-28 client's plain call to an upstream reached in
+2026-07-28 over HTTP takes the same steps without the SDK on either side (`fast_calls.py`)."""
 
 from __future__ import annotations
 
