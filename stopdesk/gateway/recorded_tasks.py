@@ -38,6 +38,7 @@ from reconcile.mechanisms.mcp.servers import is_modern as is_modern_revision
 from stopdesk.agent.aio import in_thread
 from stopdesk.gateway.sessions import stopped_words
 from stopdesk.models import WorkItem
+from stopdesk.services.sql import is_postgres
 from stopdesk.states import ItemState
 
 S = ItemState
@@ -46,11 +47,13 @@ RELAYED = ("status", "statusMessage", "createdAt", "lastUpdatedAt", "ttlMs", "po
 
 def recorded_item(upstream: str, client_task_id: str) -> WorkItem | None:
     """The item behind the client's task id on this upstream, if the gateway ever gave it out."""
-    return (
-        WorkItem.objects.alias(client_task=KT("detail__gateway__client_task_id"))
-        .filter(mechanism="mcp", client_task=client_task_id, detail__gateway__upstream=upstream)
-        .first()
-    )
+    if not is_postgres():  # SQLite: Django compares a key's text there as JSON, so by its JSON value
+        items = WorkItem.objects.filter(mechanism="mcp", detail__gateway__client_task_id=client_task_id)
+    else:  # by the index on the key's text (`item_gateway_client_task`)
+        items = WorkItem.objects.alias(client_task=KT("detail__gateway__client_task_id")).filter(
+            mechanism="mcp", client_task=client_task_id
+        )
+    return items.filter(detail__gateway__upstream=upstream).first()
 
 
 def _stop_words(item: WorkItem) -> str | None:

@@ -27,7 +27,6 @@ import hashlib
 from django.conf import settings
 from django.db import connection
 from django.db.models import Q
-from django.db.models.fields.json import KT
 from django.urls import reverse
 
 from stopdesk.models import Event, WorkItem
@@ -63,10 +62,10 @@ def earlier_blocking(*, task_id: int, upstream: str, tool: str, arguments_sha256
     that reads the same thing a thousand times has a thousand identical calls."""
     if is_postgres():
         return _earlier_blocking_sql(task_id, upstream, tool, arguments_sha256)
+    # SQLite (the embedded default): the same read through the ORM, by the task's items.
     were_unsettled = Event.objects.filter(task_id=task_id, to_state__in=UNSETTLED, item__isnull=False)
     candidates = (
-        WorkItem.objects.alias(arguments=KT("detail__gateway__arguments_sha256"))
-        .filter(task_id=task_id, mechanism="mcp", arguments=arguments_sha256)
+        WorkItem.objects.filter(task_id=task_id, mechanism="mcp", detail__gateway__arguments_sha256=arguments_sha256)
         .filter(
             Q(state__in=(*UNSETTLED, *IN_FLIGHT))
             | Q(state=ItemState.COMPLETED, pk__in=were_unsettled.values("item_id"))
