@@ -28,7 +28,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -212,10 +212,9 @@ class _Forwarded:
         # The ledger has the answer before the client does; whether the task settled is asked after.
         await in_thread(Answer(sent, succeeded=not result.get("isError"), outcome=outcome, settle=False).record)
         await self._reply({"jsonrpc": "2.0", "id": self.call.request_id, "result": result})
-        try:
-            await in_thread(task_settle_check, task_id=entered.task_id)
-        except Exception:  # the client has its answer; the settle sweep does this later
-            log.exception("could not check whether task %s settled", entered.task_id)
+        # Not awaited: the client's next request on this connection waits for this one's handler
+        # to return, not for the settle check.
+        _after_the_answer(_settle_check(entered.task_id))
 
     async def _upstream(self, item_id: int, upstream_request_id: int, progress: ProgressSeen) -> dict[str, Any]:
         """The call sent upstream; its result, or MCPError with the upstream's error."""
@@ -373,3 +372,19 @@ def _caller(headers: Mapping[str, str], meta: Mapping[str, Any], info: Any, upst
         task_header=headers.get(TASK_HEADER),
         task_meta=meta.get(TASK_META_KEY),
     )
+
+
+async def _settle_check(task_id: int) -> None:
+    try:
+        await in_thread(task_settle_check, task_id=task_id)
+    except Exception:  # the client has its answer; the settle sweep does this later
+        log.exception("could not check whether task %s settled", task_id)
+
+
+_PENDING: set[asyncio.Future[None]] = set()  # kept until done, so none is collected half-way
+
+
+def _after_the_answer(work: Coroutine[Any, Any, None]) -> None:
+    task = asyncio.ensure_future(work)
+    _PENDING.add(task)
+    task.add_done_callback(_PENDING.discard)
