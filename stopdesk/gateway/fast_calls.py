@@ -251,7 +251,8 @@ class _Forwarded:
                 raise ConnectionError(f"the upstream answered HTTP {response.status} without the call's answer")
         if isinstance(message.get("error"), dict):
             error = message["error"]
-            raise MCPError(code=int(error.get("code", INTERNAL_ERROR)), message=str(error.get("message", "")))
+            code, words = int(error.get("code", INTERNAL_ERROR)), str(error.get("message", ""))
+            raise MCPError(code=code, message=words, data=error.get("data"))
         result = message.get("result")
         if not isinstance(result, dict):
             raise ConnectionError("the upstream's answer has no result")
@@ -275,7 +276,12 @@ class _Forwarded:
     async def _failed(self, item_id: int, sent: UpstreamId, mcp_facts: dict[str, Any], error: BaseException) -> None:
         await record_failure(item_id, ACTOR, error, mcp_facts)
         await in_thread(sent.record)
-        await self._error(error if isinstance(error, MCPError) else MCPError(code=INTERNAL_ERROR, message=str(error)))
+        if isinstance(error, MCPError):  # the upstream's own answer, passed on as it was
+            await self._error(error)
+            return
+        # As the SDK's server answers a handler's error: no internals (the upstream's address) on the wire.
+        log.warning("forwarded call of item %s: %s: %s", item_id, type(error).__name__, error)
+        await self._error(MCPError(code=INTERNAL_ERROR, message="Internal server error"))
 
     async def _error(self, error: MCPError) -> None:
         payload = {"code": error.error.code, "message": error.error.message}
