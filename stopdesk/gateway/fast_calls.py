@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+from mcp.client.session import DEFAULT_CLIENT_INFO
 from mcp.server.runner import modern_error_data
 from mcp.server.streamable_http import check_accept_headers
 from mcp.server.transport_security import (
@@ -48,34 +49,33 @@ from mcp.shared.inbound import (
     find_duplicated_routing_header,
     validate_mcp_param_headers,
 )
-from mcp_types import INTERNAL_ERROR
+from mcp_types import CLIENT_CAPABILITIES_META_KEY, CLIENT_INFO_META_KEY, INTERNAL_ERROR, PROTOCOL_VERSION_META_KEY
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from reconcile.mechanisms.mcp.agent import ProgressSeen
 from reconcile.mechanisms.mcp.agent.calls import record_cancelled
 from reconcile.mechanisms.mcp.agent.common import record_failure
-from reconcile.mechanisms.mcp.servers import MODERN, TASKS_EXTENSION
+from reconcile.mechanisms.mcp.servers import MODERN
 from stopdesk.agent.aio import in_thread, ledger_threads
 from stopdesk.gateway.server import (
     Answer,
     Entered,
     UpstreamGateway,
     UpstreamId,
+    caller_from,
     client_cancelled,
     outcome_text,
     stopped_error,
 )
-from stopdesk.gateway.sessions import ACTOR, TASK_HEADER, TASK_META_KEY, Caller
+from stopdesk.gateway.sessions import ACTOR, Caller
+from stopdesk.gateway.tasks import declares_tasks
 from stopdesk.services.items import item_heartbeat
 from stopdesk.services.transitions import task_settle_check
 
 log = logging.getLogger(__name__)
-PROTOCOL_VERSION_META_KEY = "io.modelcontextprotocol/protocolVersion"
-CLIENT_INFO_META_KEY = "io.modelcontextprotocol/clientInfo"
-CLIENT_CAPABILITIES_META_KEY = "io.modelcontextprotocol/clientCapabilities"
 # What the gateway calls itself upstream: the SDK client's own default, as on the SDK path.
-UPSTREAM_CLIENT_INFO = {"name": "mcp", "version": "0.1.0"}
+UPSTREAM_CLIENT_INFO = DEFAULT_CLIENT_INFO.model_dump(mode="json", exclude_none=True)
 MCP_PARAM_HEADER_PREFIX = "mcp-param-"
 JSON_HEADERS = [(b"content-type", b"application/json")]
 
@@ -125,7 +125,7 @@ class FastCalls:
         verdict = classify_inbound_request(message, headers=headers)
         if not isinstance(verdict, InboundModernRoute) or verdict.protocol_version != MODERN:
             return None
-        if _declares_tasks(verdict.client_capabilities):
+        if declares_tasks(verdict.client_capabilities):
             return None  # the SDK path decides whether it runs as a task
         if not await self.gateway.forwards(name):
             return None
@@ -137,7 +137,7 @@ class FastCalls:
             request_id=request_id,
             tool=name,
             arguments=arguments,
-            caller=_caller(headers, meta, verdict.client_info, self.gateway.spec.name),
+            caller=caller_from(verdict.client_info, headers, meta, self.gateway.spec.name),
             param_headers={k: v for k, v in headers.items() if k.startswith(MCP_PARAM_HEADER_PREFIX)},
         )
 
@@ -359,25 +359,6 @@ def _may_be_a_modern_call(scope: Scope) -> bool:
         return False
     headers = dict(scope["headers"])
     return headers.get(b"mcp-protocol-version") == MODERN.encode() and headers.get(b"mcp-method") == b"tools/call"
-
-
-def _declares_tasks(capabilities: Any) -> bool:
-    extensions = capabilities.get("extensions") if isinstance(capabilities, Mapping) else None
-    return isinstance(extensions, Mapping) and TASKS_EXTENSION in extensions
-
-
-def _caller(headers: Mapping[str, str], meta: Mapping[str, Any], info: Any, upstream: str) -> Caller:
-    name = version = ""
-    if isinstance(info, Mapping):
-        name, version = str(info.get("name") or ""), str(info.get("version") or "")
-    return Caller(
-        client_name=name,
-        client_version=version,
-        upstream=upstream,
-        session_id=None,
-        task_header=headers.get(TASK_HEADER),
-        task_meta=meta.get(TASK_META_KEY),
-    )
 
 
 async def _settle_check(task_id: int) -> None:

@@ -39,7 +39,7 @@ from django.db import transaction
 from mcp.server import Server
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.shared.exceptions import MCPError
-from mcp_types import INVALID_PARAMS
+from mcp_types import CLIENT_INFO_META_KEY, INVALID_PARAMS
 
 from reconcile.mechanisms.mcp.agent import ProgressSeen, StopPushed, call_passed, describe, listening
 from reconcile.mechanisms.mcp.agent.common import Described, record_failure, unwrap
@@ -91,7 +91,6 @@ HELD = -32091
 NOT_READY = -32092  # readiness `enforce` refused the tool
 REFUSED = -32093  # the ledger refused the call otherwise (a closed task); nothing was sent
 TOOK_EFFECT = -32094  # the retry gate: the identical earlier call is known to have taken effect
-CLIENT_INFO_META_KEY = "io.modelcontextprotocol/clientInfo"
 # Threads (each with its database connection) for the ledger calls of all calls in flight.
 LEDGER_THREADS = 8
 LISTING = 0  # the upstream connection tools/list is answered on, kept like a task's (no task has id 0)
@@ -533,9 +532,14 @@ def caller_of(ctx: ServerRequestContext[Any], upstream: str) -> Caller:
         info = params.client_info
     elif isinstance(ctx.meta, Mapping):
         info = ctx.meta.get(CLIENT_INFO_META_KEY)
-    name, version = _name_and_version(info)
     headers = getattr(ctx.request, "headers", None) or {}
-    meta = ctx.meta if isinstance(ctx.meta, Mapping) else {}
+    return caller_from(info, headers, ctx.meta if isinstance(ctx.meta, Mapping) else {}, upstream)
+
+
+def caller_from(info: Any, headers: Mapping[str, str], meta: Mapping[str, Any], upstream: str) -> Caller:
+    """The caller of a request: the client's `clientInfo` (a model or its JSON), the HTTP
+    request's headers and the call's `_meta`."""
+    name, version = _name_and_version(info)
     return Caller(
         client_name=name,
         client_version=version,

@@ -74,7 +74,11 @@ def wants_task(ctx: ServerRequestContext[Any, Any]) -> bool:
     if not modern_client(ctx):
         return params.get("task") is not None
     meta = params.get("_meta") or {}
-    capabilities = meta.get(CLIENT_CAPABILITIES_META_KEY) if isinstance(meta, Mapping) else None
+    return declares_tasks(meta.get(CLIENT_CAPABILITIES_META_KEY) if isinstance(meta, Mapping) else None)
+
+
+def declares_tasks(capabilities: Any) -> bool:
+    """Whether a 2026-07-28 request's client capabilities declare the tasks extension."""
     extensions = capabilities.get("extensions") if isinstance(capabilities, Mapping) else None
     return isinstance(extensions, Mapping) and TASKS_EXTENSION in extensions
 
