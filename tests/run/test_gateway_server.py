@@ -71,7 +71,8 @@ def test_the_gateway_command_serves_the_configured_server_and_hears_stop_from_an
         )
         try:
             base = f"http://127.0.0.1:{port}"
-            assert wait_until_serving(base, server) == {"ok": True, "servers": ["sandbox"]}
+            idle = {"sandbox": {"forwarded": 0, "sdk": 0}}
+            assert wait_until_serving(base, server) == {"ok": True, "servers": ["sandbox"], "calls": idle}
 
             async def main() -> None:
                 async with Client(f"{base}/mcp/sandbox") as client:
@@ -84,6 +85,8 @@ def test_the_gateway_command_serves_the_configured_server_and_hears_stop_from_an
             began = time.monotonic()
             anyio.run(main)
             assert time.monotonic() - began < 4  # answered at Stop, not after the lookup's 5 s
+            # Both calls were a 2026-07-28 client's plain calls to a 2026-07-28 upstream: forwarded.
+            assert httpx.get(f"{base}/healthz", timeout=2).json()["calls"] == {"sandbox": {"forwarded": 2, "sdk": 0}}
         finally:
             os.killpg(server.pid, signal.SIGTERM)
             server.wait(timeout=10)
