@@ -17,12 +17,16 @@ from stopdesk.agent.aio import LedgerThreads
 from stopdesk.gateway.fast_calls import FastCalls
 from stopdesk.gateway.server import LEDGER_THREADS, PATH, UpstreamGateway
 from stopdesk.gateway.sessions import SessionTasks
+from stopdesk.gateway.settling import QUIET_S, SettleChecks
 
 
-def gateway_app(*, host: str = "127.0.0.1", poll_s: float = 5.0, timeout_s: float = 300.0) -> Starlette:
+def gateway_app(
+    *, host: str = "127.0.0.1", poll_s: float = 5.0, timeout_s: float = 300.0, settle_quiet_s: float = QUIET_S
+) -> Starlette:
     """One Starlette app: `/mcp/<name>` for every configured MCP server, one session manager each.
     Stop reaches a call through the process's StopHub at once; `poll_s` paces each call's lease
-    (and is the longest a Stop waits should the hub's notification be lost)."""
+    (and is the longest a Stop waits should the hub's notification be lost). A session's task is
+    checked for settling once its calls have been quiet `settle_quiet_s` (`settling.py`)."""
     tasks = SessionTasks()
     ledger = LedgerThreads(LEDGER_THREADS)
     specs = configured_servers(mechanism_settings("mcp").options)
@@ -30,7 +34,9 @@ def gateway_app(*, host: str = "127.0.0.1", poll_s: float = 5.0, timeout_s: floa
     managers = []
     gateways = []
     for name, spec in sorted(specs.items()):
-        gateway = UpstreamGateway(spec, tasks, ledger, poll_s=poll_s, timeout_s=timeout_s)
+        gateway = UpstreamGateway(
+            spec, tasks, ledger, poll_s=poll_s, timeout_s=timeout_s, settle_checks=SettleChecks(ledger, settle_quiet_s)
+        )
         server = gateway.build_server()
         path = PATH.format(name=name)
         app = server.streamable_http_app(streamable_http_path=path, host=host)

@@ -28,7 +28,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,7 +71,6 @@ from stopdesk.gateway.server import (
 from stopdesk.gateway.sessions import ACTOR, Caller
 from stopdesk.gateway.tasks import declares_tasks
 from stopdesk.services.items import item_heartbeat
-from stopdesk.services.transitions import task_settle_check
 
 log = logging.getLogger(__name__)
 # What the gateway calls itself upstream: the SDK client's own default, as on the SDK path.
@@ -209,12 +208,11 @@ class _Forwarded:
             return
         result = answer.result()
         outcome = outcome_text(result.get("content"))
-        # The ledger has the answer before the client does; whether the task settled is asked after.
+        # The ledger has the answer before the client does; whether the task settled is asked
+        # once the session's calls are quiet (`settling.py`).
         await in_thread(Answer(sent, succeeded=not result.get("isError"), outcome=outcome, settle=False).record)
+        gateway.settle_checks.after_answer(entered.task_id)
         await self._reply({"jsonrpc": "2.0", "id": self.call.request_id, "result": result})
-        # Not awaited: the client's next request on this connection waits for this one's handler
-        # to return, not for the settle check.
-        _after_the_answer(_settle_check(entered.task_id))
 
     async def _upstream(self, item_id: int, upstream_request_id: int, progress: ProgressSeen) -> dict[str, Any]:
         """The call sent upstream; its result, or MCPError with the upstream's error."""
@@ -359,19 +357,3 @@ def _may_be_a_modern_call(scope: Scope) -> bool:
         return False
     headers = dict(scope["headers"])
     return headers.get(b"mcp-protocol-version") == MODERN.encode() and headers.get(b"mcp-method") == b"tools/call"
-
-
-async def _settle_check(task_id: int) -> None:
-    try:
-        await in_thread(task_settle_check, task_id=task_id)
-    except Exception:  # the client has its answer; the settle sweep does this later
-        log.exception("could not check whether task %s settled", task_id)
-
-
-_PENDING: set[asyncio.Future[None]] = set()  # kept until done, so none is collected half-way
-
-
-def _after_the_answer(work: Coroutine[Any, Any, None]) -> None:
-    task = asyncio.ensure_future(work)
-    _PENDING.add(task)
-    task.add_done_callback(_PENDING.discard)

@@ -54,7 +54,7 @@ from reconcile.mechanisms.registry import mechanism_settings
 from stopdesk.agent.aio import LedgerThreads, in_thread, ledger_threads
 from stopdesk.gateway.client_cancel import record_client_cancel
 from stopdesk.gateway.readiness import enforced, not_ready_because, ready_tools
-from stopdesk.gateway.retry_gate import earlier_blocking, gate_lock, refused_words
+from stopdesk.gateway.retry_gate import gate_passed, refused_words
 from stopdesk.gateway.sessions import (
     ACTOR,
     TASK_HEADER,
@@ -64,6 +64,7 @@ from stopdesk.gateway.sessions import (
     UnknownTask,
     stopped_words,
 )
+from stopdesk.gateway.settling import SettleChecks
 from stopdesk.gateway.tasks import (
     KEEP_MS,
     ClientTasks,
@@ -107,6 +108,7 @@ class UpstreamGateway:
         *,
         poll_s: float,
         timeout_s: float,
+        settle_checks: SettleChecks,
     ) -> None:
         self.spec = spec
         self.tasks = tasks
@@ -123,6 +125,7 @@ class UpstreamGateway:
         # Calls by the way they went: "forwarded" (`fast_calls.py`) or "sdk"; /healthz shows them.
         self.calls: Counter[str] = Counter()
         self._fast_session: aiohttp.ClientSession | None = None  # `fast_calls.py`'s, made in the loop
+        self.settle_checks = settle_checks  # whether a session's task settled, asked once its calls pause
         options = mechanism_settings("mcp").options
         # How long a client's task is kept in this process once it ended.
         keep_ms = round(float(options.get("task_keep_s", KEEP_MS / 1000)) * 1000)
@@ -150,6 +153,7 @@ class UpstreamGateway:
             async with self.upstream.running(), self.client_tasks.running():
                 yield
         finally:
+            await self.settle_checks.flush()
             if self._fast_session is not None:
                 await self._fast_session.close()
 
@@ -366,8 +370,7 @@ class UpstreamGateway:
         stopped: TaskStopped | None = None
         with transaction.atomic():  # the gate's check and the registration, as one
             if facts["tool"] not in self.spec.idempotent_tools:
-                gate_lock(**identical)
-                earlier = earlier_blocking(**identical)
+                earlier = gate_passed(**identical)
                 if earlier is not None:
                     code = TOOK_EFFECT if earlier.state == ItemState.COMPLETED else HELD
                     raise MCPError(code=code, message=refused_words(earlier))
@@ -429,9 +432,11 @@ class UpstreamGateway:
         if result is None:  # Stop cancelled it upstream; the item says cancelled or uncertain
             self.upstream.close_task(task_id)
             raise await stopped_error(task_id, sent())
-        # The ledger has the answer before the client does.
+        # The ledger has the answer before the client does; whether the task settled is asked
+        # once the session's calls are quiet (`settling.py`).
         outcome = outcome_text([c.model_dump(by_alias=True) for c in result.content])
-        await in_thread(Answer(sent(), succeeded=not result.is_error, outcome=outcome).record)
+        await in_thread(Answer(sent(), succeeded=not result.is_error, outcome=outcome, settle=False).record)
+        self.settle_checks.after_answer(task_id)
         return result
 
 

@@ -28,6 +28,7 @@ from reconcile.mechanisms.mcp.servers import STDIO, ServerSpec
 from stopdesk.agent.aio import LedgerThreads
 from stopdesk.gateway.server import UpstreamGateway
 from stopdesk.gateway.sessions import ACTOR, Caller, SessionTasks
+from stopdesk.gateway.settling import SettleChecks
 from stopdesk.models import Task
 from stopdesk.services.items import task_create
 
@@ -99,7 +100,9 @@ async def serve(spec: ServerSpec, tasks: OneTask, *, poll_s: float = 5.0, timeou
     the wire; the server the shim starts has pipes of its own."""
     ledger = LedgerThreads(LEDGER_THREADS)
     try:
-        gateway = UpstreamGateway(spec, tasks, ledger, poll_s=poll_s, timeout_s=timeout_s)
+        gateway = UpstreamGateway(
+            spec, tasks, ledger, poll_s=poll_s, timeout_s=timeout_s, settle_checks=SettleChecks(ledger)
+        )
         server = gateway.build_server()
         async with gateway.running(), stdio_server() as (read, write):
             await server.run(read, write, server.create_initialization_options())
