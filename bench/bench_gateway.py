@@ -1,16 +1,18 @@
 """The MCP Stop gateway: what it adds to a `tools/call`, and how soon Stop reaches the upstream.
+The gateway runs as deployed, in its own process (`python -m stopdesk mcp-gateway`); the client,
+the upstream (the sandbox MCP server) and the bare hop below share the benchmark's process.
 
 - `gateway.added_ms.p50/p99`: a `read_value` call through the gateway minus the same call made
   directly to the upstream (the sandbox MCP server), both from the SDK client over one session,
   percentile against percentile.
-- `gateway.sdk_hop_ms.p50/p99`: the same call through a bare forwarding server built from the same
-  SDK parts as the gateway (a low-level `Server` on Streamable HTTP whose `tools/call` is the SDK
-  client's call on one kept connection) and no ledger, minus the direct call: what any MCP proxy
-  written on this SDK adds before it records anything, measured in the same run; beside it
-  `gateway.ledger_ms.p50/p99`, the gateway's call minus the bare hop's (the two ledger trips).
+- `gateway.sdk_hop_ms.p50/p99`: the same call through a bare forwarding server built from the
+  SDK's parts (a low-level `Server` on Streamable HTTP whose `tools/call` is the SDK client's call
+  on one kept connection) and no ledger, in the benchmark's process, minus the direct call: what
+  any MCP proxy written on this SDK adds before it records anything, measured in the same run.
 - `gateway.stop_to_upstream_cancel_ms.p50/p99`: SESSIONS clients (200; `BENCH_GATEWAY_SESSIONS`),
-  each on its own task with a `slow_lookup` in flight; each task is stopped in turn, and the time
-  runs from the Stop's commit to the upstream seeing its call interrupted.
+  each on its own task with a `slow_lookup` in flight; each task is stopped in turn (in the
+  benchmark's process: the Stop reaches the gateway through PostgreSQL's notifications), and the
+  time runs from the Stop being pressed to the upstream seeing its call interrupted.
 - `gateway.idle_queries_per_s`: the bench database's transactions (counted by PostgreSQL, as in
   `bench_watch_idle`) while the gateway sits idle after the calls above, holding their kept
   upstream connections and its ledger threads' connections.
@@ -19,7 +21,6 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
 import statistics
 import threading
@@ -38,48 +39,35 @@ LOOKUP_S = 120  # the calls in flight outlast starting all the sessions
 
 
 def run() -> list[Figure]:
-    from django.conf import settings
     from django.db import connections
 
-    from reconcile.mechanisms import registry
+    from bench.deployed import gateway_process
     from reconcile.mechanisms.mcp.sandbox import MCPToolServer
-    from stopdesk.gateway.app import gateway_app
-    from stopdesk.push.hub import stop_hub_close
     from stopdrill.sandbox.server import BackgroundServer
 
-    saved = settings.STOPDESK_MECHANISMS
     party = MCPToolServer(default_seconds=float(LOOKUP_S))
     try:
         with BackgroundServer(party.app, name="mcp") as upstream:
-            mechanisms = copy.deepcopy(saved)
-            options = mechanisms.setdefault("mcp", {}).setdefault("options", {})
-            options["servers"] = {"sandbox": {"url": upstream.url + "/mcp"}}
-            options["after_cancel_s"] = 0.0
-            settings.STOPDESK_MECHANISMS = mechanisms
-            registry.reset()
+            # A stopped call's connection is not kept for the progress that follows (evidence).
+            config = f'[mechanisms.mcp]\nafter_cancel_s = 0.01\n[mcp.servers.sandbox]\nurl = "{upstream.url}/mcp"\n'
             with (
-                BackgroundServer(gateway_app, name="gateway") as front,
+                gateway_process(config) as front,
                 BackgroundServer(lambda: _bare_hop(upstream.url + "/mcp"), name="hop") as hop,
             ):
                 direct, bare, through = [], [], []
                 for _ in range(ROUNDS):  # alternating, so a busy moment falls on all three
                     direct += _call_times(upstream.url + "/mcp")
                     bare += _call_times(hop.url + "/mcp")
-                    through += _call_times(front.url + "/mcp/sandbox")
+                    through += _call_times(front + "/mcp/sandbox")
                 idle = _idle_queries_per_s(connections["default"].settings_dict["NAME"])
-                stops = _stop_to_cancel(party, front.url + "/mcp/sandbox")
+                stops = _stop_to_cancel(party, front + "/mcp/sandbox")
     finally:
-        settings.STOPDESK_MECHANISMS = saved
-        registry.reset()
-        stop_hub_close()  # before the scratch database is dropped under its listener
         connections.close_all()
     return [
         Figure("gateway.added_ms.p50", statistics.median(through) - statistics.median(direct), "ms", target=2.0),
         Figure("gateway.added_ms.p99", _p99(through) - _p99(direct), "ms", target=10.0),
         Figure("gateway.sdk_hop_ms.p50", statistics.median(bare) - statistics.median(direct), "ms"),
         Figure("gateway.sdk_hop_ms.p99", _p99(bare) - _p99(direct), "ms"),
-        Figure("gateway.ledger_ms.p50", statistics.median(through) - statistics.median(bare), "ms"),
-        Figure("gateway.ledger_ms.p99", _p99(through) - _p99(bare), "ms"),
         Figure("gateway.call_ms.direct.p50", statistics.median(direct), "ms"),
         Figure("gateway.call_ms.through.p50", statistics.median(through), "ms"),
         Figure("gateway.stop_to_upstream_cancel_ms.p50", statistics.median(stops), "ms"),

@@ -1,7 +1,7 @@
 """The production shape on loopback, for benchmarks: the web door (gunicorn, 2 processes x 8
 threads, as `python -m stopdesk web` runs it) told where the watch server is, and the watch server
-(uvicorn, as `python -m stopdesk watch`), both on the scratch database. Plus a person signed in to
-the dashboard, and percentiles."""
+(uvicorn, as `python -m stopdesk watch`), both on the scratch database; the MCP gateway as
+`python -m stopdesk mcp-gateway` runs it. Plus a person signed in to the dashboard, and percentiles."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -33,6 +34,18 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def _server_env(**extra: str) -> dict[str, str]:
+    """A benchmark server's environment: this process's (the scratch database), production's
+    DEBUG off and quiet logs, and `extra`."""
+    return {
+        **os.environ,
+        "DEBUG": "0",
+        "LOG_LEVEL": "ERROR",
+        "DJANGO_SETTINGS_MODULE": "stopdesk.settings",
+        **extra,
+    }
 
 
 def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -70,13 +83,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 def deployed() -> Iterator[Deployed]:
     web_port, watch_port = _free_port(), _free_port()
     found = Deployed(f"http://127.0.0.1:{web_port}", f"http://127.0.0.1:{watch_port}")
-    env = {
-        **os.environ,
-        "DEBUG": "0",
-        "LOG_LEVEL": "ERROR",
-        "DJANGO_SETTINGS_MODULE": "stopdesk.settings",
-        "STOPDESK_WATCH_URL": found.watch_url,
-    }
+    env = _server_env(STOPDESK_WATCH_URL=found.watch_url)
     host = ("--host", "127.0.0.1", "--port", str(watch_port))
     quiet = ("--no-access-log", "--log-level", "warning", "--timeout-keep-alive", "75")
     watch = _spawn(["uvicorn", "stopdesk.asgi:application", *host, *quiet], env)
@@ -94,6 +101,26 @@ def deployed() -> Iterator[Deployed]:
     finally:
         for proc in (web, watch):
             _stop(proc)
+
+
+@contextlib.contextmanager
+def gateway_process(config: str) -> Iterator[str]:
+    """`python -m stopdesk mcp-gateway` in its own process on the scratch database, with `config`
+    as its configuration file (TOML); yields its base URL. A Stop pressed in the benchmark's
+    process reaches it as it reaches a deployed gateway: through PostgreSQL's notifications."""
+    with tempfile.TemporaryDirectory() as scratch:
+        path = os.path.join(scratch, "stopdesk.toml")
+        with open(path, "w") as file:
+            file.write(config)
+        port = _free_port()
+        env = _server_env(GATEWAY_PORT=str(port), STOPDESK_CONFIG_FILE=path)
+        gateway = _spawn(["stopdesk", "mcp-gateway", "--log-level", "warning"], env)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            _healthy(url, gateway)
+            yield url
+        finally:
+            _stop(gateway)
 
 
 def operator_create() -> str:
