@@ -86,6 +86,10 @@ class Task(models.Model):
         return self.closed_at is not None
 
 
+# An item whose outcome is not known yet (the MCP gateway's retry gate holds an identical call).
+UNSETTLED_STATES = (ItemState.UNCERTAIN, ItemState.AWAITING_RECONCILIATION)
+
+
 class WorkItem(models.Model):
     # Not indexed alone: the (task, state) index serves every lookup by task.
     task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="items", db_index=False)
@@ -156,13 +160,17 @@ class WorkItem(models.Model):
             models.Index(
                 KT("detail__gateway__client_task_id"), condition=Q(mechanism="mcp"), name="item_gateway_client_task"
             ),
-            # The MCP gateway's retry gate reads a task's identical calls before each call is sent
-            # (stopdesk.gateway.retry_gate): by this index, not by every call the session made.
+            # The MCP gateway's retry gate reads a task's identical calls still at work or not known
+            # yet before each call is sent (stopdesk.gateway.retry_gate): a few rows, not every
+            # identical call the session made (an agent may read the same thing a thousand times).
             models.Index(
                 "task",
                 KT("detail__gateway__arguments_sha256"),
-                condition=Q(mechanism="mcp"),
-                name="item_gateway_retry_gate",
+                condition=Q(
+                    mechanism="mcp",
+                    state__in=[s.value for s in (ItemState.QUEUED, ItemState.RUNNING, *UNSETTLED_STATES)],
+                ),
+                name="item_gateway_retry_held",
             ),
         ]
 
@@ -318,6 +326,13 @@ class Event(models.Model):
             models.Index(fields=["kind", "at"], name="event_kind_at"),
             # What the sealer reads: the events not sealed yet, in id order (a few at any moment).
             models.Index(fields=["id"], condition=models.Q(seq=0), name="event_unsealed"),
+            # A task's items that were ever uncertain or awaiting reconciliation (the MCP gateway's
+            # retry gate asks): a few events, not the task's whole history.
+            models.Index(
+                fields=["task"],
+                condition=models.Q(to_state__in=[s.value for s in UNSETTLED_STATES], item__isnull=False),
+                name="event_task_unsettled",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -60,3 +60,94 @@ def test_the_item_behind_a_clients_task_id_is_found_by_that_id_and_upstream():
     assert recorded_item("tools", "gw-task-1") == item
     assert recorded_item("tools", "gw-task-2") is None
     assert recorded_item("elsewhere", "gw-task-1") is None
+
+
+def _workitem_rows_read(plan: dict[str, Any]) -> int:
+    """Rows of stopdesk_workitem a plan's nodes read: those they kept and those their filter dropped."""
+    read = 0
+    if plan.get("Relation Name") == "stopdesk_workitem":
+        read += int(plan.get("Actual Rows", 0)) * int(plan.get("Actual Loops", 1))
+        read += int(plan.get("Rows Removed by Filter", 0)) + int(plan.get("Rows Removed by Index Recheck", 0))
+    return read + sum(_workitem_rows_read(child) for child in plan.get("Plans", []))
+
+
+@pytest.mark.django_db
+@pytest.mark.postgres
+def test_the_retry_gate_reads_the_calls_that_may_hold_a_retry_not_every_identical_call_of_the_session():
+    # An agent that reads the same thing many times: a read of all its identical calls made each
+    # call slower than the one before (1,255 rows read at the 1,256th call).
+    from django.db import connection
+
+    from stopdesk.gateway.retry_gate import _EARLIER_SQL
+
+    task = make_task()
+    for _ in range(120):
+        gateway_call(task, S.COMPLETED)
+    took_effect = gateway_call(task, S.UNCERTAIN)
+    item_transition(item_id=took_effect.pk, to_state=S.COMPLETED, actor="reviewer")
+    running = gateway_call(task, S.RUNNING)
+    params = {"task": task.pk, "hash": "h1", "upstream": "tools", "tool": "send", "limit": 50}
+    for statistics in ("as a fresh table's", "analysed"):  # a new session's, and once autovacuum ran
+        with connection.cursor() as cursor:
+            if statistics == "analysed":
+                cursor.execute("ANALYZE stopdesk_workitem")
+            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + _EARLIER_SQL, params)
+            (plan,) = cursor.fetchone()[0]
+        # The running call and the one found to have taken effect; none of the 120 others.
+        assert (statistics, _workitem_rows_read(plan["Plan"])) == (statistics, 2)
+    assert blocking(task) == took_effect.pk
+    assert running.pk > took_effect.pk
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.postgres
+def test_a_retry_sent_while_the_first_copy_registers_waits_for_it_and_then_sees_it():
+    # The gate's read runs after its lock is held, so the second copy sees the first once it committed.
+    import threading
+
+    from django.db import connection, transaction
+
+    from stopdesk.gateway.retry_gate import gate_passed
+
+    task = make_task()
+    identical = {"task_id": task.pk, "upstream": "tools", "tool": "send", "arguments_sha256": "h1"}
+    registered, commit, found = threading.Event(), threading.Event(), []
+
+    def first() -> None:
+        try:
+            with transaction.atomic():
+                assert gate_passed(**identical) is None
+                found.append(gateway_call(task, S.RUNNING).pk)
+                registered.set()
+                assert commit.wait(30)
+        finally:
+            connection.close()
+
+    def second() -> None:
+        try:
+            with transaction.atomic():
+                earlier = gate_passed(**identical)
+                found.append(earlier.pk if earlier is not None else None)
+        finally:
+            connection.close()
+
+    one = threading.Thread(target=first)
+    one.start()
+    assert registered.wait(30)
+    two = threading.Thread(target=second)
+    two.start()
+    waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'"
+    with connection.cursor() as cursor:
+        for _ in range(600):  # the second copy waits on the gate's lock
+            cursor.execute(waiting)
+            if cursor.fetchone()[0] == 1:
+                break
+            two.join(0.05)
+        else:
+            raise AssertionError("the second copy did not wait for the gate's lock")
+    assert two.is_alive()
+    commit.set()
+    one.join(30)
+    two.join(30)
+    first_item, seen_by_second = found
+    assert seen_by_second == first_item
