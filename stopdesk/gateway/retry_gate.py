@@ -30,7 +30,8 @@ from django.db.models import Q
 from django.urls import reverse
 
 from stopdesk.models import UNSETTLED_STATES, Event, WorkItem
-from stopdesk.services.sql import is_postgres, server_side_cursor
+from stopdesk.services.sql import is_postgres
+from stopdesk.services.transitions.boundary import Hold
 from stopdesk.states import ItemState
 
 UNSETTLED = UNSETTLED_STATES  # the partial indexes' states (stopdesk.models)
@@ -39,38 +40,67 @@ CANDIDATES = 50  # identical calls read at most; a task has few at once
 
 
 def gate_passed(*, task_id: int, upstream: str, tool: str, arguments_sha256: str) -> WorkItem | None:
-    """The gate's lock taken (`gate_lock`), then the earlier call that holds or refuses this one
-    read (`earlier_blocking`), in the caller's transaction. The read runs once the lock is held,
-    with a snapshot of its own (read committed) that sees every identical call registered before.
-    (Sent together as a psycopg pipeline, the two took longer: 0.38 ms against 0.29.)"""
+    """The gate's lock taken, then the earlier call that holds or refuses this one read, in the
+    caller's transaction: on PostgreSQL one statement (`stopdesk_retry_gate`, migration 0025),
+    whose read takes its snapshot once the lock is held, so it sees every identical call
+    registered before. The one-statement registration takes the same gate (`retry_hold`)."""
     identical = (task_id, upstream, tool, arguments_sha256)
-    if is_postgres():  # SQLite serialises writers: no lock to take
-        gate_lock(*identical)
-    return earlier_blocking(*identical)
-
-
-def gate_lock(task_id: int, upstream: str, tool: str, arguments_sha256: str) -> None:
-    """Identical calls of a task pass the gate one at a time: each checks and registers under this
-    lock (a transaction-level advisory lock; PostgreSQL only), so two copies sent at once cannot
-    both find no earlier call. Call it inside the transaction."""
-    key = f"retry-gate\0{task_id}\0{upstream}\0{tool}\0{arguments_sha256}"
-    digest = hashlib.sha256(key.encode()).digest()
+    if not is_postgres():  # SQLite serialises writers: no lock to take
+        return earlier_blocking(*identical)
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [int.from_bytes(digest[:8], "big", signed=True)])
+        cursor.execute("SELECT stopdesk_retry_gate(%s, %s, %s, %s, %s)", [gate_key(*identical), *identical])
+        (earlier,) = cursor.fetchone()
+    return None if earlier is None else WorkItem.objects.get(pk=earlier)
+
+
+def retry_hold(*, task_id: int, upstream: str, tool: str, arguments_sha256: str) -> Hold:
+    """The gate as the registration's hold (`item_register_started(hold=)`): taken first in the
+    registration's own statement on PostgreSQL, so the gate, the item and the boundary are one
+    round trip; `gate_passed` in the registration's transaction elsewhere."""
+    identical = (task_id, upstream, tool, arguments_sha256)
+    return Hold(
+        sql=(
+            "stopdesk_retry_gate(%(hold_key)s::bigint, %(hold_task)s::bigint, %(hold_upstream)s::text,"
+            " %(hold_tool)s::text, %(hold_hash)s::text)"
+        ),
+        params={
+            "hold_key": gate_key(*identical),
+            "hold_task": task_id,
+            "hold_upstream": upstream,
+            "hold_tool": tool,
+            "hold_hash": arguments_sha256,
+        },
+        check=lambda: _pk(
+            gate_passed(task_id=task_id, upstream=upstream, tool=tool, arguments_sha256=arguments_sha256)
+        ),
+    )
+
+
+def gate_key(task_id: int, upstream: str, tool: str, arguments_sha256: str) -> int:
+    """The transaction-level advisory lock under which identical calls of a task pass the gate one
+    at a time (PostgreSQL only), so two copies sent at once cannot both find no earlier call."""
+    key = f"retry-gate\0{task_id}\0{upstream}\0{tool}\0{arguments_sha256}"
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big", signed=True)
 
 
 def earlier_blocking(task_id: int, upstream: str, tool: str, arguments_sha256: str) -> WorkItem | None:
     """The first identical call of the task that holds or refuses this one, if any: one still in
     flight (not read-only), one whose outcome is not known yet, or one that was unknown and was
-    found to have taken effect. One statement reads them all: an earlier call moving from running
+    found to have taken effect. One query reads them all: an earlier call moving from running
     to uncertain meanwhile is seen in one state or the other, never missed between two reads.
 
-    On PostgreSQL it reads only identical calls at work or not known yet, and the task's items
-    that were ever unsettled (two partial indexes): an agent that reads the same thing a thousand
-    times has a thousand identical calls, and a session's history grows with every call; a read
-    of all of them made each call slower than the one before."""
+    On PostgreSQL (`stopdesk_retry_gate_earlier`, migration 0025) it reads only identical calls at
+    work or not known yet, and the task's items that were ever unsettled (two partial indexes): an
+    agent that reads the same thing a thousand times has a thousand identical calls, and a
+    session's history grows with every call; a read of all of them made each call slower than the
+    one before."""
     if is_postgres():
-        return _earlier_blocking_sql(task_id, upstream, tool, arguments_sha256)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT stopdesk_retry_gate_earlier(%s, %s, %s, %s)", [task_id, upstream, tool, arguments_sha256]
+            )
+            (earlier,) = cursor.fetchone()
+        return None if earlier is None else WorkItem.objects.get(pk=earlier)
     # SQLite (the embedded default): the same read through the ORM, by the task's items.
     were_unsettled = Event.objects.filter(task_id=task_id, to_state__in=UNSETTLED, item__isnull=False)
     candidates = (
@@ -89,53 +119,8 @@ def earlier_blocking(task_id: int, upstream: str, tool: str, arguments_sha256: s
     return None
 
 
-def _listed(states: tuple[ItemState, ...]) -> str:
-    return ", ".join(f"'{state.value}'" for state in states)
-
-
-# The same read in SQL written once and prepared by the connection (the ORM spent longer compiling
-# it than PostgreSQL did running it). Two parts in one statement, so one snapshot: the identical
-# calls still at work or not known yet, by their partial index (`item_gateway_retry_held`; the
-# states are written out, so the planner sees the index's own condition), and the completed ones
-# among the task's items that were ever unsettled, by the events' partial index
-# (`event_task_unsettled`), read first and each looked up by its id (a lateral join kept apart by
-# OFFSET 0, so the planner cannot start from the session's completed calls instead, as it did while
-# the statistics were a fresh table's). Neither reads the session's other calls or its history.
-_EARLIER_SQL = f"""
-SELECT w.id, w.state, COALESCE((w.detail #> '{{mcp,annotations,readOnlyHint}}') = 'true'::jsonb, false)
-FROM stopdesk_workitem w
-WHERE w.task_id = %(task)s AND w.mechanism = 'mcp' AND (w.detail #>> '{{gateway,arguments_sha256}}') = %(hash)s
-  AND w.state IN ({_listed((*IN_FLIGHT, *UNSETTLED))})
-  AND (w.detail #>> '{{gateway,upstream}}') = %(upstream)s AND (w.detail #>> '{{gateway,tool}}') = %(tool)s
-UNION ALL
-SELECT w.id, w.state, false
-FROM (SELECT DISTINCT e.item_id FROM stopdesk_event e
-      WHERE e.task_id = %(task)s AND e.to_state IN ({_listed(UNSETTLED)}) AND e.item_id IS NOT NULL) AS u,
-     LATERAL (SELECT * FROM stopdesk_workitem WHERE id = u.item_id OFFSET 0) AS w
-WHERE w.state = '{ItemState.COMPLETED.value}' AND w.mechanism = 'mcp'
-  AND (w.detail #>> '{{gateway,arguments_sha256}}') = %(hash)s
-  AND (w.detail #>> '{{gateway,upstream}}') = %(upstream)s AND (w.detail #>> '{{gateway,tool}}') = %(tool)s
-ORDER BY 1
-LIMIT %(limit)s
-"""
-
-
-def _earlier_blocking_sql(task_id: int, upstream: str, tool: str, arguments_sha256: str) -> WorkItem | None:
-    params = {
-        "task": task_id,
-        "hash": arguments_sha256,
-        "upstream": upstream,
-        "tool": tool,
-        "limit": CANDIDATES,
-    }
-    with server_side_cursor() as cursor:
-        cursor.execute(_EARLIER_SQL, params)
-        rows = cursor.fetchall()
-    for item_id, state, read_only in rows:
-        if state in IN_FLIGHT and read_only:
-            continue  # a read running beside its twin does no harm
-        return WorkItem.objects.get(pk=item_id)
-    return None
+def _pk(item: WorkItem | None) -> int | None:
+    return None if item is None else item.pk
 
 
 def _read_only(item: WorkItem) -> bool:

@@ -4,7 +4,7 @@
 The SDK's server side speaks both revisions to clients (2026-07-28, and 2025-11-25 with its
 `initialize` handshake and `Mcp-Session-Id`); upstream calls go through `open_client`, in the
 revision the upstream offers. `tools/list` is forwarded as it is. A `tools/call` costs the
-ledger two trips: before anything is sent, one transaction takes the retry gate and registers
+ledger two trips: before anything is sent, one statement takes the retry gate and registers
 the call as an item of the caller's task (`sessions.py`) with everything known of it (upstream,
 tool, revision, annotations from the last listing) and passes the boundary, with the task's Stop
 already watched; after the answer, one statement records the result with the upstream's id of
@@ -54,7 +54,7 @@ from reconcile.mechanisms.registry import mechanism_settings
 from stopdesk.agent.aio import LedgerThreads, in_thread, ledger_threads
 from stopdesk.gateway.client_cancel import record_client_cancel
 from stopdesk.gateway.readiness import enforced, not_ready_because, ready_tools
-from stopdesk.gateway.retry_gate import gate_passed, refused_words
+from stopdesk.gateway.retry_gate import refused_words, retry_hold
 from stopdesk.gateway.sessions import (
     ACTOR,
     TASK_HEADER,
@@ -76,9 +76,10 @@ from stopdesk.gateway.tasks import (
     wants_task,
 )
 from stopdesk.gateway.upstreams import UpstreamConnections
+from stopdesk.models import WorkItem
 from stopdesk.protocol.spec import noun_of
 from stopdesk.push.hub import stop_hub
-from stopdesk.services.errors import LedgerError, TaskClosed, TaskStopped, ToolNotReady
+from stopdesk.services.errors import Held, LedgerError, TaskClosed, TaskStopped, ToolNotReady
 from stopdesk.services.items import item_finish, item_record_detail, item_register_started
 from stopdesk.services.sql import is_postgres
 from stopdesk.services.transitions import item_close_running
@@ -339,7 +340,7 @@ class UpstreamGateway:
         self, *, caller: Caller, facts: dict[str, Any], mcp_facts: dict[str, Any], on_stop: Callable[[], Any]
     ) -> Entered:
         """The task's Stop watched first, then the gate and the registration with its boundary, as
-        one transaction: a Stop that commits after the boundary is pushed to the watch, and one
+        one statement: a Stop that commits after the boundary is pushed to the watch, and one
         before it refuses the call. A session's task, kept in memory, may have been closed since
         it was read: then its next task is read and the call registered there."""
         for attempt in (1, 2):
@@ -360,37 +361,31 @@ class UpstreamGateway:
         raise AssertionError("unreachable")
 
     def _register_passed(self, task_id: int, facts: dict[str, Any], mcp_facts: dict[str, Any]) -> int | None:
-        identical = {
-            "task_id": task_id,
-            "upstream": self.spec.name,
-            "tool": facts["tool"],
-            "arguments_sha256": facts["arguments_sha256"],
-        }
+        """The retry gate and the registration with its boundary: one statement on PostgreSQL (the
+        gate is the registration's hold), one transaction elsewhere. A held call raises MCPError."""
         read_only = bool(mcp_facts["annotations"]["readOnlyHint"])
-        stopped: TaskStopped | None = None
-        with transaction.atomic():  # the gate's check and the registration, as one
-            if facts["tool"] not in self.spec.idempotent_tools:
-                earlier = gate_passed(**identical)
-                if earlier is not None:
-                    code = TOOK_EFFECT if earlier.state == ItemState.COMPLETED else HELD
-                    raise MCPError(code=code, message=refused_words(earlier))
-            try:
-                item_id = item_register_started(
-                    task_id=task_id,
-                    actor=ACTOR,
-                    worker="mcp",
-                    # A call that may change the world is an external action: submitted, with a key.
-                    submit_key="" if read_only else f"mcp-gateway-{uuid.uuid4().hex}",
-                    kind=Kind.REMOTE_TOOL,
-                    noun=noun_of(f"{self.spec.name}: {facts['tool']}"),
-                    mechanism="mcp",
-                    detail={"gateway": facts, "mcp": mcp_facts},
-                )
-            except TaskStopped as exc:  # recorded and cancelled: that record must commit
-                stopped = exc
-        if stopped is not None:
-            raise stopped
-        return item_id
+        hold = None
+        if facts["tool"] not in self.spec.idempotent_tools:
+            hold = retry_hold(
+                task_id=task_id, upstream=self.spec.name, tool=facts["tool"], arguments_sha256=facts["arguments_sha256"]
+            )
+        try:
+            return item_register_started(
+                task_id=task_id,
+                actor=ACTOR,
+                worker="mcp",
+                # A call that may change the world is an external action: submitted, with a key.
+                submit_key="" if read_only else f"mcp-gateway-{uuid.uuid4().hex}",
+                kind=Kind.REMOTE_TOOL,
+                noun=noun_of(f"{self.spec.name}: {facts['tool']}"),
+                mechanism="mcp",
+                detail={"gateway": facts, "mcp": mcp_facts},
+                hold=hold,
+            )
+        except Held as held:
+            earlier = WorkItem.objects.get(pk=held.item_id)
+            code = TOOK_EFFECT if earlier.state == ItemState.COMPLETED else HELD
+            raise MCPError(code=code, message=refused_words(earlier)) from None
 
     async def _forward(
         self,

@@ -33,6 +33,17 @@ class TaskClosed(LedgerError, ClientTaskClosed):
         )
 
 
+class Held(LedgerError):
+    """A registration's hold (`Hold`, the MCP gateway's retry gate) named an earlier item that
+    holds it back: nothing was written."""
+
+    code = "held"
+
+    def __init__(self, item_id: int) -> None:
+        super().__init__(f"Held back by item {item_id}; nothing was registered.")
+        self.item_id = item_id
+
+
 class InvalidRecordId(LedgerError):
     """The record id cannot travel back to its system as one URL path segment."""
 

@@ -21,6 +21,7 @@ from stopdesk.services.closing import task_open_check
 from stopdesk.services.errors import (
     DeclarationRefused,
     HandleConflict,
+    Held,
     IllegalTransition,
     InvalidRecordId,
     TaskStopped,
@@ -29,6 +30,7 @@ from stopdesk.services.errors import (
 from stopdesk.services.events import event_record
 from stopdesk.services.sql import ClockNow, is_postgres
 from stopdesk.services.transitions import (
+    Hold,
     Refused,
     item_late_result,
     item_observed_started,
@@ -127,14 +129,16 @@ def item_register_started(
     submit_key: str = "",
     runtime_id: int | None = None,
     spec: ItemSpec | None = None,
+    hold: Hold | None = None,
     **fields: Any,
 ) -> int | None:
     """Register a child and pass the boundary (start, or submit with `submit_key`): for work that
     starts the moment it is known (a framework's tool call or model request). On PostgreSQL one
     statement, so one round trip; elsewhere one transaction. Returns the item id, None if there is
     no such task (of the runtime `runtime_id`, when given); raises TaskStopped after Stop, with the
-    item recorded and cancelled, so the ledger still has every call. The item is `spec`, or its
-    fields as keywords."""
+    item recorded and cancelled, so the ledger still has every call, and Held, having written
+    nothing, when `hold` names an item that holds it back (checked first). The item is `spec`,
+    or its fields as keywords."""
     spec = spec or _spec(fields)
     _registrable(kind=spec.kind, mechanism=spec.mechanism, detail=spec.detail)
     if is_postgres() and spec.parent is None:
@@ -147,6 +151,7 @@ def item_register_started(
                 lease_seconds=lease_seconds,
                 submit_key=submit_key,
                 spec=spec,
+                hold=hold,
             )
         except Refused:
             pass  # stopped: the path below records the item and its refusal
@@ -154,6 +159,8 @@ def item_register_started(
     if runtime_id is not None:
         tasks = tasks.filter(runtime_id=runtime_id)
     with transaction.atomic():
+        if hold is not None and (held_by := hold.check()) is not None:
+            raise Held(held_by)
         # The gate first (the boundary below takes it again, which a holder may), then the task
         # row: Stop takes them in that order, so a start holding the row while waiting for the
         # gate behind Stop would deadlock with it. The row lock serialises registrations that may

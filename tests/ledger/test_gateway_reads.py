@@ -62,13 +62,14 @@ def test_the_item_behind_a_clients_task_id_is_found_by_that_id_and_upstream():
     assert recorded_item("elsewhere", "gw-task-1") is None
 
 
-def _workitem_rows_read(plan: dict[str, Any]) -> int:
-    """Rows of stopdesk_workitem a plan's nodes read: those they kept and those their filter dropped."""
-    read = 0
-    if plan.get("Relation Name") == "stopdesk_workitem":
-        read += int(plan.get("Actual Rows", 0)) * int(plan.get("Actual Loops", 1))
-        read += int(plan.get("Rows Removed by Filter", 0)) + int(plan.get("Rows Removed by Index Recheck", 0))
-    return read + sum(_workitem_rows_read(child) for child in plan.get("Plans", []))
+def _workitem_rows_read(cursor: Any) -> int:
+    """Rows of stopdesk_workitem this transaction has read so far, as PostgreSQL counts them: by
+    sequential scans and fetched through an index, inside functions too."""
+    cursor.execute(
+        "SELECT COALESCE(seq_tup_read, 0) + COALESCE(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables"
+        " WHERE relname = 'stopdesk_workitem'"
+    )
+    return int(cursor.fetchone()[0])
 
 
 @pytest.mark.django_db
@@ -78,23 +79,23 @@ def test_the_retry_gate_reads_the_calls_that_may_hold_a_retry_not_every_identica
     # call slower than the one before (1,255 rows read at the 1,256th call).
     from django.db import connection
 
-    from stopdesk.gateway.retry_gate import _EARLIER_SQL
-
     task = make_task()
     for _ in range(120):
         gateway_call(task, S.COMPLETED)
     took_effect = gateway_call(task, S.UNCERTAIN)
     item_transition(item_id=took_effect.pk, to_state=S.COMPLETED, actor="reviewer")
     running = gateway_call(task, S.RUNNING)
-    params = {"task": task.pk, "hash": "h1", "upstream": "tools", "tool": "send", "limit": 50}
+    gate = "SELECT stopdesk_retry_gate_earlier(%s, 'tools', 'send', 'h1')"
     for statistics in ("as a fresh table's", "analysed"):  # a new session's, and once autovacuum ran
         with connection.cursor() as cursor:
             if statistics == "analysed":
                 cursor.execute("ANALYZE stopdesk_workitem")
-            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + _EARLIER_SQL, params)
-            (plan,) = cursor.fetchone()[0]
+            before = _workitem_rows_read(cursor)
+            cursor.execute(gate, [task.pk])
+            assert cursor.fetchone()[0] == took_effect.pk
+            read = _workitem_rows_read(cursor) - before
         # The running call and the one found to have taken effect; none of the 120 others.
-        assert (statistics, _workitem_rows_read(plan["Plan"])) == (statistics, 2)
+        assert (statistics, read) == (statistics, 2)
     assert blocking(task) == took_effect.pk
     assert running.pk > took_effect.pk
 
@@ -151,3 +152,72 @@ def test_a_retry_sent_while_the_first_copy_registers_waits_for_it_and_then_sees_
     two.join(30)
     first_item, seen_by_second = found
     assert seen_by_second == first_item
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.postgres
+def test_a_call_registered_in_one_statement_waits_for_an_identical_call_registering_and_is_held_by_it():
+    # The gateway's registration takes the gate in its own statement (`retry_hold`): it waits for
+    # a copy holding the gate, then reads with a snapshot taken after the wait, sees the copy and
+    # writes nothing.
+    import threading
+
+    from django.db import connection, transaction
+
+    from stopdesk.gateway.retry_gate import gate_passed, retry_hold
+    from stopdesk.services.errors import Held
+    from stopdesk.services.items import item_register_started
+
+    task = make_task()
+    identical = {"task_id": task.pk, "upstream": "tools", "tool": "send", "arguments_sha256": "h1"}
+    registered, commit, found = threading.Event(), threading.Event(), []
+
+    def first() -> None:
+        try:
+            with transaction.atomic():
+                assert gate_passed(**identical) is None
+                found.append(gateway_call(task, S.RUNNING).pk)
+                registered.set()
+                assert commit.wait(30)
+        finally:
+            connection.close()
+
+    def second() -> None:
+        try:
+            item_register_started(
+                task_id=task.pk,
+                actor="gateway:mcp",
+                kind=Kind.REMOTE_TOOL,
+                noun="tools: send",
+                mechanism="mcp",
+                detail={"gateway": {"upstream": "tools", "tool": "send", "arguments_sha256": "h1"}},
+                submit_key="k-second",
+                hold=retry_hold(**identical),
+            )
+            found.append("registered")
+        except Held as held:
+            found.append(held.item_id)
+        finally:
+            connection.close()
+
+    one = threading.Thread(target=first)
+    one.start()
+    assert registered.wait(30)
+    two = threading.Thread(target=second)
+    two.start()
+    waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'"
+    with connection.cursor() as cursor:
+        for _ in range(600):  # the second copy waits on the gate's lock
+            cursor.execute(waiting)
+            if cursor.fetchone()[0] == 1:
+                break
+            two.join(0.05)
+        else:
+            raise AssertionError("the second copy did not wait for the gate's lock")
+    assert two.is_alive()
+    commit.set()
+    one.join(30)
+    two.join(30)
+    first_item, held_by = found
+    assert held_by == first_item
+    assert WorkItem.objects.filter(task=task).count() == 1  # the held copy wrote nothing

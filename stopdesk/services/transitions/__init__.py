@@ -11,7 +11,8 @@
   state the caller decided on; not a move, so no event);
 - `boundary`: `item_start` and `item_submit`, the cancellation boundary (one statement on
   PostgreSQL that checks Stop and moves the item, with its event), `item_register_pass`, a new
-  child registered and passed through it in one statement (a framework's tool call), and
+  child registered and passed through it in one statement (a framework's tool call; a `Hold`, such
+  as the MCP gateway's retry gate, checked first in the same statement), and
   `item_observed_started` for work found already running outside it (with the time it began);
 - `gate`: the per-task advisory lock that starts hold shared and Stop exclusive (PostgreSQL), so
   a task's starts overlap and a waiting Stop is not starved;
@@ -25,6 +26,7 @@ string literals, and the columns a move may set besides the state are `FIELDS`. 
 """
 
 from stopdesk.services.transitions.boundary import (
+    Hold,
     Refused,
     item_observed_started,
     item_register_pass,
@@ -46,6 +48,7 @@ from stopdesk.services.transitions.single import (
 __all__ = [
     "FIELDS",
     "NOW",
+    "Hold",
     "Refused",
     "Row",
     "Schedule",

@@ -22,6 +22,8 @@ read-then-write inside one transaction is serialised against Stop the same way.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -31,7 +33,7 @@ from django.utils import timezone
 
 from stopdesk.models import Task, WorkItem
 from stopdesk.protocol.spec import ItemSpec
-from stopdesk.services.errors import IllegalTransition, TaskClosed, TaskStopped
+from stopdesk.services.errors import Held, IllegalTransition, TaskClosed, TaskStopped
 from stopdesk.services.events import event_record
 from stopdesk.services.sql import is_postgres, server_side_cursor
 from stopdesk.services.transitions.settled import task_settle_after_commit
@@ -87,7 +89,8 @@ SELECT state FROM u
 # read from the row's newest version, which FOR NO KEY UPDATE returns. A task outside the
 # runtime's scope matches no row.
 _REGISTER_AND_START_SQL = """
-WITH g AS (SELECT stopdesk_gate(%(task)s::bigint) AS stopped),
+WITH h AS (SELECT /*hold*/NULL::bigint AS held_by),
+g AS (SELECT CASE WHEN (SELECT held_by FROM h) IS NULL THEN stopdesk_gate(%(task)s::bigint) END AS stopped),
 t AS (
     SELECT id, (SELECT stopped FROM g) AS stopped, settled_at IS NOT NULL AS settled, closed_at IS NOT NULL AS closed
     FROM stopdesk_task
@@ -133,8 +136,24 @@ e AS (
     ) x
     ORDER BY x.ord  -- the events in the order the portable path writes them
 )
-SELECT (SELECT count(*) FROM t), (SELECT id FROM i), (SELECT closed FROM t)
+SELECT (SELECT count(*) FROM t), (SELECT id FROM i), (SELECT closed FROM t), (SELECT held_by FROM h)
 """
+_NO_HOLD = "/*hold*/NULL::bigint"
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A check that may hold a registration back (the MCP gateway's retry gate): it gives the id of
+    the item that holds it, or None, and the registration then writes nothing and raises Held.
+    It runs first, before the boundary's gate.
+    - `sql`: on PostgreSQL, an SQL expression evaluated first in the one-statement registration,
+      with `params` (named `hold_*`); a volatile function, which may take a transaction-level lock
+      and then reads with a snapshot of its own, taken after the wait;
+    - `check`: the same, called in the registration's transaction on the other paths."""
+
+    sql: str
+    params: dict[str, Any]
+    check: Callable[[], int | None]
 
 
 class Refused(Exception):
@@ -150,12 +169,13 @@ def item_register_pass(
     worker: str = "",
     lease_seconds: int | None = None,
     submit_key: str = "",
+    hold: Hold | None = None,
 ) -> int | None:
     """Register a child and pass the boundary (start, or submit with `submit_key`) in one statement,
     so one round trip, which under autocommit is also the commit (PostgreSQL only; the caller
     checks the kind, mechanism and readiness first). Returns the item id, None if the task is not
-    there (or not the runtime's); raises Refused, having written nothing, if the task is stopped,
-    and TaskClosed if it is closed."""
+    there (or not the runtime's); raises Held if `hold` holds it, Refused if the task is stopped
+    (both having written nothing), and TaskClosed if it is closed."""
     lease = lease_seconds or settings.STOPDESK["LEASE_SECONDS"]
     params: dict[str, Any] = {
         **spec.to_json(),
@@ -171,9 +191,15 @@ def item_register_pass(
         "queued": S.QUEUED.value,
         "running": S.RUNNING.value,
     }
+    statement = _REGISTER_AND_START_SQL
+    if hold is not None:
+        statement = statement.replace(_NO_HOLD, hold.sql)
+        params.update(hold.params)
     with server_side_cursor() as cursor:
-        cursor.execute(_REGISTER_AND_START_SQL, params)
-        found, item_id, closed = cursor.fetchone()
+        cursor.execute(statement, params)
+        found, item_id, closed, held_by = cursor.fetchone()
+    if held_by is not None:
+        raise Held(int(held_by))
     if not found:
         return None
     if closed:
