@@ -221,3 +221,35 @@ def test_a_call_registered_in_one_statement_waits_for_an_identical_call_register
     first_item, held_by = found
     assert held_by == first_item
     assert WorkItem.objects.filter(task=task).count() == 1  # the held copy wrote nothing
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_registration_with_the_retry_gate_as_its_hold_holds_an_identical_call_on_either_database():
+    # The gateway's path: one statement on PostgreSQL, the portable transaction on SQLite.
+    from stopdesk.gateway.retry_gate import retry_hold
+    from stopdesk.services.errors import Held
+    from stopdesk.services.items import item_register_started
+
+    task = make_task()
+    facts = {"upstream": "tools", "tool": "send", "arguments_sha256": "h1"}
+
+    def register(key: str) -> int | None:
+        return item_register_started(
+            task_id=task.pk,
+            actor="gateway:mcp",
+            kind=Kind.REMOTE_TOOL,
+            noun="tools: send",
+            mechanism="mcp",
+            detail={"gateway": facts},
+            submit_key=key,
+            hold=retry_hold(task_id=task.pk, upstream="tools", tool="send", arguments_sha256="h1"),
+        )
+
+    first = register("k-1")
+    with pytest.raises(Held) as held:
+        register("k-2")
+    assert held.value.item_id == first
+    assert list(WorkItem.objects.filter(task=task).values_list("pk", "state")) == [(first, S.RUNNING)]
+    item_transition(item_id=first, to_state=S.FAILED, actor="gateway:mcp")  # found not to have taken effect
+    second = register("k-3")
+    assert second is not None and second != first
