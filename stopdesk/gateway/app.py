@@ -15,6 +15,7 @@ from reconcile.mechanisms.mcp.servers import configured_servers
 from reconcile.mechanisms.registry import mechanism_settings
 from stopdesk.agent.aio import LedgerThreads
 from stopdesk.gateway.fast_calls import FastCalls
+from stopdesk.gateway.ledger_pool import LedgerPool
 from stopdesk.gateway.server import LEDGER_THREADS, PATH, UpstreamGateway
 from stopdesk.gateway.sessions import SessionTasks
 from stopdesk.gateway.settling import QUIET_S, SettleChecks
@@ -29,6 +30,7 @@ def gateway_app(
     checked for settling once its calls have been quiet `settle_quiet_s` (`settling.py`)."""
     tasks = SessionTasks()
     ledger = LedgerThreads(LEDGER_THREADS)
+    pool = LedgerPool(LEDGER_THREADS)  # the forwarded calls' two statements, on the loop
     specs = configured_servers(mechanism_settings("mcp").options)
     routes: list[BaseRoute] = []
     managers = []
@@ -43,7 +45,7 @@ def gateway_app(
         security = server.session_manager.security_settings
         for route in app.routes:
             if isinstance(route, Route) and route.path == path:  # 2026-07-28 calls first (`fast_calls.py`)
-                route = Route(path, endpoint=FastCalls(gateway, route.app, security))
+                route = Route(path, endpoint=FastCalls(gateway, route.app, security, pool))
             routes.append(route)
         managers.append(server.session_manager)
         gateways.append(gateway)
@@ -52,6 +54,7 @@ def gateway_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
             stack.callback(ledger.close)  # last: the calls below may still write as they end
+            await stack.enter_async_context(pool.running())
             for gateway in gateways:
                 await stack.enter_async_context(gateway.running())
             for manager in managers:

@@ -58,6 +58,7 @@ from reconcile.mechanisms.mcp.agent.calls import record_cancelled
 from reconcile.mechanisms.mcp.agent.common import record_failure
 from reconcile.mechanisms.mcp.servers import MODERN
 from stopdesk.agent.aio import in_thread, ledger_threads
+from stopdesk.gateway.ledger_pool import LedgerPool
 from stopdesk.gateway.server import (
     Answer,
     Entered,
@@ -82,8 +83,15 @@ JSON_HEADERS = [(b"content-type", b"application/json")]
 class FastCalls:
     """The ASGI endpoint at `/mcp/<name>`: a call this path can take, else the SDK's app."""
 
-    def __init__(self, gateway: UpstreamGateway, sdk_app: ASGIApp, security: TransportSecuritySettings | None) -> None:
+    def __init__(
+        self,
+        gateway: UpstreamGateway,
+        sdk_app: ASGIApp,
+        security: TransportSecuritySettings | None,
+        pool: LedgerPool,
+    ) -> None:
         self.gateway = gateway
+        self.pool = pool
         self.sdk_app = sdk_app
         self.security = TransportSecurityMiddleware(security)
 
@@ -96,7 +104,7 @@ class FastCalls:
             call = None if body is None else await self._call_of(Request(scope, receive), body)
             if call is not None:
                 self.gateway.calls["forwarded"] += 1
-                await _Forwarded(self.gateway, call, receive, send).run()
+                await _Forwarded(self.gateway, self.pool, call, receive, send).run()
                 return
         await self.sdk_app(scope, receive, send)
 
@@ -155,8 +163,9 @@ class _Forwarded:
 
     _ids = itertools.count(1)  # the gateway's JSON-RPC ids upstream, unique in the process
 
-    def __init__(self, gateway: UpstreamGateway, call: _Call, receive: Receive, send: Send) -> None:
+    def __init__(self, gateway: UpstreamGateway, pool: LedgerPool, call: _Call, receive: Receive, send: Send) -> None:
         self.gateway = gateway
+        self.pool = pool
         self.call = call
         self.receive = receive
         self.send = send
@@ -167,7 +176,7 @@ class _Forwarded:
         try:
             facts, mcp_facts = await gateway.call_facts(call.tool, call.arguments, call.request_id, MODERN)
             stopped = asyncio.Event()
-            entered = await gateway.enter(call.caller, facts, mcp_facts, stopped)
+            entered = await gateway.enter_on(self.pool, call.caller, facts, mcp_facts, stopped)
             try:
                 await self._forward(entered, facts, mcp_facts, stopped)
             finally:
@@ -210,7 +219,7 @@ class _Forwarded:
         outcome = outcome_text(result.get("content"))
         # The ledger has the answer before the client does; whether the task settled is asked
         # once the session's calls are quiet (`settling.py`).
-        await in_thread(Answer(sent, succeeded=not result.get("isError"), outcome=outcome, settle=False).record)
+        await Answer(sent, succeeded=not result.get("isError"), outcome=outcome, settle=False).record_on(self.pool)
         gateway.settle_checks.after_answer(entered.task_id)
         await self._reply({"jsonrpc": "2.0", "id": self.call.request_id, "result": result})
 

@@ -53,6 +53,7 @@ from reconcile.mechanisms.mcp.servers import (
 from reconcile.mechanisms.registry import mechanism_settings
 from stopdesk.agent.aio import LedgerThreads, in_thread, ledger_threads
 from stopdesk.gateway.client_cancel import record_client_cancel
+from stopdesk.gateway.ledger_pool import LedgerPool
 from stopdesk.gateway.readiness import enforced, not_ready_because, ready_tools
 from stopdesk.gateway.retry_gate import refused_words, retry_hold
 from stopdesk.gateway.sessions import (
@@ -80,9 +81,15 @@ from stopdesk.models import WorkItem
 from stopdesk.protocol.spec import noun_of
 from stopdesk.push.hub import stop_hub
 from stopdesk.services.errors import Held, LedgerError, TaskClosed, TaskStopped, ToolNotReady
-from stopdesk.services.items import item_finish, item_record_detail, item_register_started
+from stopdesk.services.items import (
+    NotInOneStatement,
+    item_finish,
+    item_record_detail,
+    item_register_started,
+    item_register_started_async,
+)
 from stopdesk.services.sql import is_postgres
-from stopdesk.services.transitions import item_close_running
+from stopdesk.services.transitions import item_close_running, item_close_running_async
 from stopdesk.states import ItemState, Kind
 
 PATH = "/mcp/{name}"
@@ -363,29 +370,68 @@ class UpstreamGateway:
     def _register_passed(self, task_id: int, facts: dict[str, Any], mcp_facts: dict[str, Any]) -> int | None:
         """The retry gate and the registration with its boundary: one statement on PostgreSQL (the
         gate is the registration's hold), one transaction elsewhere. A held call raises MCPError."""
+        try:
+            return item_register_started(**self._registration(task_id, facts, mcp_facts))
+        except Held as held:
+            raise held_error(held) from None
+
+    async def enter_on(
+        self, pool: LedgerPool, caller: Caller, facts: dict[str, Any], mcp_facts: dict[str, Any], stopped: asyncio.Event
+    ) -> Entered:
+        """`enter`, with the registration's one statement on the loop's own connection (`pool`), so
+        the call waits for no thread on its way upstream: for a session whose task is known here.
+        Anything else (a task to read or create, a task found closed, a stopped task's refusal to
+        record, a registration that is more than its statement) goes through `enter`."""
+        task_id = self.tasks.known(caller)
+        if task_id is None or not pool.usable:
+            return await self.enter(caller, facts, mcp_facts, stopped)
+        loop = asyncio.get_running_loop()
+
+        def on_stop(_task: int, _at: Any) -> None:
+            loop.call_soon_threadsafe(stopped.set)
+
+        unwatch = stop_hub().watch(task_id, on_stop)
+        try:
+            async with pool.connection() as conn:
+                item_id = await item_register_started_async(conn, **self._registration(task_id, facts, mcp_facts))
+        except (NotInOneStatement, TaskClosed):
+            unwatch()  # nothing was written: the threads' path records or reads what this one cannot
+            return await self.enter(caller, facts, mcp_facts, stopped)
+        except Held as held:
+            unwatch()
+            raise await in_thread(held_error, held=held) from None
+        except LedgerError as exc:
+            unwatch()
+            raise MCPError(code=REFUSED, message=str(exc)) from exc
+        except BaseException:
+            unwatch()
+            raise
+        if item_id is None:  # a task the caller named that is not there
+            unwatch()
+            raise MCPError(code=INVALID_PARAMS, message=str(self.tasks.unknown(caller)))
+        return Entered(task_id, item_id, unwatch)
+
+    def _registration(self, task_id: int, facts: dict[str, Any], mcp_facts: dict[str, Any]) -> dict[str, Any]:
+        """The registration's arguments: the item with everything known of the call, and the retry
+        gate as its hold (unless the tool is declared idempotent)."""
         read_only = bool(mcp_facts["annotations"]["readOnlyHint"])
         hold = None
         if facts["tool"] not in self.spec.idempotent_tools:
             hold = retry_hold(
                 task_id=task_id, upstream=self.spec.name, tool=facts["tool"], arguments_sha256=facts["arguments_sha256"]
             )
-        try:
-            return item_register_started(
-                task_id=task_id,
-                actor=ACTOR,
-                worker="mcp",
-                # A call that may change the world is an external action: submitted, with a key.
-                submit_key="" if read_only else f"mcp-gateway-{uuid.uuid4().hex}",
-                kind=Kind.REMOTE_TOOL,
-                noun=noun_of(f"{self.spec.name}: {facts['tool']}"),
-                mechanism="mcp",
-                detail={"gateway": facts, "mcp": mcp_facts},
-                hold=hold,
-            )
-        except Held as held:
-            earlier = WorkItem.objects.get(pk=held.item_id)
-            code = TOOK_EFFECT if earlier.state == ItemState.COMPLETED else HELD
-            raise MCPError(code=code, message=refused_words(earlier)) from None
+        return {
+            "task_id": task_id,
+            "actor": ACTOR,
+            "worker": "mcp",
+            # A call that may change the world is an external action: submitted, with a key.
+            "submit_key": "" if read_only else f"mcp-gateway-{uuid.uuid4().hex}",
+            "kind": Kind.REMOTE_TOOL,
+            "noun": noun_of(f"{self.spec.name}: {facts['tool']}"),
+            "mechanism": "mcp",
+            "detail": {"gateway": facts, "mcp": mcp_facts},
+            "hold": hold,
+        }
 
     async def _forward(
         self,
@@ -470,6 +516,30 @@ class Answer:
         with transaction.atomic():
             self.upstream_id.record()
             item_finish(item_id=item_id, succeeded=self.succeeded, actor=ACTOR, outcome=self.outcome)
+
+    async def record_on(self, pool: LedgerPool) -> None:
+        """`record` with `settle=False`, its one statement on the loop's own connection (`pool`);
+        through a ledger thread where that statement is not the whole record (see `record`)."""
+        assert not self.settle
+        if pool.usable:
+            async with pool.connection() as conn:
+                if await item_close_running_async(
+                    conn,
+                    item_id=self.upstream_id.item_id,
+                    succeeded=self.succeeded,
+                    actor=ACTOR,
+                    outcome=self.outcome,
+                    detail=self.upstream_id.with_id(),
+                ):
+                    return
+        await in_thread(self.record)
+
+
+def held_error(held: Held) -> MCPError:
+    """What a client is told of a call the retry gate held: the earlier call, as read now."""
+    earlier = WorkItem.objects.get(pk=held.item_id)
+    code = TOOK_EFFECT if earlier.state == ItemState.COMPLETED else HELD
+    return MCPError(code=code, message=refused_words(earlier))
 
 
 def outcome_text(content: Any) -> str:

@@ -70,6 +70,18 @@ class SessionTasks:
             found = self._known[key] = gateway_session_task(key=key, title=caller.title(), actor=ACTOR)
         return found
 
+    def known(self, caller: Caller) -> int | None:
+        """The caller's task if known without asking the ledger: one it names, or its session's as
+        kept here; None otherwise (then `task_for`)."""
+        try:
+            if caller.task_meta is not None:
+                return _named_task(caller.task_meta, TASK_META_KEY)
+            if caller.task_header is not None:
+                return _named_task(caller.task_header, TASK_HEADER)
+        except UnknownTask:
+            return None  # `task_for` says so
+        return self._known.get(_session_key(caller))
+
     def forget(self, caller: Caller) -> bool:
         """Drop the session's kept task (it was found closed); False for a task the caller named."""
         if caller.task_meta is not None or caller.task_header is not None:

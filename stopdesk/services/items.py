@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -35,6 +35,7 @@ from stopdesk.services.transitions import (
     item_late_result,
     item_observed_started,
     item_register_pass,
+    item_register_pass_async,
     item_start,
     item_submit,
     item_transition,
@@ -42,6 +43,9 @@ from stopdesk.services.transitions import (
 )
 from stopdesk.services.transitions.settled import task_reopen
 from stopdesk.states import IN_FLIGHT, TERMINAL, UNSTARTED, ItemState, Kind
+
+if TYPE_CHECKING:
+    import psycopg
 
 S = ItemState
 
@@ -191,6 +195,39 @@ def item_register_started(
     return item.pk
 
 
+class NotInOneStatement(Exception):
+    """`item_register_started_async` cannot register this item in its one statement, and wrote
+    nothing: the task is stopped (the portable path records the item and its refusal), or the
+    statement is not all there is to it (SQLite, a child of a parent, the readiness policy's check,
+    which reads the database). The caller takes `item_register_started` in a thread."""
+
+
+async def item_register_started_async(
+    conn: psycopg.AsyncConnection[Any],
+    *,
+    task_id: int,
+    actor: str,
+    worker: str = "",
+    submit_key: str = "",
+    hold: Hold | None = None,
+    **fields: Any,
+) -> int | None:
+    """`item_register_started` for an asyncio caller on a connection of its own (autocommit): the
+    MCP gateway's loop, which then waits for no thread on a call's way upstream. The same one
+    statement with the same answers (the item id, None for no such task, Held, TaskClosed);
+    NotInOneStatement where that statement is not the whole registration."""
+    spec = _spec(fields)
+    if not is_postgres() or spec.parent is not None or _readiness_on():
+        raise NotInOneStatement
+    _registrable(kind=spec.kind, mechanism=spec.mechanism, detail=spec.detail)
+    try:
+        return await item_register_pass_async(
+            conn, task_id=task_id, actor=actor, spec=spec, worker=worker, submit_key=submit_key, hold=hold
+        )
+    except Refused:
+        raise NotInOneStatement from None
+
+
 def _spec(fields: dict[str, Any]) -> ItemSpec:
     """The keyword form's spec; a parent may be given as the item itself."""
     parent = fields.get("parent")
@@ -219,9 +256,13 @@ def _readiness_check(*, mechanism: str, kind: str, detail: dict[str, Any] | None
     """The readiness policy's hook (STOPDESK_READINESS_POLICY, off by default). The check lives
     with the mechanisms and comes through the ledger's port (`stopdesk.ports`), so the ledger does
     not import the reconcile app; it raises ToolNotReady to refuse."""
-    if getattr(settings, "STOPDESK_READINESS_POLICY", "off") == "off":
-        return
-    ports.registration_check(mechanism=mechanism, kind=kind, detail=detail)
+    if _readiness_on():
+        ports.registration_check(mechanism=mechanism, kind=kind, detail=detail)
+
+
+def _readiness_on() -> bool:
+    """Whether a registration asks the readiness policy (whose check may read the database)."""
+    return getattr(settings, "STOPDESK_READINESS_POLICY", "off") != "off"
 
 
 def item_finish(

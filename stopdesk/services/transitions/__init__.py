@@ -30,6 +30,7 @@ from stopdesk.services.transitions.boundary import (
     Refused,
     item_observed_started,
     item_register_pass,
+    item_register_pass_async,
     item_start,
     item_submit,
 )
@@ -39,6 +40,7 @@ from stopdesk.services.transitions.settled import tasks_settle_sweep
 from stopdesk.services.transitions.single import (
     FIELDS,
     item_close_running,
+    item_close_running_async,
     item_late_result,
     item_late_result_record,
     item_transition,
@@ -53,10 +55,12 @@ __all__ = [
     "Row",
     "Schedule",
     "item_close_running",
+    "item_close_running_async",
     "item_late_result",
     "item_late_result_record",
     "item_observed_started",
     "item_register_pass",
+    "item_register_pass_async",
     "item_start",
     "item_submit",
     "item_transition",

@@ -25,7 +25,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import transaction
@@ -38,6 +38,9 @@ from stopdesk.services.events import event_record
 from stopdesk.services.sql import is_postgres, server_side_cursor
 from stopdesk.services.transitions.settled import task_settle_after_commit
 from stopdesk.states import ItemState
+
+if TYPE_CHECKING:
+    import psycopg
 
 S = ItemState
 
@@ -176,6 +179,43 @@ def item_register_pass(
     checks the kind, mechanism and readiness first). Returns the item id, None if the task is not
     there (or not the runtime's); raises Held if `hold` holds it, Refused if the task is stopped
     (both having written nothing), and TaskClosed if it is closed."""
+    statement, params = _register_statement(task_id, runtime_id, actor, spec, worker, lease_seconds, submit_key, hold)
+    with server_side_cursor() as cursor:
+        cursor.execute(statement, params)
+        row = cursor.fetchone()
+    return _registered(task_id, row)
+
+
+async def item_register_pass_async(
+    conn: psycopg.AsyncConnection[Any],
+    *,
+    task_id: int,
+    actor: str,
+    spec: ItemSpec,
+    worker: str = "",
+    submit_key: str = "",
+    hold: Hold | None = None,
+) -> int | None:
+    """`item_register_pass` on an asyncio caller's own connection (autocommit, so the statement is
+    its commit): the MCP gateway's loop, which then waits for no thread. The same statement and
+    the same answers."""
+    statement, params = _register_statement(task_id, None, actor, spec, worker, None, submit_key, hold)
+    async with conn.cursor() as cursor:
+        await cursor.execute(statement, params)
+        row = await cursor.fetchone()
+    return _registered(task_id, row)
+
+
+def _register_statement(
+    task_id: int,
+    runtime_id: int | None,
+    actor: str,
+    spec: ItemSpec,
+    worker: str,
+    lease_seconds: int | None,
+    submit_key: str,
+    hold: Hold | None,
+) -> tuple[str, dict[str, Any]]:
     lease = lease_seconds or settings.STOPDESK["LEASE_SECONDS"]
     params: dict[str, Any] = {
         **spec.to_json(),
@@ -195,9 +235,11 @@ def item_register_pass(
     if hold is not None:
         statement = statement.replace(_NO_HOLD, hold.sql)
         params.update(hold.params)
-    with server_side_cursor() as cursor:
-        cursor.execute(statement, params)
-        found, item_id, closed, held_by = cursor.fetchone()
+    return statement, params
+
+
+def _registered(task_id: int, row: Any) -> int | None:
+    found, item_id, closed, held_by = row
     if held_by is not None:
         raise Held(int(held_by))
     if not found:

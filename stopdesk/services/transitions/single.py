@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import transaction
@@ -16,6 +16,9 @@ from stopdesk.services.events import event_record
 from stopdesk.services.sql import server_side_cursor
 from stopdesk.services.transitions.settled import UNSETTLED, task_settle_after_commit, tasks_settle
 from stopdesk.states import IN_FLIGHT, SETTLED, TERMINAL, ItemState, can_move
+
+if TYPE_CHECKING:
+    import psycopg
 
 S = ItemState
 
@@ -203,9 +206,49 @@ def item_close_running(
     `settle=False`: the caller checks whether the task settled itself (`task_settle_check`), once
     it has done what it had to do first (the gateway answers its client); the sweep
     (`tasks_settle_sweep`) does it should the caller die in between."""
+    params = _close_running_params(item_id, succeeded, actor, outcome, runtime_id, open_item, detail)
+    with server_side_cursor() as cursor:
+        cursor.execute(_CLOSE_RUNNING_SQL, params)
+        row = cursor.fetchone()
+    if row is None:
+        return False
+    task_id, held_open = row
+    if not held_open and settle:
+        task_settle_after_commit(task_id=task_id)
+    return True
+
+
+async def item_close_running_async(
+    conn: psycopg.AsyncConnection[Any],
+    *,
+    item_id: int,
+    succeeded: bool,
+    actor: str,
+    outcome: str = "",
+    detail: dict[str, Any] | None = None,
+) -> bool:
+    """`item_close_running` with `settle=False`, on an asyncio caller's own connection (autocommit,
+    so the statement is its commit): the MCP gateway's loop, which then waits for no thread. False,
+    having written nothing, as there: the caller then reports through `item_finish`."""
+    params = _close_running_params(item_id, succeeded, actor, outcome, None, None, detail)
+    async with conn.cursor() as cursor:
+        await cursor.execute(_CLOSE_RUNNING_SQL, params)
+        row = await cursor.fetchone()
+    return row is not None
+
+
+def _close_running_params(
+    item_id: int,
+    succeeded: bool,
+    actor: str,
+    outcome: str,
+    runtime_id: int | None,
+    open_item: int | None,
+    detail: dict[str, Any] | None,
+) -> dict[str, Any]:
     to_state = S.COMPLETED if succeeded else S.FAILED
     assert can_move(S.RUNNING, to_state) and to_state in SETTLED
-    params = {
+    return {
         "item": item_id,
         "to": to_state.value,
         "outcome": outcome,
@@ -217,15 +260,6 @@ def item_close_running(
         "detail": json.dumps(detail or {}),
         "data": json.dumps({"detail": detail} if detail else {}),
     }
-    with server_side_cursor() as cursor:
-        cursor.execute(_CLOSE_RUNNING_SQL, params)
-        row = cursor.fetchone()
-    if row is None:
-        return False
-    task_id, held_open = row
-    if not held_open and settle:
-        task_settle_after_commit(task_id=task_id)
-    return True
 
 
 def task_settle_check(*, task_id: int) -> bool:
