@@ -1,14 +1,19 @@
 """Small database helpers shared by the services."""
 
+from __future__ import annotations
+
 import select
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import DateTimeField, Func
+
+if TYPE_CHECKING:
+    import psycopg
 
 
 class ClockNow(Func):
@@ -54,6 +59,13 @@ def server_side_cursor() -> Any:
     raw = psycopg.Cursor(connection.connection)
     # django-stubs type these as taking a CursorWrapper; Django passes them the driver's cursor.
     return connection.make_debug_cursor(raw) if connection.queries_logged else connection.make_cursor(raw)  # type: ignore[arg-type]
+
+
+async def fetchone_async(conn: psycopg.AsyncConnection[Any], statement: str, params: dict[str, Any]) -> Any:
+    """One statement on an asyncio caller's own connection, and its first row (None if none)."""
+    async with conn.cursor() as cursor:
+        await cursor.execute(statement, params)
+        return await cursor.fetchone()
 
 
 def thread_connection_ready(*, wait_for_flush: bool = True) -> None:

@@ -4,6 +4,7 @@ a client's task id."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -100,42 +101,41 @@ def test_the_retry_gate_reads_the_calls_that_may_hold_a_retry_not_every_identica
     assert running.pk > took_effect.pk
 
 
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.postgres
-def test_a_retry_sent_while_the_first_copy_registers_waits_for_it_and_then_sees_it():
-    # The gate's read runs after its lock is held, so the second copy sees the first once it committed.
+IDENTICAL = {"upstream": "tools", "tool": "send", "arguments_sha256": "h1"}
+
+
+def _second_copy_behind_the_gate(task: Task, second: Callable[[], int | str | None]) -> tuple[int, int | str | None]:
+    """A first copy holds the gate's lock with its registration not yet committed; `second` runs
+    in another thread, is seen waiting on that lock, and ends once the first commits. Returns the
+    first copy's item and what `second` returned."""
     import threading
 
     from django.db import connection, transaction
 
     from stopdesk.gateway.retry_gate import gate_passed
 
-    task = make_task()
-    identical = {"task_id": task.pk, "upstream": "tools", "tool": "send", "arguments_sha256": "h1"}
-    registered, commit, found = threading.Event(), threading.Event(), []
+    registered, commit, found = threading.Event(), threading.Event(), {}
 
     def first() -> None:
         try:
             with transaction.atomic():
-                assert gate_passed(**identical) is None
-                found.append(gateway_call(task, S.RUNNING).pk)
+                assert gate_passed(task_id=task.pk, **IDENTICAL) is None
+                found["first"] = gateway_call(task, S.RUNNING).pk
                 registered.set()
                 assert commit.wait(30)
         finally:
             connection.close()
 
-    def second() -> None:
+    def then_second() -> None:
         try:
-            with transaction.atomic():
-                earlier = gate_passed(**identical)
-                found.append(earlier.pk if earlier is not None else None)
+            found["second"] = second()
         finally:
             connection.close()
 
     one = threading.Thread(target=first)
     one.start()
     assert registered.wait(30)
-    two = threading.Thread(target=second)
+    two = threading.Thread(target=then_second)
     two.start()
     waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'"
     with connection.cursor() as cursor:
@@ -150,7 +150,25 @@ def test_a_retry_sent_while_the_first_copy_registers_waits_for_it_and_then_sees_
     commit.set()
     one.join(30)
     two.join(30)
-    first_item, seen_by_second = found
+    return found["first"], found["second"]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.postgres
+def test_a_retry_sent_while_the_first_copy_registers_waits_for_it_and_then_sees_it():
+    # The gate's read runs after its lock is held, so the second copy sees the first once it committed.
+    from django.db import transaction
+
+    from stopdesk.gateway.retry_gate import gate_passed
+
+    task = make_task()
+
+    def second() -> int | None:
+        with transaction.atomic():
+            earlier = gate_passed(task_id=task.pk, **IDENTICAL)
+            return earlier.pk if earlier is not None else None
+
+    first_item, seen_by_second = _second_copy_behind_the_gate(task, second)
     assert seen_by_second == first_item
 
 
@@ -160,29 +178,13 @@ def test_a_call_registered_in_one_statement_waits_for_an_identical_call_register
     # The gateway's registration takes the gate in its own statement (`retry_hold`): it waits for
     # a copy holding the gate, then reads with a snapshot taken after the wait, sees the copy and
     # writes nothing.
-    import threading
-
-    from django.db import connection, transaction
-
-    from stopdesk.gateway.retry_gate import gate_passed, retry_hold
+    from stopdesk.gateway.retry_gate import retry_hold
     from stopdesk.services.errors import Held
     from stopdesk.services.items import item_register_started
 
     task = make_task()
-    identical = {"task_id": task.pk, "upstream": "tools", "tool": "send", "arguments_sha256": "h1"}
-    registered, commit, found = threading.Event(), threading.Event(), []
 
-    def first() -> None:
-        try:
-            with transaction.atomic():
-                assert gate_passed(**identical) is None
-                found.append(gateway_call(task, S.RUNNING).pk)
-                registered.set()
-                assert commit.wait(30)
-        finally:
-            connection.close()
-
-    def second() -> None:
+    def second() -> int | str:
         try:
             item_register_started(
                 task_id=task.pk,
@@ -190,35 +192,15 @@ def test_a_call_registered_in_one_statement_waits_for_an_identical_call_register
                 kind=Kind.REMOTE_TOOL,
                 noun="tools: send",
                 mechanism="mcp",
-                detail={"gateway": {"upstream": "tools", "tool": "send", "arguments_sha256": "h1"}},
+                detail={"gateway": IDENTICAL},
                 submit_key="k-second",
-                hold=retry_hold(**identical),
+                hold=retry_hold(task_id=task.pk, **IDENTICAL),
             )
-            found.append("registered")
         except Held as held:
-            found.append(held.item_id)
-        finally:
-            connection.close()
+            return held.item_id
+        return "registered"
 
-    one = threading.Thread(target=first)
-    one.start()
-    assert registered.wait(30)
-    two = threading.Thread(target=second)
-    two.start()
-    waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'"
-    with connection.cursor() as cursor:
-        for _ in range(600):  # the second copy waits on the gate's lock
-            cursor.execute(waiting)
-            if cursor.fetchone()[0] == 1:
-                break
-            two.join(0.05)
-        else:
-            raise AssertionError("the second copy did not wait for the gate's lock")
-    assert two.is_alive()
-    commit.set()
-    one.join(30)
-    two.join(30)
-    first_item, held_by = found
+    first_item, held_by = _second_copy_behind_the_gate(task, second)
     assert held_by == first_item
     assert WorkItem.objects.filter(task=task).count() == 1  # the held copy wrote nothing
 

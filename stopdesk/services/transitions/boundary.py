@@ -35,7 +35,7 @@ from stopdesk.models import Task, WorkItem
 from stopdesk.protocol.spec import ItemSpec
 from stopdesk.services.errors import Held, IllegalTransition, TaskClosed, TaskStopped
 from stopdesk.services.events import event_record
-from stopdesk.services.sql import is_postgres, server_side_cursor
+from stopdesk.services.sql import fetchone_async, is_postgres, server_side_cursor
 from stopdesk.services.transitions.settled import task_settle_after_commit
 from stopdesk.states import ItemState
 
@@ -200,10 +200,7 @@ async def item_register_pass_async(
     its commit): the MCP gateway's loop, which then waits for no thread. The same statement and
     the same answers."""
     statement, params = _register_statement(task_id, None, actor, spec, worker, None, submit_key, hold)
-    async with conn.cursor() as cursor:
-        await cursor.execute(statement, params)
-        row = await cursor.fetchone()
-    return _registered(task_id, row)
+    return _registered(task_id, await fetchone_async(conn, statement, params))
 
 
 def _register_statement(

@@ -13,7 +13,7 @@ from django.utils import timezone
 from stopdesk.models import Task, WorkItem
 from stopdesk.services.errors import IllegalTransition
 from stopdesk.services.events import event_record
-from stopdesk.services.sql import server_side_cursor
+from stopdesk.services.sql import fetchone_async, server_side_cursor
 from stopdesk.services.transitions.settled import UNSETTLED, task_settle_after_commit, tasks_settle
 from stopdesk.states import IN_FLIGHT, SETTLED, TERMINAL, ItemState, can_move
 
@@ -231,10 +231,7 @@ async def item_close_running_async(
     so the statement is its commit): the MCP gateway's loop, which then waits for no thread. False,
     having written nothing, as there: the caller then reports through `item_finish`."""
     params = _close_running_params(item_id, succeeded, actor, outcome, None, None, detail)
-    async with conn.cursor() as cursor:
-        await cursor.execute(_CLOSE_RUNNING_SQL, params)
-        row = await cursor.fetchone()
-    return row is not None
+    return await fetchone_async(conn, _CLOSE_RUNNING_SQL, params) is not None
 
 
 def _close_running_params(
