@@ -87,7 +87,7 @@ class Task(models.Model):
 
 
 # An item whose outcome is not known yet (the MCP gateway's retry gate holds an identical call).
-UNSETTLED_STATES = (ItemState.UNCERTAIN, ItemState.AWAITING_RECONCILIATION)
+OUTCOME_UNKNOWN_STATES = (ItemState.UNCERTAIN, ItemState.AWAITING_RECONCILIATION)
 
 
 class WorkItem(models.Model):
@@ -168,7 +168,7 @@ class WorkItem(models.Model):
                 KT("detail__gateway__arguments_sha256"),
                 condition=Q(
                     mechanism="mcp",
-                    state__in=[s.value for s in (ItemState.QUEUED, ItemState.RUNNING, *UNSETTLED_STATES)],
+                    state__in=[s.value for s in (ItemState.QUEUED, ItemState.RUNNING, *OUTCOME_UNKNOWN_STATES)],
                 ),
                 name="item_gateway_retry_held",
             ),
@@ -330,7 +330,7 @@ class Event(models.Model):
             # retry gate asks): a few events, not the task's whole history.
             models.Index(
                 fields=["task"],
-                condition=models.Q(to_state__in=[s.value for s in UNSETTLED_STATES], item__isnull=False),
+                condition=models.Q(to_state__in=[s.value for s in OUTCOME_UNKNOWN_STATES], item__isnull=False),
                 name="event_task_unsettled",
             ),
         ]

@@ -29,20 +29,20 @@ from django.db import connection
 from django.db.models import Q
 from django.urls import reverse
 
-from stopdesk.models import UNSETTLED_STATES, Event, WorkItem
+from stopdesk.models import OUTCOME_UNKNOWN_STATES, Event, WorkItem
 from stopdesk.services.sql import is_postgres
 from stopdesk.services.transitions.boundary import Hold
 from stopdesk.states import ItemState
 
-UNSETTLED = UNSETTLED_STATES  # the partial indexes' states (stopdesk.models)
+OUTCOME_UNKNOWN = OUTCOME_UNKNOWN_STATES  # the partial indexes' states (stopdesk.models)
 IN_FLIGHT = (ItemState.QUEUED, ItemState.RUNNING)
 CANDIDATES = 50  # identical calls read at most; a task has few at once
 
 
-def gate_passed(*, task_id: int, upstream: str, tool: str, arguments_sha256: str) -> WorkItem | None:
-    """The gate's lock taken, then the earlier call that holds or refuses this one read, in the
-    caller's transaction: on PostgreSQL one statement (`stopdesk_retry_gate`, migration 0025),
-    whose read takes its snapshot once the lock is held, so it sees every identical call
+def gate_passed(*, task_id: int, upstream: str, tool: str, arguments_sha256: str) -> int | None:
+    """The gate's lock taken, then the earlier call that holds or refuses this one read (its id),
+    in the caller's transaction: on PostgreSQL one statement (`stopdesk_retry_gate`, migration
+    0025), whose read takes its snapshot once the lock is held, so it sees every identical call
     registered before. The one-statement registration takes the same gate (`retry_hold`)."""
     identical = (task_id, upstream, tool, arguments_sha256)
     if not is_postgres():  # SQLite serialises writers: no lock to take
@@ -50,7 +50,7 @@ def gate_passed(*, task_id: int, upstream: str, tool: str, arguments_sha256: str
     with connection.cursor() as cursor:
         cursor.execute("SELECT stopdesk_retry_gate(%s, %s, %s, %s, %s)", [gate_key(*identical), *identical])
         (earlier,) = cursor.fetchone()
-    return None if earlier is None else WorkItem.objects.get(pk=earlier)
+    return earlier
 
 
 def retry_hold(*, task_id: int, upstream: str, tool: str, arguments_sha256: str) -> Hold:
@@ -70,9 +70,7 @@ def retry_hold(*, task_id: int, upstream: str, tool: str, arguments_sha256: str)
             "hold_tool": tool,
             "hold_hash": arguments_sha256,
         },
-        check=lambda: _pk(
-            gate_passed(task_id=task_id, upstream=upstream, tool=tool, arguments_sha256=arguments_sha256)
-        ),
+        check=lambda: gate_passed(task_id=task_id, upstream=upstream, tool=tool, arguments_sha256=arguments_sha256),
     )
 
 
@@ -83,8 +81,8 @@ def gate_key(task_id: int, upstream: str, tool: str, arguments_sha256: str) -> i
     return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big", signed=True)
 
 
-def earlier_blocking(task_id: int, upstream: str, tool: str, arguments_sha256: str) -> WorkItem | None:
-    """The first identical call of the task that holds or refuses this one, if any: one still in
+def earlier_blocking(task_id: int, upstream: str, tool: str, arguments_sha256: str) -> int | None:
+    """The first identical call of the task that holds or refuses this one (its id), if any: one still in
     flight (not read-only), one whose outcome is not known yet, or one that was unknown and was
     found to have taken effect. One query reads them all: an earlier call moving from running
     to uncertain meanwhile is seen in one state or the other, never missed between two reads.
@@ -100,13 +98,13 @@ def earlier_blocking(task_id: int, upstream: str, tool: str, arguments_sha256: s
                 "SELECT stopdesk_retry_gate_earlier(%s, %s, %s, %s)", [task_id, upstream, tool, arguments_sha256]
             )
             (earlier,) = cursor.fetchone()
-        return None if earlier is None else WorkItem.objects.get(pk=earlier)
+        return earlier
     # SQLite (the embedded default): the same read through the ORM, by the task's items.
-    were_unsettled = Event.objects.filter(task_id=task_id, to_state__in=UNSETTLED, item__isnull=False)
+    were_unsettled = Event.objects.filter(task_id=task_id, to_state__in=OUTCOME_UNKNOWN, item__isnull=False)
     candidates = (
         WorkItem.objects.filter(task_id=task_id, mechanism="mcp", detail__gateway__arguments_sha256=arguments_sha256)
         .filter(
-            Q(state__in=(*UNSETTLED, *IN_FLIGHT))
+            Q(state__in=(*OUTCOME_UNKNOWN, *IN_FLIGHT))
             | Q(state=ItemState.COMPLETED, pk__in=were_unsettled.values("item_id"))
         )
         .filter(detail__gateway__upstream=upstream, detail__gateway__tool=tool)
@@ -115,12 +113,8 @@ def earlier_blocking(task_id: int, upstream: str, tool: str, arguments_sha256: s
     for item in candidates:
         if item.state in IN_FLIGHT and _read_only(item):
             continue  # a read running beside its twin does no harm
-        return item
+        return item.pk
     return None
-
-
-def _pk(item: WorkItem | None) -> int | None:
-    return None if item is None else item.pk
 
 
 def _read_only(item: WorkItem) -> bool:

@@ -513,26 +513,32 @@ class Answer:
             settle=self.settle,
         ):
             return
+        self._record_not_running()
+
+    def _record_not_running(self) -> None:
+        """The general path: for an item no longer running, it knows late results."""
         with transaction.atomic():
             self.upstream_id.record()
-            item_finish(item_id=item_id, succeeded=self.succeeded, actor=ACTOR, outcome=self.outcome)
+            item_finish(item_id=self.upstream_id.item_id, succeeded=self.succeeded, actor=ACTOR, outcome=self.outcome)
 
     async def record_on(self, pool: LedgerPool) -> None:
         """`record` with `settle=False`, its one statement on the loop's own connection (`pool`);
-        through a ledger thread where that statement is not the whole record (see `record`)."""
+        the general path through a ledger thread where that statement wrote nothing (see `record`)."""
         assert not self.settle
-        if pool.usable:
-            async with pool.connection() as conn:
-                if await item_close_running_async(
-                    conn,
-                    item_id=self.upstream_id.item_id,
-                    succeeded=self.succeeded,
-                    actor=ACTOR,
-                    outcome=self.outcome,
-                    detail=self.upstream_id.with_id(),
-                ):
-                    return
-        await in_thread(self.record)
+        if not pool.usable:
+            await in_thread(self.record)
+            return
+        async with pool.connection() as conn:
+            if await item_close_running_async(
+                conn,
+                item_id=self.upstream_id.item_id,
+                succeeded=self.succeeded,
+                actor=ACTOR,
+                outcome=self.outcome,
+                detail=self.upstream_id.with_id(),
+            ):
+                return
+        await in_thread(self._record_not_running)
 
 
 def held_error(held: Held) -> MCPError:

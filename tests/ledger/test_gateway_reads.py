@@ -28,8 +28,7 @@ def gateway_call(task: Task, state: str, **facts: Any) -> WorkItem:
 
 
 def blocking(task: Task, tool: str = "send", arguments_sha256: str = "h1") -> int | None:
-    found = earlier_blocking(task_id=task.pk, upstream="tools", tool=tool, arguments_sha256=arguments_sha256)
-    return found.pk if found is not None else None
+    return earlier_blocking(task_id=task.pk, upstream="tools", tool=tool, arguments_sha256=arguments_sha256)
 
 
 @pytest.mark.django_db
@@ -165,8 +164,7 @@ def test_a_retry_sent_while_the_first_copy_registers_waits_for_it_and_then_sees_
 
     def second() -> int | None:
         with transaction.atomic():
-            earlier = gate_passed(task_id=task.pk, **IDENTICAL)
-            return earlier.pk if earlier is not None else None
+            return gate_passed(task_id=task.pk, **IDENTICAL)
 
     first_item, seen_by_second = _second_copy_behind_the_gate(task, second)
     assert seen_by_second == first_item
