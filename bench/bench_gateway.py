@@ -5,6 +5,9 @@ the upstream (the sandbox MCP server) and the bare hop below share the benchmark
 - `gateway.added_ms.p50/p99`: a `read_value` call through the gateway minus the same call made
   directly to the upstream (the sandbox MCP server), both from the SDK client over one session,
   percentile against percentile.
+- `gateway.added_ms.write.p50/p99`: the same for a `slow_write` (a new key each call, no wait):
+  a call that may write is recorded before its client hears the answer (the retry gate reads it),
+  a read just after (`stopdesk.gateway.retry_gate.answer_may_follow_reply`).
 - `gateway.sdk_hop_ms.p50/p99`: the same call through a bare forwarding server built from the
   SDK's parts (a low-level `Server` on Streamable HTTP whose `tools/call` is the SDK client's call
   on one kept connection) and no ledger, in the benchmark's process, minus the direct call: what
@@ -54,11 +57,13 @@ def run() -> list[Figure]:
                 gateway_process(config) as front,
                 BackgroundServer(lambda: _bare_hop(upstream.url + "/mcp"), name="hop") as hop,
             ):
-                direct, bare, through = [], [], []
-                for _ in range(ROUNDS):  # alternating, so a busy moment falls on all three
+                direct, bare, through, direct_writes, writes = [], [], [], [], []
+                for _ in range(ROUNDS):  # alternating, so a busy moment falls on all of them
                     direct += _call_times(upstream.url + "/mcp")
                     bare += _call_times(hop.url + "/mcp")
                     through += _call_times(front + "/mcp/sandbox")
+                    direct_writes += _call_times(upstream.url + "/mcp", "slow_write")
+                    writes += _call_times(front + "/mcp/sandbox", "slow_write")
                 idle = _idle_queries_per_s(connections["default"].settings_dict["NAME"])
                 stops = _stop_to_cancel(party, front + "/mcp/sandbox")
     finally:
@@ -66,6 +71,8 @@ def run() -> list[Figure]:
     return [
         Figure("gateway.added_ms.p50", statistics.median(through) - statistics.median(direct), "ms", target=2.0),
         Figure("gateway.added_ms.p99", _p99(through) - _p99(direct), "ms", target=10.0),
+        Figure("gateway.added_ms.write.p50", statistics.median(writes) - statistics.median(direct_writes), "ms"),
+        Figure("gateway.added_ms.write.p99", _p99(writes) - _p99(direct_writes), "ms"),
         Figure("gateway.sdk_hop_ms.p50", statistics.median(bare) - statistics.median(direct), "ms"),
         Figure("gateway.sdk_hop_ms.p99", _p99(bare) - _p99(direct), "ms"),
         Figure("gateway.call_ms.direct.p50", statistics.median(direct), "ms"),
@@ -119,7 +126,7 @@ def _bare_hop(upstream_url: str) -> Any:
     return Starlette(routes=app.routes, lifespan=lifespan)
 
 
-def _call_times(url: str) -> list[float]:
+def _call_times(url: str, tool: str = "read_value") -> list[float]:
     from mcp import Client
 
     timings: list[float] = []
@@ -127,8 +134,10 @@ def _call_times(url: str) -> list[float]:
     async def main() -> None:
         async with Client(url) as client:
             for n in range(CALLS + 5):
+                # a write is a new one each time (its own key), as an agent's writes are
+                arguments = {"key": "k"} if tool == "read_value" else {"key": f"w{n}", "value": "v", "seconds": 0}
                 started = time.perf_counter()
-                await client.call_tool("read_value", {"key": "k"})
+                await client.call_tool(tool, arguments)
                 if n >= 5:  # after a warm-up
                     timings.append((time.perf_counter() - started) * 1000)
 

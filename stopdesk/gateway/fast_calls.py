@@ -17,8 +17,10 @@ The call keeps every rule of `UpstreamGateway._call`: readiness, the retry gate 
 registration with its boundary before anything is sent (`UpstreamGateway.enter`), the task's Stop
 watched and confirmed by the item's heartbeat every `poll_s` (its lease), Stop's cancel the way
 the revision means it (the upstream's response stream closed), the client's own cancel (its stream
-closed, which cancels the upstream call), and the answer recorded, with the upstream's id of the
-call, before the client hears it."""
+closed, which cancels the upstream call), and the answer recorded with the upstream's id of the
+call: before the client hears it, unless no identical call's retry gate could read the call while
+it runs (a read, or an idempotent tool's call: `retry_gate.answer_may_follow_reply`); then just
+after, so the client does not wait for the commit."""
 
 from __future__ import annotations
 
@@ -59,6 +61,7 @@ from reconcile.mechanisms.mcp.agent.common import record_failure
 from reconcile.mechanisms.mcp.servers import MODERN
 from stopdesk.agent.aio import in_thread, ledger_threads
 from stopdesk.gateway.ledger_pool import LedgerPool
+from stopdesk.gateway.retry_gate import answer_may_follow_reply
 from stopdesk.gateway.server import (
     Answer,
     Entered,
@@ -217,11 +220,21 @@ class _Forwarded:
             return
         result = answer.result()
         outcome = outcome_text(result.get("content"))
-        # The ledger has the answer before the client does; whether the task settled is asked
-        # once the session's calls are quiet (`settling.py`).
-        await Answer(sent, succeeded=not result.get("isError"), outcome=outcome, settle=False).record_on(self.pool)
+        recorded = Answer(sent, succeeded=not result.get("isError"), outcome=outcome, settle=False)
+        reply = {"jsonrpc": "2.0", "id": self.call.request_id, "result": result}
+        # Whether the task settled is asked once the session's calls are quiet (`settling.py`).
+        if answer_may_follow_reply(mcp_facts, idempotent=self.call.tool in gateway.spec.idempotent_tools):
+            await self._reply(reply)
+            try:
+                await recorded.record_on(self.pool)
+            except Exception:  # the client has its answer: the item's lease lapses and the reconciler settles it
+                log.exception("forwarded call of item %s: answered, but its answer was not recorded", item_id)
+                return
+            gateway.settle_checks.after_answer(entered.task_id)
+            return
+        await recorded.record_on(self.pool)
         gateway.settle_checks.after_answer(entered.task_id)
-        await self._reply({"jsonrpc": "2.0", "id": self.call.request_id, "result": result})
+        await self._reply(reply)
 
     async def _upstream(self, item_id: int, upstream_request_id: int, progress: ProgressSeen) -> dict[str, Any]:
         """The call sent upstream; its result, or MCPError with the upstream's error."""

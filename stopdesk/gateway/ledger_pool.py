@@ -1,7 +1,7 @@
 """The gateway's connections to the ledger on its event loop: a psycopg pool of autocommit
 connections with the Django database's parameters, for the two statements on a forwarded call's
 path (`fast_calls.py`): the registration with its retry gate and boundary before the call goes
-upstream, and the answer's record before the client hears it. Each is one statement, and so its
+upstream, and the answer's record (before the client hears it; for a read, just after). Each is one statement, and so its
 own commit, waiting for the disk's flush as every commit does by default.
 
 Everything else the gateway asks of the ledger goes through its ledger threads (`LedgerThreads`):

@@ -23,6 +23,7 @@ repeat it (the same read twice) as often as it likes. Tools the server's configu
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 from django.conf import settings
 from django.db import connection
@@ -115,6 +116,15 @@ def earlier_blocking(task_id: int, upstream: str, tool: str, arguments_sha256: s
             continue  # a read running beside its twin does no harm
         return item.pk
     return None
+
+
+def answer_may_follow_reply(mcp_facts: dict[str, Any], *, idempotent: bool) -> bool:
+    """Whether the client may hear a call's answer before the ledger records it: when no identical
+    call's gate can be decided by this one while it is still running: a read-only call (a running
+    read's twin passes) or a call of a tool declared idempotent (its calls take no gate). A call
+    that may write is recorded first: its repeat, sent the moment the answer arrives, must find it
+    completed (and pass), not running (and be held)."""
+    return idempotent or (mcp_facts.get("annotations") or {}).get("readOnlyHint") is True
 
 
 def _read_only(item: WorkItem) -> bool:

@@ -3,6 +3,7 @@ client is the MCP Python SDK's, talking to the gateway over real HTTP."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -11,6 +12,8 @@ import pytest
 
 from reconcile.mechanisms.mcp.sandbox import READ_VALUE, SLOW_WRITE, MCPToolServer
 from stopdesk.gateway.app import gateway_app
+from stopdesk.models import WorkItem
+from stopdesk.states import ItemState
 from stopdrill.sandbox.server import BackgroundServer
 from tests.reconcile.conftest import clock, configure_mcp_server
 
@@ -23,6 +26,17 @@ CHECK = {"tool": READ_VALUE, "arguments": {"key": "{key}"}, "completed_if_contai
 
 # Long, so a Stop seen within a second was pushed (StopHub), not polled.
 POLL_S = 5.0
+
+
+def answers_recorded(timeout_s: float = 10.0) -> None:
+    """Returns once no call is left running. A forwarded read's answer (or an idempotent tool's)
+    reaches its client just before the gateway records it (`answer_may_follow_reply`), so a test
+    that reads the ledger the moment its client has the answer waits for the record first."""
+    deadline = time.monotonic() + timeout_s
+    while WorkItem.objects.filter(state=ItemState.RUNNING).exists():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"calls still running after {timeout_s} s: their answers were never recorded")
+        time.sleep(0.01)
 
 
 @dataclass

@@ -26,6 +26,7 @@ from stopdesk.services.closing import task_close
 from stopdesk.services.stop import task_request_stop
 from stopdesk.states import ItemState
 from tests.factories import make_task
+from tests.gateway.conftest import answers_recorded
 from tests.reconcile.helpers import sweep_until_settled
 
 S = ItemState
@@ -101,6 +102,7 @@ def test_a_call_passes_and_is_recorded_as_an_item_of_the_session_task(gateway, m
     arguments = {"query": "q", "seconds": 0.05}
     result = through_gateway(gateway.url, lambda c: c.call_tool(tools.SLOW_LOOKUP, arguments), mode=mode)
     assert not result.is_error
+    answers_recorded()
     (item,) = WorkItem.objects.all()
     assert item.state == S.COMPLETED
     assert item.task.title == "MCP: test-client 9.1 via sandbox"
@@ -149,6 +151,7 @@ def test_more_calls_at_once_than_a_connection_pool_holds_all_reach_the_upstream_
                 tg.start_soon(one, n)
 
     anyio.run(main)
+    answers_recorded()
     connection.close()
     under_way = most = 0
     for entry in gateway.party.journal(tools.SLOW_LOOKUP):
@@ -171,6 +174,7 @@ def test_each_call_on_a_kept_connection_records_its_own_upstream_request_id(gate
             await client.call_tool(tools.READ_VALUE, {"key": key})
 
     through_gateway(gateway.url, body, mode="auto")
+    answers_recorded()
     recorded = [i.detail["gateway"]["upstream_request_id"] for i in WorkItem.objects.order_by("pk")]
     assert recorded == [m["id"] for m in gateway.party.wire("tools/call")]
     assert len(set(recorded)) == 3

@@ -15,7 +15,7 @@ from reconcile.mechanisms.mcp.sandbox import READ_VALUE, MCPToolServer
 from stopdesk.gateway.app import gateway_app
 from stopdesk.models import Event, Task, WorkItem
 from stopdrill.sandbox.server import BackgroundServer
-from tests.gateway.conftest import POLL_S
+from tests.gateway.conftest import POLL_S, answers_recorded
 from tests.gateway.test_gateway_calls import MODES, through_gateway, went
 from tests.reconcile.conftest import configure_mcp_server
 
@@ -53,6 +53,7 @@ def test_back_to_back_calls_settle_the_session_task_once_after_they_pause(fast, 
         with BackgroundServer(app, name="gateway") as front:
             url = front.url + "/mcp/sandbox"
             through_gateway(url, calls_back_to_back, mode=mode)
+            answers_recorded()
             # The calls went one after another, each quicker than the quiet time: the task never
             # settled between two of them, so it was never reopened either.
             task = Task.objects.get()

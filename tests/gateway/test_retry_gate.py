@@ -23,7 +23,7 @@ from stopdesk.models import WorkItem
 from stopdesk.permissions import roles_ensure
 from stopdesk.states import ItemState
 from tests.factories import make_task
-from tests.gateway.conftest import CHECK
+from tests.gateway.conftest import CHECK, answers_recorded
 from tests.gateway.test_gateway_calls import MODES, one_call_went, started, through_gateway, went
 from tests.reconcile.helpers import sweep_until_settled
 
@@ -199,6 +199,7 @@ def test_a_write_repeated_after_its_answer_came_passes(gateway):
 def test_a_tool_declared_idempotent_passes_the_gate(gateway):
     result = through_gateway(gateway.url, call_twice(gateway.party), mode="auto")
     assert not result.is_error
+    answers_recorded()
     assert [i.state for i in WorkItem.objects.order_by("pk")] == [S.UNCERTAIN, S.COMPLETED]
     assert len(gateway.party.wire("tools/call")) == 2
 

@@ -21,6 +21,7 @@ from stopdesk.models import Task, WorkItem
 from stopdesk.services.stop import task_request_stop
 from stopdesk.states import ItemState
 from tests.factories import make_task
+from tests.gateway.conftest import answers_recorded
 from tests.reference_servers import TS_CLIENT
 
 S = ItemState
@@ -79,6 +80,7 @@ def test_the_typescript_client_lists_and_calls_through_the_gateway_on_a_task_of_
     assert bool(ready["sessionId"]) == (revision == "2025-11-25")
     assert {tools.READ_VALUE, tools.SLOW_WRITE, tools.SLOW_LOOKUP} <= set(listing["result"])
     assert call["ok"] and not call["result"].get("isError")
+    answers_recorded()
     item = WorkItem.objects.get()
     assert item.state == S.COMPLETED
     assert item.detail["gateway"]["client_revision"] == revision

@@ -20,6 +20,7 @@ from stopdesk.models import WorkItem
 from stopdesk.states import ItemState
 from stopdrill.sandbox.server import BackgroundServer
 from tests.factories import make_task
+from tests.gateway.conftest import answers_recorded
 from tests.gateway.test_gateway_calls import stop_once_started, through_gateway
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
@@ -56,6 +57,7 @@ def test_a_sessions_calls_share_one_upstream_connection(gateway, mode):
     # call, it would have been four of each.
     assert handshakes(gateway.party) == 1
     assert len(gateway.party.wire("tools/list")) == 1
+    answers_recorded()
     assert set(WorkItem.objects.values_list("state", flat=True)) == {ItemState.COMPLETED}
 
 

@@ -177,10 +177,17 @@ def _the_gateway_records_a_call_to_the_sandbox_mcp_server(up: Up) -> str:
             return (await client.call_tool(READ_VALUE, {"key": "k"})).is_error
 
     assert anyio.run(call) is False
-    assert up.query(
-        "SELECT w.noun, w.state FROM stopdesk_workitem w JOIN stopdesk_task t ON t.id = w.task_id "
-        "WHERE t.title LIKE 'MCP: % via sandbox'"
-    ) == [("sandbox: read_value", "completed")]
+    # A read's answer reaches the client just before the gateway records it.
+    deadline, items = time.monotonic() + 10, []
+    while time.monotonic() < deadline:
+        items = up.query(
+            "SELECT w.noun, w.state FROM stopdesk_workitem w JOIN stopdesk_task t ON t.id = w.task_id "
+            "WHERE t.title LIKE 'MCP: % via sandbox'"
+        )
+        if items != [("sandbox: read_value", "running")]:
+            break
+        time.sleep(0.1)
+    assert items == [("sandbox: read_value", "completed")]
     return found[1]
 
 
