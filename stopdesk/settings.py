@@ -99,6 +99,9 @@ if _db["ENGINE"].endswith("sqlite3"):
     # read-then-write (the SQLite path) is serialised against Stop.
     _db["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 20}
 elif _db["ENGINE"].endswith("postgresql"):
+    # Django's backend, whose health check of a reused connection asks nothing when its socket
+    # shows the server has not ended it (stopdesk/backends/postgresql).
+    _db["ENGINE"] = "stopdesk.backends.postgresql"
     _db.setdefault("OPTIONS", {})
     # Statements run on server-side-binding cursors (the boundary's) are prepared after 5 runs;
     # Django's own client-binding cursors are unaffected.

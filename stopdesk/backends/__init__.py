@@ -1,0 +1,1 @@
+"""Django database backends of stopdesk's own (`ENGINE`)."""

@@ -1,0 +1,33 @@
+"""Django's PostgreSQL backend, with a connection health check that costs no round trip when
+there is nothing to check.
+
+With persistent connections (`CONN_MAX_AGE`) and `CONN_HEALTH_CHECKS`, Django asks a reused
+connection `SELECT 1` at the start of each request: a round trip before every page and every
+runtime API call, of which an agent's registration before a tool call makes five. A server that
+ends a connection (a restart, `pg_terminate_backend`, an idle timeout) says so on the socket: its
+goodbye, an error message, or the socket closed, all of which make an idle connection's socket
+readable. So an idle connection whose socket has nothing to read has not been ended by the
+server, and is usable without asking; one that has something to read (that goodbye, or a notice)
+is asked `SELECT 1` as before. A connection lost silently (no goodbye reaches the socket) is found
+by the statement that uses it, as `SELECT 1` would have been."""
+
+from __future__ import annotations
+
+import select
+
+from django.db.backends.postgresql import base
+from psycopg import pq
+
+
+class DatabaseWrapper(base.DatabaseWrapper):
+    def is_usable(self) -> bool:
+        conn = self.connection
+        if conn is None or conn.closed or conn.broken:
+            return False
+        if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+            return super().is_usable()
+        try:
+            readable, _, _ = select.select([conn.fileno()], [], [], 0)
+        except (OSError, ValueError):
+            return False
+        return True if not readable else super().is_usable()
