@@ -65,11 +65,20 @@ def in_flight_tools(task_id: int) -> tuple[list[dict[str, Any]], int]:
 
 
 def stop_requested_notify(
-    *, task: Task, stop_request_id: int, event_id: int | None, requested_at: datetime, actor: str, reason: str
+    *,
+    task: Task,
+    stop_request_id: int,
+    event_id: int | None,
+    requested_at: datetime,
+    actor: str,
+    reason: str,
+    wanted: bool | None = None,
 ) -> list[int]:
     """Inside the stop request's transaction: the hook's outbox row (once per task: its key is the
-    task's), queued for delivery after commit. Returns its id, or nothing if nobody takes it."""
-    if not stop_hook_wanted():
+    task's), queued for delivery after commit. Returns its id, or nothing if nobody takes it.
+    `wanted`: `stop_hook_wanted()` as the caller read it already (the Stop reads it before its
+    transaction, so the two reads are not between its clock and its commit)."""
+    if not (stop_hook_wanted() if wanted is None else wanted):
         return []
     tools, total = in_flight_tools(task.pk)
     runtime = task.runtime

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import DatabaseError, connection, transaction
@@ -15,9 +15,9 @@ from django.utils import timezone
 
 from stopdesk import ports
 from stopdesk.models import StopRequest, Task
-from stopdesk.notify.stop_hook import stop_requested_notify
+from stopdesk.notify.stop_hook import stop_hook_wanted, stop_requested_notify
 from stopdesk.services.events import event_record
-from stopdesk.services.sql import ClockNow
+from stopdesk.services.sql import ClockNow, is_postgres
 from stopdesk.services.stop_notify import stop_notify
 from stopdesk.services.transitions import NOW, items_move, task_gate_exclusive
 from stopdesk.states import IN_FLIGHT, SETTLED, ItemState
@@ -78,7 +78,13 @@ def _commit_stop_request(*, task_id: int, actor: str, by: Any, reason: str) -> t
 
 
 def _commit_stop_first(*, task_id: int, actor: str, by: Any, reason: str) -> StopRequest | None:
-    """The stop request, if this call is the first; None if a stop had already committed."""
+    """The stop request, if this call is the first; None if a stop had already committed.
+
+    Between the clock's read and the commit every waiting watcher, every start queued at the gate
+    and every run under way waits on this transaction, so only what must follow the clock is
+    there (its row, the stop request, its event, the notification; four round trips): whether
+    anyone takes the stop hook is read before, and the task's row comes with its lock."""
+    hook_wanted = stop_hook_wanted()
     with transaction.atomic():
         # The task's gate first, exclusive: it waits for the starts holding it (shared) to commit,
         # and new starts queue behind it (transitions.gate). Then the task row, FOR NO KEY UPDATE,
@@ -88,11 +94,11 @@ def _commit_stop_first(*, task_id: int, actor: str, by: Any, reason: str) -> Sto
         # commits sees the stop. A concurrent second Stop waits at the gate for the first to
         # commit, then matches no row and lets go of both before counting itself as a duplicate.
         task_gate_exclusive(task_id)
-        list(Task.objects.select_for_update(no_key=True).filter(pk=task_id).values_list("pk"))
-        won = Task.objects.filter(pk=task_id, stop_requested_at__isnull=True).update(stop_requested_at=ClockNow())
-        if won:
-            task = Task.objects.get(pk=task_id)
-            assert task.stop_requested_at is not None
+        task = Task.objects.select_for_update(no_key=True).filter(pk=task_id).first()
+        if task is None:
+            raise Task.DoesNotExist(f"Task {task_id} does not exist.")
+        task.stop_requested_at = _stop_clock(task_id)
+        if task.stop_requested_at is not None:
             stop_request = StopRequest.objects.create(
                 task=task, requested_at=task.stop_requested_at, requested_by=by, actor=actor, reason=reason
             )
@@ -109,11 +115,28 @@ def _commit_stop_first(*, task_id: int, actor: str, by: Any, reason: str) -> Sto
                 requested_at=task.stop_requested_at,
                 actor=actor,
                 reason=reason,
+                wanted=hook_wanted,
             )
             return stop_request
-        if not Task.objects.filter(pk=task_id).exists():
-            raise Task.DoesNotExist(f"Task {task_id} does not exist.")
         return None
+
+
+def _stop_clock(task_id: int) -> datetime | None:
+    """The task's stop time set from the database's clock, read now (after the gate and the row
+    lock), if no stop had set it; None otherwise. On PostgreSQL one statement (the update returns
+    the time); on SQLite, which serialises writers, the update and a read."""
+    if not is_postgres():
+        if not Task.objects.filter(pk=task_id, stop_requested_at__isnull=True).update(stop_requested_at=ClockNow()):
+            return None
+        return Task.objects.values_list("stop_requested_at", flat=True).get(pk=task_id)
+    table, column = Task._meta.db_table, Task._meta.get_field("stop_requested_at").column
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET {column} = {ClockNow.template} WHERE id = %s AND {column} IS NULL RETURNING {column}",
+            [task_id],
+        )
+        row = cursor.fetchone()
+    return None if row is None else row[0]
 
 
 def _count_duplicate_stop(*, task_id: int, actor: str, reason: str) -> StopRequest:
