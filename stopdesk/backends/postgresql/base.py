@@ -3,7 +3,7 @@ there is nothing to check.
 
 With persistent connections (`CONN_MAX_AGE`) and `CONN_HEALTH_CHECKS`, Django asks a reused
 connection `SELECT 1` at the start of each request: a round trip before every page and every
-runtime API call, of which an agent's registration before a tool call makes five. A server that
+runtime API call (an agent's registration before a tool call is five more). A server that
 ends a connection (a restart, `pg_terminate_backend`, an idle timeout) says so on the socket: its
 goodbye, an error message, or the socket closed, all of which make an idle connection's socket
 readable. So an idle connection whose socket has nothing to read has not been ended by the
@@ -27,7 +27,11 @@ class DatabaseWrapper(base.DatabaseWrapper):
         if conn.info.transaction_status != pq.TransactionStatus.IDLE:
             return super().is_usable()
         try:
-            readable, _, _ = select.select([conn.fileno()], [], [], 0)
+            # poll, not select: a process holding many sockets (the watch server) has descriptors
+            # past select's limit of 1,024.
+            waiting = select.poll()
+            waiting.register(conn.fileno(), select.POLLIN)
+            readable = bool(waiting.poll(0))
         except (OSError, ValueError):
-            return False
+            return super().is_usable()
         return True if not readable else super().is_usable()
