@@ -224,13 +224,15 @@ class _Forwarded:
         reply = {"jsonrpc": "2.0", "id": self.call.request_id, "result": result}
         # Whether the task settled is asked once the session's calls are quiet (`settling.py`).
         if answer_may_follow_reply(mcp_facts, idempotent=self.call.tool in gateway.spec.idempotent_tools):
-            await self._reply(reply)
             try:
-                await recorded.record_on(self.pool)
-            except Exception:  # the client has its answer: the item's lease lapses and the reconciler settles it
-                log.exception("forwarded call of item %s: answered, but its answer was not recorded", item_id)
-                return
-            gateway.settle_checks.after_answer(entered.task_id)
+                await self._reply(reply)
+            finally:  # recorded even if the client is gone by the time its answer is sent
+                try:
+                    await recorded.record_on(self.pool)
+                except Exception:  # the item's lease lapses and the reconciler settles it
+                    log.exception("forwarded call of item %s: answered, but its answer was not recorded", item_id)
+                else:
+                    gateway.settle_checks.after_answer(entered.task_id)
             return
         await recorded.record_on(self.pool)
         gateway.settle_checks.after_answer(entered.task_id)
