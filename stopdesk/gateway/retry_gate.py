@@ -124,12 +124,16 @@ def answer_may_follow_reply(mcp_facts: dict[str, Any], *, idempotent: bool) -> b
     read's twin passes) or a call of a tool declared idempotent (its calls take no gate). A call
     that may write is recorded first: its repeat, sent the moment the answer arrives, must find it
     completed (and pass), not running (and be held)."""
-    return idempotent or (mcp_facts.get("annotations") or {}).get("readOnlyHint") is True
+    return idempotent or _read_only_hint(mcp_facts)
 
 
 def _read_only(item: WorkItem) -> bool:
-    annotations = ((item.detail or {}).get("mcp") or {}).get("annotations") or {}
-    return annotations.get("readOnlyHint") is True
+    return _read_only_hint((item.detail or {}).get("mcp") or {})
+
+
+def _read_only_hint(mcp_facts: dict[str, Any]) -> bool:
+    """Whether the upstream's annotations call the tool read-only (as the gate's SQL reads them)."""
+    return (mcp_facts.get("annotations") or {}).get("readOnlyHint") is True
 
 
 def refused_words(earlier: WorkItem) -> str:

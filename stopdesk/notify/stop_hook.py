@@ -72,13 +72,13 @@ def stop_requested_notify(
     requested_at: datetime,
     actor: str,
     reason: str,
-    wanted: bool | None = None,
+    wanted: bool,
 ) -> list[int]:
     """Inside the stop request's transaction: the hook's outbox row (once per task: its key is the
     task's), queued for delivery after commit. Returns its id, or nothing if nobody takes it.
-    `wanted`: `stop_hook_wanted()` as the caller read it already (the Stop reads it before its
-    transaction, so the two reads are not between its clock and its commit)."""
-    if not (stop_hook_wanted() if wanted is None else wanted):
+    `wanted`: `stop_hook_wanted()`, which the Stop reads before its transaction, so the two reads
+    are not between its clock and its commit."""
+    if not wanted:
         return []
     tools, total = in_flight_tools(task.pk)
     runtime = task.runtime

@@ -34,4 +34,4 @@ class DatabaseWrapper(base.DatabaseWrapper):
             readable = bool(waiting.poll(0))
         except (OSError, ValueError):
             return super().is_usable()
-        return True if not readable else super().is_usable()
+        return not readable or super().is_usable()
