@@ -793,6 +793,28 @@ class StopdeskRun:
         finally:
             self._later(self._model_end(started, *outcome, used_early=used_early), label)
 
+    def model_request_from_thread(self, loop: asyncio.AbstractEventLoop) -> ThreadDraft:
+        """`model_request` for a framework that makes its model requests on threads of its own
+        (CrewAI): the same draft and the same record, opened and closed from that thread without
+        waiting on the run's loop (`loop`), so the request goes out at once and its answer comes
+        back to the thread that asked without two turns through the loop. Call it only while Stop
+        is not known here (`stop_flag`); a request after Stop goes through `model_request`, which
+        refuses it."""
+        return ThreadDraft(self, loop)
+
+    def _thread_draft_begin(self, draft: ThreadDraft) -> None:
+        # On the run's loop: the draft's record starts, as `model_request` starts it.
+        self.model_requests += 1
+        draft.label = f"model request {self.model_requests}"
+        draft.started = asyncio.get_running_loop().create_future()
+        draft.started.add_done_callback(lambda started: draft.record.set_result(started.result()))
+        self._later(self._model_begin(draft.label, draft.started, "results"), draft.label)
+
+    def _thread_draft_end(self, draft: ThreadDraft, status: str, detail: str, used_early: bool) -> None:
+        # On the run's loop, after `_thread_draft_begin` (the loop runs them in the order sent).
+        if draft.started is not None:
+            self._later(self._model_end(draft.started, status, detail, used_early=used_early), draft.label)
+
     async def _model_begin(self, label: str, started: asyncio.Future[_Draft], lane: str) -> None:
         try:
             item_id = await self._register_started(
@@ -867,6 +889,50 @@ class StopdeskRun:
         self._writes.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("stopdesk write failed: %r", task.exception())
+
+
+class ThreadDraft:
+    """A model request's draft, held by the framework's thread that makes the request
+    (`StopdeskRun.model_request_from_thread`). Its record is written on the run's loop, off that
+    thread's path; the thread says how the request ended (`answered`, `ended`)."""
+
+    def __init__(self, run: StopdeskRun, loop: asyncio.AbstractEventLoop) -> None:
+        self.run = run
+        self.loop = loop
+        self.label = ""
+        self.started: asyncio.Future[_Draft] | None = None  # the loop's, once begun there
+        self.record: Future[_Draft] = Future()  # the same, for this thread
+        self._ended = False
+        loop.call_soon_threadsafe(run._thread_draft_begin, self)
+
+    def answered(self) -> None:
+        """The answer is back: it may be used, unless the boundary refused the draft, Stop having
+        come first; then it is discarded (StopRequested) and the ledger's "discarded" is what the
+        agent did. As in `model_request`: a record not done yet (and no Stop known) does not hold
+        the answer back; if the boundary refused it after all, the ledger says the answer was used
+        ("completed; review required")."""
+        if self.record.done() or self.run.stop_flag.is_set():
+            if self.record.result().refused:
+                self.loop.call_soon_threadsafe(self.run.stop_seen)
+                self.ended("cancelled", "discarded by Stop")
+                raise StopRequested(
+                    f"Task {self.run.task_id} was stopped; the answer is discarded.", task=self.run.task_id
+                )
+            self._end("completed", "", used_early=False)
+            return
+        self._end("completed", "", used_early=True)
+
+    def ended(self, status: str, detail: str) -> None:
+        """The request ended without an answer to use: "cancelled" (Stop ended the wait for it),
+        or "failed"."""
+        self._end(status, detail, used_early=False)
+
+    def _end(self, status: str, detail: str, *, used_early: bool) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        with contextlib.suppress(RuntimeError):  # the run's loop already closed
+            self.loop.call_soon_threadsafe(self.run._thread_draft_end, self, status, detail, used_early)
 
 
 @dataclass(frozen=True)

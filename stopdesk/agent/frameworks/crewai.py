@@ -21,8 +21,10 @@ hand it their calls:
   a plain `def` body in a thread the run knows (`threads.py`). After Stop the body never runs and
   the model reads that the task was stopped.
 - model requests: each agent's LLM is a copy whose class wraps `call`/`acall` in a draft
-  (`StopdeskRun.model_request`); a request made after Stop is refused, and an answer the boundary
-  refused is discarded. The tool calls the model asked for are remembered with the model's call id,
+  (`StopdeskRun.model_request`; from CrewAI's thread, `model_request_from_thread`: the request
+  goes out at once on a thread of ours, the draft's record is written on the run's loop beside it,
+  and Stop ends CrewAI's wait for the answer); a request made after Stop is refused, and an answer
+  the boundary refused is discarded. The tool calls the model asked for are remembered with the model's call id,
   which the tool wrapper (to which CrewAI passes only the arguments) takes back by name and
   arguments.
 - step and task callbacks (`step_callback`, `task_callback`, chained before the crew's own): after
@@ -41,6 +43,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import contextvars
 import copy
 import inspect
 import json
@@ -54,7 +58,7 @@ from crewai.tools import BaseTool
 from crewai.utilities.string_utils import sanitize_tool_name
 from pydantic import ConfigDict, PrivateAttr
 
-from stopdesk.agent.frameworks.core import STOPPED_RESULT, StopdeskRun
+from stopdesk.agent.frameworks.core import STOPPED_RESULT, StopdeskRun, ThreadDraft
 from stopdesk.agent.frameworks.declare import ToolDeclaration, first_declaration
 from stopdesk.protocol.errors import StopRequested
 
@@ -104,6 +108,60 @@ class _Bridge:
         finally:
             with self.lock:
                 self.in_flight.discard(future)
+
+    def model_call(self, request: Callable[[], Any]) -> Any:
+        """One model request from a CrewAI thread (`LLM.call`), as a draft of the run. The request
+        goes out at once on a thread of `_MODEL_THREADS` while the draft's record starts on the
+        run's loop, and this thread waits for the answer; Stop ends that wait (`cancel_in_flight`),
+        and the answer is then discarded. The thread that has the answer decides whether it may be
+        used (`ThreadDraft.answered`) and sends the registrations of the tool calls it asks for to
+        the loop (`ask_ahead`) before it hands the answer over, so they are on their way while
+        CrewAI reads it."""
+        draft = self.run.model_request_from_thread(self.loop)
+        answer: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        context = contextvars.copy_context()  # the caller's, as CrewAI's own call would have it
+        _MODEL_THREADS.submit(context.run, self._answer, draft, answer, request)
+        with self.lock:
+            self.in_flight.add(answer)
+        try:
+            return answer.result()
+        except concurrent.futures.CancelledError:
+            # Stop ended the wait while the request was out: its answer is discarded.
+            draft.ended("cancelled", "discarded by Stop")
+            raise CrewStopped(self.run.task_id) from None
+        finally:
+            with self.lock:
+                self.in_flight.discard(answer)
+
+    def _answer(self, draft: ThreadDraft, answer: concurrent.futures.Future[Any], request: Callable[[], Any]) -> None:
+        """On a thread of `_MODEL_THREADS`: the request, then its answer to the waiting thread, unless
+        Stop ended that wait first."""
+        try:
+            result = request()
+        except BaseException as exc:
+            if answer.set_running_or_notify_cancel():
+                draft.ended("failed", f"{type(exc).__name__}: {exc}"[:200])
+                answer.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        if not answer.set_running_or_notify_cancel():
+            return  # Stop ended the wait: the waiting thread recorded the answer discarded
+        try:
+            draft.answered()
+        except StopRequested as exc:
+            error = CrewStopped(self.run.task_id)
+            error.__cause__ = exc
+            answer.set_exception(error)
+            return
+        except BaseException as exc:
+            answer.set_exception(exc)
+            return
+        asked = self.remember_asked(result)
+        if asked:
+            with contextlib.suppress(RuntimeError):  # the run's loop already closed
+                self.loop.call_soon_threadsafe(self.ask_ahead, asked)
+        answer.set_result(result)
 
     def cancel_in_flight(self) -> None:
         """Stop: cancel the tool calls under way (their awaits; a thread body runs on)."""
@@ -159,6 +217,11 @@ class _Bridge:
                 return self.asked.pop(index).call_id
             self.calls += 1
             return f"{name}-{self.calls}"
+
+
+# The threads model requests go out on: CrewAI's thread waits there for the answer, which Stop can
+# end (a request itself cannot be interrupted; its answer is discarded).
+_MODEL_THREADS = concurrent.futures.ThreadPoolExecutor(64, thread_name_prefix="stopdesk-model")
 
 
 class StopdeskTool(BaseTool):
@@ -258,10 +321,12 @@ def _guarded_class(base: Any) -> type:
         bridge = _bridge_of(self)
         if bridge is None:
             return base.call(self, *args, **kwargs)
+        if not bridge.stopped():
+            return bridge.model_call(lambda: base.call(self, *args, **kwargs))
         try:
+            # After Stop: refused, and recorded so (never sent).
             return bridge.submit(_draft(bridge, lambda: asyncio.to_thread(base.call, self, *args, **kwargs)))
         except concurrent.futures.CancelledError:
-            # Stop cancelled the request while it was out: its answer is discarded (the ledger says so).
             raise CrewStopped(bridge.run.task_id) from None
 
     async def acall(self: Any, *args: Any, **kwargs: Any) -> Any:
