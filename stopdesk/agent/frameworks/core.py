@@ -913,7 +913,8 @@ class ThreadDraft:
         ("completed; review required")."""
         if self.record.done() or self.run.stop_flag.is_set():
             if self.record.result().refused:
-                self.loop.call_soon_threadsafe(self.run.stop_seen)
+                with contextlib.suppress(RuntimeError):  # the run's loop already closed
+                    self.loop.call_soon_threadsafe(self.run.stop_seen)
                 self.ended("cancelled", "discarded by Stop")
                 raise StopRequested(
                     f"Task {self.run.task_id} was stopped; the answer is discarded.", task=self.run.task_id
