@@ -221,3 +221,59 @@ def test_a_batch_refused_whole_goes_result_by_result_so_one_cannot_hold_back_the
     item = WorkItem.objects.get(task_id=task_id, handle="call_1")
     assert (item.state, item.outcome) == (S.COMPLETED, "12 employees")
     assert WorkItem.objects.get(pk=their_call).state == S.RUNNING
+
+
+def test_a_normal_end_sends_the_results_waiting_with_the_runs_own_end_in_one_request(agent_http):
+    task_id = _task(agent_http)
+
+    async def agent() -> tuple[Agent, int]:
+        agent = Agent(*agent_http)
+        async with StopdeskRun(agent.client, task_id, framework="test", watch=never) as run:
+            await _call(run, "call_1")
+            async with run.model_request() as started:
+                await run.draft_id(started)  # its record done: only the results are left to write
+            run_item = run.item_id
+        await agent.close()
+        assert run_item is not None
+        return agent, run_item
+
+    agent, run_item = asyncio.run(agent())
+
+    (together,) = agent.posted("/results")
+    call = WorkItem.objects.get(task_id=task_id, handle="call_1")
+    draft = WorkItem.objects.get(task_id=task_id, kind="model_request")
+    # The run's own end last, in the same transaction: it settles after its calls' records.
+    assert [r["item"] for r in together["results"]] == [call.pk, draft.pk, run_item]
+    assert agent.posted("/result") == []  # nothing alone: one request for the run's end
+    assert [WorkItem.objects.get(pk=pk).state for pk in (call.pk, draft.pk, run_item)] == [S.COMPLETED] * 3
+    assert call.outcome == "12 employees"
+    assert Task.objects.get(pk=task_id).settled_at is not None
+
+
+def test_a_normal_end_whose_one_request_is_refused_still_writes_each_result_and_the_runs_end(agent_http, live_server):
+    task_id = _task(agent_http)
+    theirs = Client(live_server.url, runtime_create(name="another-agent", actor="test")[1])
+    their_call = theirs.register_started(theirs.create_task("Theirs").id, kind="local_worker", noun="lookup")
+    theirs.close()
+
+    async def agent() -> tuple[Agent, int, BaseException | None]:
+        agent = Agent(*agent_http)
+        async with StopdeskRun(agent.client, task_id, framework="test", watch=never) as run:
+            await _call(run, "call_1")
+            # A result for an item this runtime cannot see, waiting at the run's end: refused.
+            reported = run.later(run.report(their_call, status="completed", detail="not ours"), "report")
+            run_item = run.item_id
+        await agent.close()
+        assert run_item is not None
+        return agent, run_item, reported.exception()
+
+    agent, run_item, refused = asyncio.run(agent())
+
+    assert isinstance(refused, NotFound)
+    first = agent.posted("/results")[0]
+    assert first["results"][-1]["item"] == run_item  # the run's end was asked with them, and refused with them
+    call = WorkItem.objects.get(task_id=task_id, handle="call_1")
+    assert (call.state, call.outcome) == (S.COMPLETED, "12 employees")
+    assert WorkItem.objects.get(pk=run_item).state == S.COMPLETED  # then written on its own
+    assert WorkItem.objects.get(pk=their_call).state == S.RUNNING
+    assert Task.objects.get(pk=task_id).settled_at is not None

@@ -92,8 +92,9 @@ def test_with_the_opt_out_results_and_drafts_do_not_wait_and_the_boundary_still_
         "register agent run": True,  # the run passes the boundary
         "register lookup call": True,  # the tool call's boundary, before its body
         "register draft": False,  # a model request: a draft with no effect outside
-        "result draft": False,
-        "result lookup call": False,  # lost in a crash, it stays running: the reaper's
+        "result draft": False,  # lost in a crash, it stays running: the reaper's
+        # Still waiting when the run ended, so written in the run's end, which always waits.
+        "result lookup call": True,
         "result agent run": True,  # the run's end, which flushes all of the above
     }
     states = WorkItem.objects.filter(task_id=task.id).values_list("noun", "state")

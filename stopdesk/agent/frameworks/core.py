@@ -168,6 +168,8 @@ class StopdeskRun:
         try:
             await self._wait_outliving()
             self._settle_ahead()
+            if exc is None:
+                await self._end_with_results()
             await self.flush()
             await self._settle_run(exc)
         finally:
@@ -180,6 +182,32 @@ class StopdeskRun:
         ahead, self._ahead = self._ahead, {}
         for name, registration in ahead.values():
             self._later(self._settle_never_run(registration, name), name)
+
+    async def _end_with_results(self) -> None:
+        """A normal end: the run's item completed in the same call as the results still waiting
+        (`write_results`: one request, one transaction, its commit waiting for the disk as the
+        run's end always does), its own last, so it still settles after its calls' records. Only
+        when every write still under way is one of those results: anything else (a draft's record
+        not yet answered, a call asked for and never run) ends as before, before the run's item."""
+        outbox, item_id = self._outbox, self.item_id
+        if outbox is None or item_id is None:
+            return
+        await asyncio.sleep(0)  # a result just handed over (a draft's end, sent from its thread) joins them
+        if not len(outbox) or len(self._writes) != len(outbox):
+            return
+        taken = outbox.take()
+        results = [{"item": p.item_id, "status": p.status, "detail": p.detail, "open_item": item_id} for p in taken]
+        results.append({"item": item_id, "status": "completed", "detail": "", "open_item": None})
+        try:
+            await self._call("write_results", results, lane="writes")
+        except Exception as exc:
+            # Nothing of it was written (one transaction), or its answer was lost: each goes as
+            # before, and so does the run's end (`_settle_run`).
+            log.warning("could not end the %s run with its results in one call: %r", self.framework, exc)
+            outbox.settle(taken, exc)
+            return
+        outbox.settle(taken)
+        self.item_id = None
 
     async def _settle_run(self, exc: BaseException | None) -> None:
         """The run's item, after its calls' records: completed on a normal end, cancelled when

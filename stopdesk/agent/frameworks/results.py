@@ -10,7 +10,8 @@ run's threads, which shares the process's interpreter lock with the model reques
 So `ResultOutbox` holds it until the next tool body starts (the caller then waits on the body,
 not on the ledger) and sends every result waiting in one call (`write_results`: one request, one
 transaction). No tool body within `ride_s`: they go then. Once Stop is known, or the run is
-ending, nothing waits: a result goes at once.
+ending, nothing waits: a result goes at once; a run that ends normally sends the results still
+waiting with its own end, in one call (`StopdeskRun._end_with_results`).
 
 What the ledger says meanwhile: the item is running until its result is written, never settled
 before. Every result is written before the run ends (the writer's await is one of the run's
@@ -68,6 +69,22 @@ class ResultOutbox:
             pass
         self.send_all()  # still waiting (or already on its way: waited for below)
         await pending.written
+
+    def take(self) -> list[Pending]:
+        """Every result waiting, for the caller to send with a write of its own (`settle`)."""
+        taken, self._pending = self._pending, []
+        return taken
+
+    def settle(self, taken: list[Pending], error: BaseException | None = None) -> None:
+        """How the caller's write of `taken` ended: written, or not (`error`: each is then sent
+        as `send_all` sends them, a result written twice changing nothing)."""
+        if error is not None:
+            self._pending[:0] = taken
+            self.send_all()
+            return
+        for pending in taken:
+            if not pending.written.done():
+                pending.written.set_result(None)
 
     def send_all(self) -> None:
         """Send every result waiting, in one request."""
