@@ -25,7 +25,8 @@ offers `register_started`), then the body. The result is written afterwards off 
 (the writes are awaited before the run ends), so the model's next request does not wait for it.
 Over a runtime whose every call is a request (the HTTP client), results wait for the next tool body
 to start and go together in one request (`results.py`), so none competes with the requests the
-caller waits for: until then the item is running; Stop and the run's end send them at once.
+caller waits for: until then the item is running; Stop sends them at once, and the run's normal end
+sends them with its own end, in one call.
 Model requests are drafts with no effect outside, so their items are written entirely off the path
 (see `model_request` for what the ledger says when Stop and an answer cross); a request made after
 Stop is refused in memory.
