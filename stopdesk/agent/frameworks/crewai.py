@@ -24,9 +24,9 @@ hand it their calls:
   (`StopdeskRun.model_request`; from CrewAI's thread, `model_request_from_thread`: the request
   goes out at once on a thread of ours, the draft's record is written on the run's loop beside it,
   and Stop ends CrewAI's wait for the answer); a request made after Stop is refused, and an answer
-  the boundary refused is discarded. The tool calls the model asked for are remembered with the model's call id,
-  which the tool wrapper (to which CrewAI passes only the arguments) takes back by name and
-  arguments.
+  the boundary refused is discarded. The tool calls the model asked for are remembered with the
+  model's call id, which the tool wrapper (to which CrewAI passes only the arguments) takes back
+  by name and arguments.
 - step and task callbacks (`step_callback`, `task_callback`, chained before the crew's own): after
   Stop they raise, so the crew stops between steps and between tasks.
 Stop ends the crew that way, between steps: nothing cancels CrewAI's own threads. The run waits for
