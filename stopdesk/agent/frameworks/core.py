@@ -64,7 +64,7 @@ from typing import Any
 
 from stopdesk.agent.frameworks import lanes
 from stopdesk.agent.frameworks.declare import UNDECLARED, ToolDeclaration
-from stopdesk.agent.frameworks.results import ResultOutbox
+from stopdesk.agent.frameworks.results import Pending, ResultOutbox
 from stopdesk.agent.frameworks.threads import (
     CALL,
     RUN_STOP,
@@ -197,10 +197,9 @@ class StopdeskRun:
         if not len(outbox) or len(self._writes) != len(outbox):
             return
         taken = outbox.take()
-        results = [{"item": p.item_id, "status": p.status, "detail": p.detail, "open_item": item_id} for p in taken]
-        results.append({"item": item_id, "status": "completed", "detail": "", "open_item": None})
+        end = Pending(item_id, "completed", "", asyncio.get_running_loop().create_future())
         try:
-            await self._call("write_results", results, lane="writes")
+            await self._call("write_results", _result_rows([*taken, end], item_id), lane="writes")
         except Exception as exc:
             # Nothing of it was written (one transaction), or its answer was lost: each goes as
             # before, and so does the run's end (`_settle_run`).
@@ -699,16 +698,7 @@ class StopdeskRun:
     async def _send_results(self, taken: list[Any]) -> None:
         """Several results in one request (`write_results`), each as `_send_result` sends it."""
         held = self.item_id
-        results = [
-            {
-                "item": p.item_id,
-                "status": p.status,
-                "detail": p.detail,
-                "open_item": held if p.item_id != held else None,
-            }
-            for p in taken
-        ]
-        await self._call("write_results", results, lane="results")
+        await self._call("write_results", _result_rows(taken, held), lane="results")
         await self._settle_check_after(held)
 
     async def _settle_check_after(self, held: int | None) -> None:
@@ -798,8 +788,7 @@ class StopdeskRun:
                     submit_key="", kind="model_request", noun="draft", label=label, mechanism="manual"
                 )
             raise StopRequested(f"Task {self.task_id} was stopped.", task=self.task_id)
-        started: asyncio.Future[_Draft] = asyncio.get_running_loop().create_future()
-        self._later(self._model_begin(label, started, "writes" if acts else "results"), label)
+        started = self._draft_begin(label, "writes" if acts else "results")
         outcome: tuple[str, str] = ("completed", "")
         used_early = False
         try:
@@ -807,7 +796,7 @@ class StopdeskRun:
             if started.done() or self.stopped.is_set():
                 if (await asyncio.shield(started)).refused:
                     self.stop_seen()
-                    raise StopRequested(f"Task {self.task_id} was stopped; the answer is discarded.", task=self.task_id)
+                    raise _discarded(self.task_id)
             else:
                 used_early = True
         except asyncio.CancelledError:
@@ -835,14 +824,19 @@ class StopdeskRun:
         # On the run's loop: the draft's record starts, as `model_request` starts it.
         self.model_requests += 1
         draft.label = f"model request {self.model_requests}"
-        draft.started = asyncio.get_running_loop().create_future()
+        draft.started = self._draft_begin(draft.label, "results")
         draft.started.add_done_callback(lambda started: draft.record.set_result(started.result()))
-        self._later(self._model_begin(draft.label, draft.started, "results"), draft.label)
 
     def _thread_draft_end(self, draft: ThreadDraft, status: str, detail: str, used_early: bool) -> None:
         # On the run's loop, after `_thread_draft_begin` (the loop runs them in the order sent).
         if draft.started is not None:
             self._later(self._model_end(draft.started, status, detail, used_early=used_early), draft.label)
+
+    def _draft_begin(self, label: str, lane: str) -> asyncio.Future[_Draft]:
+        """A draft's record, started off the caller's path: the future of what it became."""
+        started: asyncio.Future[_Draft] = asyncio.get_running_loop().create_future()
+        self._later(self._model_begin(label, started, lane), label)
+        return started
 
     async def _model_begin(self, label: str, started: asyncio.Future[_Draft], lane: str) -> None:
         try:
@@ -945,9 +939,7 @@ class ThreadDraft:
                 with contextlib.suppress(RuntimeError):  # the run's loop already closed
                     self.loop.call_soon_threadsafe(self.run.stop_seen)
                 self.ended("cancelled", "discarded by Stop")
-                raise StopRequested(
-                    f"Task {self.run.task_id} was stopped; the answer is discarded.", task=self.run.task_id
-                )
+                raise _discarded(self.run.task_id)
             self._end("completed", "", used_early=False)
             return
         self._end("completed", "", used_early=True)
@@ -965,6 +957,11 @@ class ThreadDraft:
             self.loop.call_soon_threadsafe(self.run._thread_draft_end, self, status, detail, used_early)
 
 
+def _discarded(task_id: int) -> StopRequested:
+    """A draft's answer discarded: the boundary refused its record, Stop having come first."""
+    return StopRequested(f"Task {task_id} was stopped; the answer is discarded.", task=task_id)
+
+
 @dataclass(frozen=True)
 class _Draft:
     """A model request's record: its item (None if it could not be recorded), and whether the
@@ -978,6 +975,15 @@ RUN_STOPPED = "stopped before it finished"
 NEVER_RAN = "never_ran"  # evidence of a call registered as asked for that the agent never ran
 USED_AFTER_REFUSAL = "the answer came back before Stop was known here, and the agent used it"
 DEADLOCK_RETRIES = 3
+
+
+def _result_rows(taken: list[Pending], held: int | None) -> list[dict[str, Any]]:
+    """`write_results`' rows: each result names the run's own item (`held`) as the one keeping the
+    task unsettled, except the run's own."""
+    return [
+        {"item": p.item_id, "status": p.status, "detail": p.detail, "open_item": held if p.item_id != held else None}
+        for p in taken
+    ]
 
 
 def _writes_results(runtime: Any) -> bool:
