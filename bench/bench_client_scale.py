@@ -135,9 +135,13 @@ class _Scale:
             await steady
             self.measuring = False
             paced, at_once = self.tasks[:STOPS], self.tasks[STOPS:]
-            await asyncio.to_thread(_stop, [paced], PACE_S)
+            # The stopping processes start (Python, Django, a connection) before the runs are
+            # measured, as a dashboard's processes are running before anyone presses Stop.
+            pacer = await asyncio.to_thread(_Stoppers, [paced], PACE_S)
+            rushers = await asyncio.to_thread(_Stoppers, [at_once[n::STOPPERS] for n in range(STOPPERS)], 0.0)
+            await asyncio.to_thread(pacer.go)
             profile = _profiling()
-            await asyncio.to_thread(_stop, [at_once[n::STOPPERS] for n in range(STOPPERS)], 0.0)
+            await asyncio.to_thread(rushers.go)
             await asyncio.wait(runs, timeout=120)
             _profiled(profile)
 
@@ -228,21 +232,48 @@ def _stop_requested_at(tasks: list[int]) -> dict[int, float]:
 
 
 # Stop is pressed from processes of their own (as the dashboard's would be), so the bench
-# process's event loop, where the runs live, shares its interpreter with nothing else.
+# process's event loop, where the runs live, shares its interpreter with nothing else. Each is
+# ready (imports, Django, its connection) before it is handed its tasks on its standard input.
 STOPPER = """
 import sys, time, django
 django.setup()
+from django.db import connection
 from stopdesk.services.stop import task_request_stop
-pace = float(sys.argv[1])
-for task_id in sys.argv[2:]:
+connection.ensure_connection()
+print("ready", flush=True)
+pace, *tasks = sys.stdin.readline().split()
+for task_id in tasks:
     task_request_stop(task_id=int(task_id), actor="user:bench", dispatch=lambda ids: None)
-    time.sleep(pace)
+    time.sleep(float(pace))
 """
 
 
-def _stop(shares: list[list[int]], pace_s: float) -> None:
-    """Stop each share's tasks in a process of its own, `pace_s` apart; all shares at once."""
-    stoppers = [subprocess.Popen([sys.executable, "-c", STOPPER, str(pace_s), *map(str, share)]) for share in shares]
-    for stopper in stoppers:
-        if stopper.wait(300) != 0:
-            raise RuntimeError("a stopping process failed")
+class _Stoppers:
+    """One stopping process per share of tasks, started and ready; `go` hands each its share (its
+    tasks stopped `pace_s` apart, all shares at once) and waits until all are stopped."""
+
+    def __init__(self, shares: list[list[int]], pace_s: float) -> None:
+        self.shares, self.pace_s = shares, pace_s
+        self.processes = [
+            subprocess.Popen([sys.executable, "-c", STOPPER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            for _ in shares
+        ]
+        for process in self.processes:
+            assert process.stdout is not None
+            if process.stdout.readline().strip() != "ready":
+                self.kill()
+                raise RuntimeError("a stopping process did not start")
+
+    def go(self) -> None:
+        for process, share in zip(self.processes, self.shares, strict=True):
+            assert process.stdin is not None
+            process.stdin.write(" ".join(map(str, [self.pace_s, *share])) + "\n")
+            process.stdin.flush()
+        for process in self.processes:
+            if process.wait(300) != 0:
+                self.kill()
+                raise RuntimeError("a stopping process failed")
+
+    def kill(self) -> None:
+        for process in self.processes:
+            process.kill()
