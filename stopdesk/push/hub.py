@@ -1,8 +1,9 @@
 """Stop, pushed: the stop request's commit reaches every watcher in a process at once.
 
-The stop request's transaction sends `pg_notify('stopdesk_stop', '<task id>')` (`stop_notify`, beside
-the stop service in `stopdesk.services.stop_notify`), which PostgreSQL
-delivers only when (and as soon as) that transaction commits. Each process keeps one listening
+The stop request's transaction sends `pg_notify('stopdesk_stop', '<task id> <stop time>')` in the
+statement that sets the task's stop time (`stopdesk.services.stop`; the channel and payload are
+`stopdesk.services.stop_notify`'s), which PostgreSQL delivers only when (and as soon as) that
+transaction commits. Each process keeps one listening
 connection, in one thread (`StopHub`), and fans each notification out to the watchers of that
 task in the process: a thousand watchers cost one connection and one thread, and the hub sends no
 query while nothing happens. (A remote watcher's long polls cost queries of their own, at each

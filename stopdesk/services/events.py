@@ -1,6 +1,8 @@
+from datetime import datetime
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.utils import timezone
 
 from stopdesk.models import Event, Task, WorkItem
 from stopdesk.notify.outbox import notify_for_events
@@ -22,11 +24,13 @@ def event_record(
     to_state: str = "",
     message: str = "",
     data: dict[str, Any] | None = None,
+    at: datetime | None = None,
 ) -> Event:
     task_id = task if isinstance(task, int) else (task.pk if task is not None else None)
     if task_id is None and item is not None:
         task_id = item.task_id
     event = Event.objects.create(
+        at=at or timezone.now(),
         kind=kind,
         actor=actor,
         task_id=task_id,

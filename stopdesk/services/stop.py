@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.db import DatabaseError, connection, transaction
@@ -14,17 +14,18 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from stopdesk import ports
-from stopdesk.models import StopRequest, Task
+from stopdesk.models import Event, StopRequest, Task
 from stopdesk.notify.stop_hook import stop_hook_wanted, stop_requested_notify
 from stopdesk.services.events import event_record
 from stopdesk.services.sql import ClockNow, is_postgres
-from stopdesk.services.stop_notify import stop_notify
+from stopdesk.services.stop_notify import CHANNEL, NOTIFY_PAYLOAD
 from stopdesk.services.transitions import NOW, items_move, task_gate_exclusive
 from stopdesk.states import IN_FLIGHT, SETTLED, ItemState
 from stopdesk.tracing import tracer
 
 S = ItemState
 log = logging.getLogger(__name__)
+STOP_MESSAGE = "Stop requested."  # the stop's event, when no reason was given
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,9 @@ def _commit_stop_first(*, task_id: int, actor: str, by: Any, reason: str) -> Sto
 
     Between the clock's read and the commit every waiting watcher, every start queued at the gate
     and every run under way waits on this transaction, so only what must follow the clock is
-    there (its row, the stop request, its event, the notification; four round trips): whether
-    anyone takes the stop hook is read before, and the task's row comes with its lock."""
+    there: on PostgreSQL one statement (the task's stop time, the stop request, its event and the
+    notification) and the commit. Whether anyone takes the stop hook is read before, and the
+    task's row comes with its lock."""
     hook_wanted = stop_hook_wanted()
     with transaction.atomic():
         # The task's gate first, exclusive: it waits for the starts holding it (shared) to commit,
@@ -92,51 +94,90 @@ def _commit_stop_first(*, task_id: int, actor: str, by: Any, reason: str) -> Sto
         # concurrent fan-out's event inserts cannot deadlock. Only then is the clock read, so
         # every item that started has started_at < stop_requested_at, and every start after this
         # commits sees the stop. A concurrent second Stop waits at the gate for the first to
-        # commit, then matches no row and lets go of both before counting itself as a duplicate.
+        # commit, then finds the stop time set and lets go of both before counting itself as a
+        # duplicate.
         task_gate_exclusive(task_id)
         task = Task.objects.select_for_update(no_key=True).filter(pk=task_id).first()
         if task is None:
             raise Task.DoesNotExist(f"Task {task_id} does not exist.")
-        task.stop_requested_at = _stop_clock(task_id)
-        if task.stop_requested_at is not None:
-            stop_request = StopRequest.objects.create(
-                task=task, requested_at=task.stop_requested_at, requested_by=by, actor=actor, reason=reason
-            )
-            event = event_record(kind="stop_requested", actor=actor, task=task, message=reason or "Stop requested.")
-            # Delivered by PostgreSQL when this transaction commits, and only then.
-            stop_notify(task_id=task_id, requested_at=task.stop_requested_at)
-            # The credential hook's outbox row, with the tools in flight as the gate holds them
-            # still; its delivery is queued after commit (and found by the sweep if the broker
-            # lost it).
-            stop_requested_notify(
-                task=task,
-                stop_request_id=stop_request.pk,
-                event_id=event.pk,
-                requested_at=task.stop_requested_at,
-                actor=actor,
-                reason=reason,
-                wanted=hook_wanted,
-            )
-            return stop_request
-        return None
-
-
-def _stop_clock(task_id: int) -> datetime | None:
-    """The task's stop time set from the database's clock, read now (after the gate and the row
-    lock), if no stop had set it; None otherwise. On PostgreSQL one statement (the update returns
-    the time); on SQLite, which serialises writers, the update and a read."""
-    if not is_postgres():
-        if not Task.objects.filter(pk=task_id, stop_requested_at__isnull=True).update(stop_requested_at=ClockNow()):
+        if task.stop_requested_at is not None:  # the row is locked: nobody sets it meanwhile
             return None
-        return Task.objects.values_list("stop_requested_at", flat=True).get(pk=task_id)
-    table, column = Task._meta.db_table, Task._meta.get_field("stop_requested_at").column
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {table} SET {column} = {ClockNow.template} WHERE id = %s AND {column} IS NULL RETURNING {column}",
-            [task_id],
+        written = (_stop_written if is_postgres() else _stop_written_sqlite)(task, actor=actor, by=by, reason=reason)
+        if written is None:
+            return None
+        stop_request, event_id = written
+        task.stop_requested_at = stop_request.requested_at
+        # The credential hook's outbox row, with the tools in flight as the gate holds them
+        # still; its delivery is queued after commit (and found by the sweep if the broker lost it).
+        stop_requested_notify(
+            task=task,
+            stop_request_id=stop_request.pk,
+            event_id=event_id,
+            requested_at=stop_request.requested_at,
+            actor=actor,
+            reason=reason,
+            wanted=hook_wanted,
         )
+        return stop_request
+
+
+# PostgreSQL: the task's stop time from the database's clock, read as the row is written, its stop
+# request, its event (at that time) and the notification, which PostgreSQL delivers when the
+# transaction commits, and only then.
+STOP_WRITE = f"""
+WITH stopped AS (
+    UPDATE {Task._meta.db_table} SET stop_requested_at = {ClockNow.template}
+    WHERE id = %(task)s AND stop_requested_at IS NULL
+    RETURNING id, stop_requested_at AS at
+), request AS (
+    INSERT INTO {StopRequest._meta.db_table}
+        (task_id, requested_at, requested_by_id, actor, reason, queued_cancelled, dispatched, duplicates)
+    SELECT id, at, %(by)s, %(actor)s, %(reason)s, 0, 0, 0 FROM stopped
+    RETURNING id
+), event AS (
+    INSERT INTO {Event._meta.db_table} (at, task_id, kind, actor, from_state, to_state, message, data)
+    SELECT at, id, 'stop_requested', %(actor)s, '', '', %(message)s, '{{}}'::jsonb FROM stopped
+    RETURNING id
+)
+SELECT request.id, stopped.at, event.id, pg_notify(%(channel)s, {NOTIFY_PAYLOAD.format(task="stopped.id", at="stopped.at")})
+FROM stopped, request, event
+"""
+
+
+def _stop_written(task: Task, *, actor: str, by: Any, reason: str) -> tuple[StopRequest, int] | None:
+    """The stop's rows in one statement (STOP_WRITE); None if a stop had already set the time."""
+    params = {
+        "task": task.pk,
+        "by": by.pk if by is not None else None,
+        "actor": actor,
+        "reason": reason,
+        "message": reason or STOP_MESSAGE,
+        "channel": CHANNEL,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(STOP_WRITE, params)
         row = cursor.fetchone()
-    return None if row is None else row[0]
+    if row is None:
+        return None
+    request_id, requested_at, event_id, _ = row
+    stop_request = StopRequest(
+        pk=request_id, task=task, requested_at=requested_at, requested_by=by, actor=actor, reason=reason
+    )
+    stop_request._state.adding, stop_request._state.db = False, connection.alias
+    return stop_request, event_id
+
+
+def _stop_written_sqlite(task: Task, *, actor: str, by: Any, reason: str) -> tuple[StopRequest, int] | None:
+    """SQLite (which serialises writers, and has no notification): the same rows, one by one."""
+    if not Task.objects.filter(pk=task.pk, stop_requested_at__isnull=True).update(stop_requested_at=ClockNow()):
+        return None
+    requested_at = Task.objects.values_list("stop_requested_at", flat=True).get(pk=task.pk)
+    assert requested_at is not None  # set just now, by this transaction
+    stop_request = StopRequest.objects.create(
+        task=task, requested_at=requested_at, requested_by=by, actor=actor, reason=reason
+    )
+    event = event_record(kind="stop_requested", actor=actor, task=task, message=reason or STOP_MESSAGE, at=requested_at)
+    return stop_request, event.pk
 
 
 def _count_duplicate_stop(*, task_id: int, actor: str, reason: str) -> StopRequest:

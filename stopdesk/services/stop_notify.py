@@ -13,6 +13,9 @@ from stopdesk.models import Task
 from stopdesk.services.sql import is_postgres
 
 CHANNEL = "stopdesk_stop"
+# A notification's payload, "<task id> <stop time, ISO 8601>", as SQL over a task id and its stop
+# time (the stop service sends it in the statement that sets the time; `stopdesk.push.hub` reads it).
+NOTIFY_PAYLOAD = "{task}::text || ' ' || (to_json({at}) #>> '{{}}')"
 
 
 def stop_notify(*, task_id: int, requested_at: datetime) -> None:

@@ -33,6 +33,27 @@ def test_a_watcher_hears_of_stop_when_it_commits_and_not_before():
         hub.close()
 
 
+def test_a_watcher_is_told_the_stop_time_the_task_recorded():
+    # The time rides on the notification (PostgreSQL), or comes from the poll's read (SQLite).
+    hub = StopHub(poll_s=0.05)
+    try:
+        task = task_create(title="Analyse invoices", actor="test")
+        heard: list[tuple[int, object]] = []
+        done = threading.Event()
+        hub.watch(task.pk, lambda task_id, at: (heard.append((task_id, at)), done.set()))
+        if connection.vendor == "postgresql":
+            assert hub.listening.wait(10)
+        outcome = task_request_stop(task_id=task.pk, actor="test", reason="wrong customer", dispatch=lambda ids: None)
+        assert done.wait(5)
+        task.refresh_from_db()
+        assert heard == [(task.pk, task.stop_requested_at)]
+        assert outcome.stop_request.requested_at == task.stop_requested_at
+        event = task.events.get(kind="stop_requested")
+        assert (event.at, event.actor, event.message) == (task.stop_requested_at, "test", "wrong customer")
+    finally:
+        hub.close()
+
+
 def test_a_watch_of_a_task_already_stopped_is_answered_at_once():
     hub = StopHub(poll_s=5.0)
     try:
