@@ -14,6 +14,7 @@ from pydantic import ValidationError as PydanticValidationError
 from stopdesk.protocol.errors import InvalidRequest
 from stopdesk.protocol.ids import MAX_ID
 from stopdesk.protocol.spec import ITEM_FIELDS, ItemSpec
+from stopdesk.protocol.types import MAX_RESULTS
 from stopdesk.record_ids import record_id_problem
 from stopdesk.states import Effect, Kind
 
@@ -206,12 +207,14 @@ class FinishFast(Body):
 
 
 class ItemResult(FinishFast):
-    """One item's result in `WriteResults`: what `POST /items/{item_id}/result` takes, and the item."""
+    """One item's result in `WriteResults`: what `POST /items/{item_id}/result` takes, and the item;
+    or, with status "stopped", what `POST /items/{item_id}/stopped` takes."""
 
+    status: Literal["completed", "failed", "stopped"] = Field(  # type: ignore[assignment]
+        description='"completed" or "failed" as `POST /items/{item_id}/result` writes it; "stopped" as '
+        "`POST /items/{item_id}/stopped` does (the work stopped because of Stop)."
+    )
     item: Id
-
-
-MAX_RESULTS = 100
 
 
 class WriteResults(Body):

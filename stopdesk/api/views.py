@@ -420,8 +420,9 @@ def finish_fast(sd: LocalRuntime, args: schemas.FinishFast, key: None, item_id: 
 )
 def write_results(sd: LocalRuntime, args: schemas.WriteResults, key: None) -> Any:
     """Several items' results in one request and one transaction, each written as `POST /items/{item_id}/result`
-    writes it (`results[].item` names the item). One refused (an item unknown here) refuses them all, and nothing
-    is written. Safe to repeat: the same results again change nothing."""
+    writes it, or with status "stopped" as `POST /items/{item_id}/stopped` does (`results[].item` names the item).
+    One refused (an item unknown here) refuses them all, and nothing is written. Safe to repeat: the same results
+    again change nothing."""
     sd.write_results([result.model_dump() for result in args.results])
     return ResultsInfo(items=[result.item for result in args.results])
 

@@ -12,6 +12,7 @@ from stopdesk.client import calls
 from stopdesk.client.aio_calls import CallSession
 from stopdesk.client.calls import Call
 from stopdesk.client.calls import record_launched as launched_call
+from stopdesk.client.together import ResultsTogether
 from stopdesk.client.transport import (
     CALLS_IN_FLIGHT,
     WATCH_LIMITS,
@@ -80,6 +81,7 @@ class AsyncClient:
             lambda: httpx.AsyncClient(timeout=timeout, limits=WATCH_LIMITS, headers=auth), given=watch_http
         )
         self._watches = AsyncWatches(self)  # every watch_stop of this client on one long poll
+        self._results = ResultsTogether(lambda rows: self._run(calls.write_results(rows)))
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -301,9 +303,11 @@ class AsyncClient:
         await self._run(calls.finish_fast(item_id, status=status, detail=detail, open_item=open_item))
 
     async def write_results(self, results: list[dict[str, Any]]) -> None:
-        """Several items' results in one request (each `finish_fast`'s keywords and its `item`);
-        one refused refuses them all, and nothing is written."""
-        await self._run(calls.write_results(results))
+        """Several items' results in one request (each `finish_fast`'s keywords and its `item`, or
+        `{"item", "status": "stopped", "detail"}` as `report_stopped` takes it); one refused
+        refuses them all, and nothing is written. Calls made while another is on its way go
+        together in the next request (`together.py`); each caller's answer is still its own."""
+        await self._results.write(results)
 
     async def report_stopped(self, item_id: int, *, detail: str = "") -> ItemInfo:
         """The work stopped because of Stop: cancelled, also when Stop's job already left it

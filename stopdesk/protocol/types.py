@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar, Self
 
+MAX_RESULTS = 100  # the results one `write_results` request (POST /results) may carry
+
 
 class _Json:
     _datetimes: ClassVar[frozenset[str]] = frozenset()

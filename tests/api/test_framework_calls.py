@@ -125,6 +125,27 @@ def test_write_results_for_an_item_stop_settled_is_a_late_result(sd):
     assert (item.state, item.needs_review) == (S.CANCELLED, True)
 
 
+def test_write_results_stopped_rows_are_written_as_report_stopped_writes_them(sd):
+    task = sd.create_task("Look Acme up")
+    the_run = sd.register_started(task.id, **{**TOOL, "noun": "agent run"})
+    call = sd.register_started(task.id, handle="call_1", **TOOL)
+    sd.request_stop(task.id, reason="operator pressed Stop")  # its job may leave them awaiting this report
+
+    sd.write_results(
+        [
+            {"item": call, "status": "stopped", "detail": "lookup: interrupted by Stop"},
+            {"item": the_run, "status": "stopped", "detail": "stopped before it finished"},
+        ]
+    )
+
+    items = {i.pk: (i.state, i.outcome) for i in WorkItem.objects.filter(task_id=task.id)}
+    assert items == {
+        call: (S.CANCELLED, "lookup: interrupted by Stop"),
+        the_run: (S.CANCELLED, "stopped before it finished"),
+    }
+    assert Task.objects.get(pk=task.id).settled_at is not None
+
+
 @pytest.mark.parametrize(
     ("bad", "field"),
     [

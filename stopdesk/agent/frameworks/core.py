@@ -231,7 +231,12 @@ class StopdeskRun:
 
     async def _stopped(self, item_id: int, detail: str) -> None:
         # Stop's job for the run's ("manual") item may already have moved it to awaiting this
-        # report; `report_stopped` settles it from there too (`cancel` only from running).
+        # report; `report_stopped` settles it from there too (`cancel` only from running). As a
+        # "stopped" result where the runtime writes several at once: over HTTP, the ends of the
+        # runs a Stop of many tasks ends together then share requests (`stopdesk.client.together`).
+        if self._outbox is not None:
+            await self._call("write_results", [{"item": item_id, "status": "stopped", "detail": detail}])
+            return
         method = "report_stopped" if hasattr(self.runtime, "report_stopped") else "cancel"
         await self._call(method, item_id, detail=detail)
 

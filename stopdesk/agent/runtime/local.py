@@ -418,12 +418,18 @@ class LocalRuntime:
 
     def write_results(self, results: list[dict[str, Any]]) -> None:
         """Several items' results, each the keywords of `finish_fast` and its `item`, written as
-        `finish_fast` writes each, in one transaction (over HTTP, one request): one refused (an
-        unknown item) refuses them all, and nothing is written."""
+        `finish_fast` writes each (status "stopped": as `report_stopped` does), in one transaction
+        (over HTTP, one request): one refused (an unknown item) refuses them all, and nothing is
+        written."""
         parsed = schemas.WriteResults.parse({"results": results}).results
         with transaction.atomic():
             for result in parsed:
-                self.finish_fast(result.item, status=result.status, detail=result.detail, open_item=result.open_item)
+                if result.status == "stopped":
+                    self.report_stopped(result.item, detail=result.detail)
+                else:
+                    self.finish_fast(
+                        result.item, status=result.status, detail=result.detail, open_item=result.open_item
+                    )
 
     def finish_fast(
         self,
