@@ -35,14 +35,17 @@ class ResultsTogether:
     async def write(self, rows: Rows) -> None:
         """Returns once `rows` are written, with whichever other calls' rows went with them."""
         loop = asyncio.get_running_loop()
-        if not rows or len(rows) > MAX_RESULTS or (self._sender is not None and self._sender.get_loop() is not loop):
+        sender = self._sender
+        sending = sender is not None and not sender.done()
+        elsewhere = sender is not None and sending and sender.get_loop() is not loop
+        if not rows or len(rows) > MAX_RESULTS or elsewhere:
             # Refused by the server as they are (nothing to join them to), or a call from another
             # event loop than the one sending: on its own.
             await self._send(rows)
             return
         done: asyncio.Future[None] = loop.create_future()
         self._queue.append((rows, done))
-        if self._sender is None or self._sender.done():
+        if not sending:
             self._sender = loop.create_task(self._send_queued(), name="stopdesk-results")
         await done
 

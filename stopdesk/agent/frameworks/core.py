@@ -73,7 +73,7 @@ from stopdesk.agent.frameworks.threads import (
     ToolStopped,
     loop_tool_threads,
 )
-from stopdesk.protocol.errors import Conflict, StopRequested
+from stopdesk.protocol.errors import Conflict, InvalidRequest, StopRequested
 from stopdesk.protocol.spec import noun_of
 
 log = logging.getLogger(__name__)
@@ -235,8 +235,11 @@ class StopdeskRun:
         # "stopped" result where the runtime writes several at once: over HTTP, the ends of the
         # runs a Stop of many tasks ends together then share requests (`stopdesk.client.together`).
         if self._outbox is not None:
-            await self._call("write_results", [{"item": item_id, "status": "stopped", "detail": detail}])
-            return
+            try:
+                await self._call("write_results", [{"item": item_id, "status": "stopped", "detail": detail}])
+                return
+            except InvalidRequest:
+                pass  # a server older than "stopped" results: reported on its own
         method = "report_stopped" if hasattr(self.runtime, "report_stopped") else "cancel"
         await self._call(method, item_id, detail=detail)
 
