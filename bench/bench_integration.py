@@ -69,14 +69,16 @@ async def _openai_agents(base_url: str, model: str, runtime: Any, task_id: int |
     from stopdesk.agent.frameworks.openai_agents import guard_tool, run_agent
 
     set_tracing_disabled(True)
-    client = AsyncOpenAI(base_url=base_url, api_key="no-key-needed", max_retries=0)
-    tool = function_tool(work)
-    if task_id is None:
-        agent = Agent(name="bench", tools=[tool], model=OpenAIResponsesModel(model, client))
-        await Runner.run(agent, "go", max_turns=TOOL_CALLS + 2)
-        return
-    agent = Agent(name="bench", tools=[guard_tool(tool)], model=OpenAIResponsesModel(model, client))
-    await run_agent(runtime, task_id, agent, "go", max_turns=TOOL_CALLS + 2)
+    # Closed on this run's loop: left to the garbage collector, its close would run on a later
+    # run's loop and fail there ("Event loop is closed").
+    async with AsyncOpenAI(base_url=base_url, api_key="no-key-needed", max_retries=0) as client:
+        tool = function_tool(work)
+        if task_id is None:
+            agent = Agent(name="bench", tools=[tool], model=OpenAIResponsesModel(model, client))
+            await Runner.run(agent, "go", max_turns=TOOL_CALLS + 2)
+            return
+        agent = Agent(name="bench", tools=[guard_tool(tool)], model=OpenAIResponsesModel(model, client))
+        await run_agent(runtime, task_id, agent, "go", max_turns=TOOL_CALLS + 2)
 
 
 async def _pydantic_ai(base_url: str, model: str, runtime: Any, task_id: int | None) -> None:
@@ -87,12 +89,12 @@ async def _pydantic_ai(base_url: str, model: str, runtime: Any, task_id: int | N
 
     from stopdesk.agent.frameworks.pydantic_ai import run_agent
 
-    client = AsyncOpenAI(base_url=base_url, api_key="no-key-needed", max_retries=0)
-    agent = Agent(OpenAIChatModel(model, provider=OpenAIProvider(openai_client=client)), tools=[work])
-    if task_id is None:
-        await agent.run("go")
-        return
-    await run_agent(runtime, task_id, agent, "go", tools=[work])
+    async with AsyncOpenAI(base_url=base_url, api_key="no-key-needed", max_retries=0) as client:
+        agent = Agent(OpenAIChatModel(model, provider=OpenAIProvider(openai_client=client)), tools=[work])
+        if task_id is None:
+            await agent.run("go")
+            return
+        await run_agent(runtime, task_id, agent, "go", tools=[work])
 
 
 async def _langgraph(base_url: str, model: str, runtime: Any, task_id: int | None) -> None:
@@ -103,16 +105,16 @@ async def _langgraph(base_url: str, model: str, runtime: Any, task_id: int | Non
 
     from stopdesk.agent.frameworks.langgraph import StopdeskMiddleware, run_agent
 
-    client = AsyncOpenAI(base_url=base_url, api_key="no-key-needed", max_retries=0)
-    chat = ChatOpenAI(model=model, root_async_client=client, async_client=client.chat.completions, api_key="unused")
-    tools = [StructuredTool.from_function(coroutine=work)]
-    state = {"messages": [{"role": "user", "content": "go"}]}
-    config = {"recursion_limit": 4 * TOOL_CALLS + 10}
-    if task_id is None:
-        await create_agent(chat, tools=tools).ainvoke(state, config=config)  # type: ignore[arg-type]
-        return
-    graph = create_agent(chat, tools=tools, middleware=[StopdeskMiddleware()])
-    await run_agent(runtime, task_id, graph, state, config=config)
+    async with AsyncOpenAI(base_url=base_url, api_key="no-key-needed", max_retries=0) as client:
+        chat = ChatOpenAI(model=model, root_async_client=client, async_client=client.chat.completions, api_key="unused")
+        tools = [StructuredTool.from_function(coroutine=work)]
+        state = {"messages": [{"role": "user", "content": "go"}]}
+        config = {"recursion_limit": 4 * TOOL_CALLS + 10}
+        if task_id is None:
+            await create_agent(chat, tools=tools).ainvoke(state, config=config)  # type: ignore[arg-type]
+            return
+        graph = create_agent(chat, tools=tools, middleware=[StopdeskMiddleware()])
+        await run_agent(runtime, task_id, graph, state, config=config)
 
 
 _CLAUDE_HOME: list[str] = []

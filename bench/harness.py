@@ -66,6 +66,9 @@ def scratch_database() -> Iterator[None]:
     finally:
         from django.db import connections
 
+        from stopdesk.push.hub import stop_hub_close
+
+        stop_hub_close()  # its listening connection ends here, not as an error when the database goes
         connections.close_all()
         if not KEEP_DB:
             with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
