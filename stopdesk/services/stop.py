@@ -126,16 +126,16 @@ def _commit_stop_first(*, task_id: int, actor: str, by: Any, reason: str) -> Sto
 # transaction commits, and only then.
 STOP_WRITE = f"""
 WITH stopped AS (
-    UPDATE {Task._meta.db_table} SET stop_requested_at = {ClockNow.template}
+    UPDATE "{Task._meta.db_table}" SET stop_requested_at = {ClockNow.template}
     WHERE id = %(task)s AND stop_requested_at IS NULL
     RETURNING id, stop_requested_at AS at
 ), request AS (
-    INSERT INTO {StopRequest._meta.db_table}
+    INSERT INTO "{StopRequest._meta.db_table}"
         (task_id, requested_at, requested_by_id, actor, reason, queued_cancelled, dispatched, duplicates)
     SELECT id, at, %(by)s, %(actor)s, %(reason)s, 0, 0, 0 FROM stopped
     RETURNING id
 ), event AS (
-    INSERT INTO {Event._meta.db_table} (at, task_id, kind, actor, from_state, to_state, message, data)
+    INSERT INTO "{Event._meta.db_table}" (at, task_id, kind, actor, from_state, to_state, message, data)
     SELECT at, id, 'stop_requested', %(actor)s, '', '', %(message)s, '{{}}'::jsonb FROM stopped
     RETURNING id
 )
