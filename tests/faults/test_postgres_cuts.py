@@ -172,26 +172,31 @@ def test_connections_cut_under_a_stop_lose_nothing(pg_proxy, openai_url, name, a
     fired = pg_proxy.arm(on, mode=mode, after=after)
     runner = threading.Thread(target=agent.run)
     runner.start()
-    time.sleep(0.1)
-    told = press_stop(task)
-    cut_at = time.monotonic()
-    assert fired.is_set(), "the cut happened where it was aimed"
+    try:
+        time.sleep(0.1)
+        told = press_stop(task)
+        cut_at = time.monotonic()
+        assert fired.is_set(), "the cut happened where it was aimed"
 
-    committed = StopRequest.objects.filter(task=task).exists()
-    if name == "stop_commit_never_arrives":
-        assert not committed and told != "stopped", "the commit never reached the server, and the person was told"
-        assert not Task.objects.filter(pk=task.pk, stop_requested_at__isnull=False).exists(), "nothing half-written"
-    elif name == "stop_commit_answer_lost":
-        assert committed and told != "stopped", "committed, but its caller could not know: it says it failed"
-    else:
-        assert committed and told == "stopped", "the stop committed, so the person is told it did; the resumer fans out"
-    # The person, told it failed, presses again: one stop either way.
-    assert press_stop(task) == "stopped"
-    assert StopRequest.objects.filter(task=task).count() == 1
+        committed = StopRequest.objects.filter(task=task).exists()
+        if name == "stop_commit_never_arrives":
+            assert not committed and told != "stopped", "the commit never reached the server, and the person was told"
+            assert not Task.objects.filter(pk=task.pk, stop_requested_at__isnull=False).exists(), "nothing half-written"
+        elif name == "stop_commit_answer_lost":
+            assert committed and told != "stopped", "committed, but its caller could not know: it says it failed"
+        else:
+            assert committed and told == "stopped", (
+                "the stop committed, so the person is told it did; the resumer fans out"
+            )
+        # The person, told it failed, presses again: one stop either way.
+        assert press_stop(task) == "stopped"
+        assert StopRequest.objects.filter(task=task).count() == 1
 
-    known_after = settle(ids, since=cut_at)
-    agent.done.set()
-    runner.join(10)
+        known_after = settle(ids, since=cut_at)
+    finally:
+        # The agent's thread ends with the test, passed or not (it holds a connection to the database).
+        agent.done.set()
+        runner.join(10)
     outcome = figures(name, task, ids, agent, known_after)
     assert outcome["lost"] == [] and outcome["after"] == []
     assert known_after <= BOUND_S
