@@ -22,6 +22,8 @@ scale.stop_to_cancelled_ms.at_once p50/p99  the same for all the other runs, sto
 scale.stop_to_watch_answered_ms.<phase>     of that, until the run's watch answer was read here (its
     `on_stop`, which starts the run's cancel)
 scale.runs_cancelled                        runs whose agent received CancelledError (of N)
+scale.stop_span_s.at_once, scale.stops_per_s.at_once    how long the stopping processes took to
+    stop the runs at once, and how many Stops a second that is
 
 BENCH_SCALE_PROFILE=<file> writes a cProfile of this process while the runs hear Stop at once.
 
@@ -89,6 +91,20 @@ def run() -> list[Figure]:
         *p50_p99("scale.stop_to_watch_answered_ms.paced", answered(tasks[:STOPS])),
         *p50_p99("scale.stop_to_watch_answered_ms.at_once", answered(tasks[STOPS:])),
         Figure("scale.runs_cancelled", len(heard(tasks)), f"of {RUNS}", target=RUNS, higher_is_better=True),
+        *_stop_rate(stopped_at, tasks[STOPS:]),
+    ]
+
+
+def _stop_rate(stopped_at: dict[int, float], share: list[int]) -> list[Figure]:
+    """How fast the stopping processes stopped the runs "at once": Stops a second, over the span
+    of their recorded times."""
+    times = sorted(stopped_at[t] for t in share if t in stopped_at)
+    if len(times) < 2 or times[-1] <= times[0]:
+        return []
+    span = times[-1] - times[0]
+    return [
+        Figure("scale.stop_span_s.at_once", span, "s"),
+        Figure("scale.stops_per_s.at_once", (len(times) - 1) / span, "/s", higher_is_better=True),
     ]
 
 
