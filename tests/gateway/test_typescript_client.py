@@ -110,6 +110,7 @@ def test_stop_during_a_typescript_clients_long_call_answers_it_and_refuses_the_n
     # The lookup was cancelled upstream; the write never reached it.
     assert [m["tool"] for m in gateway.party.wire("tools/call")] == [tools.SLOW_LOOKUP]
     assert "interrupted" in [e["event"] for e in gateway.party.journal(tools.SLOW_LOOKUP)]
+    answers_recorded()  # the gateway's records, which may land after the client is answered
     states = {item.detail["gateway"]["tool"]: item.state for item in WorkItem.objects.filter(task=task)}
     assert states == {tools.SLOW_LOOKUP: S.CANCELLED, tools.SLOW_WRITE: S.CANCELLED}
 
@@ -121,9 +122,11 @@ def test_a_typescript_client_that_cancels_a_write_and_sends_it_again_is_held_by_
     _, cancelled, again = ts_client(gateway.url, [{**write, "abort_ms": 700}, write], sdk)
     assert cancelled["ok"] is False and "the user cancelled" in cancelled["message"]
     assert again["ok"] is False and again["code"] == HELD
-    [item] = WorkItem.objects.all()  # the repeat was neither recorded nor sent
     # Held while the earlier call was running (the SDK sends the retry before the gateway has
-    # recorded the cancel) or once it was uncertain: either way, not sent.
+    # recorded the cancel) or once it was uncertain: either way, not sent. The cancel's record
+    # may land after the client is done (its notification has no answer): wait for it.
+    answers_recorded()
+    [item] = WorkItem.objects.all()  # the repeat was neither recorded nor sent
     assert f"identical call (item {item.pk}, " in again["message"]
     assert item.state == S.UNCERTAIN and item.investigate_by is not None
     assert item.evidence["cancelled_by"] == "the client"
