@@ -27,6 +27,7 @@ class Observed(LocalRuntime):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.seen: list[tuple[str, int, bool]] = []  # (what, backend pid, commits wait)
+        self.written: list[str] = []  # the results written, as they return
 
     def _note(self, what: str) -> None:
         with connection.cursor() as cursor:
@@ -40,17 +41,25 @@ class Observed(LocalRuntime):
         return item_id
 
     def finish_fast(self, item_id: int, **kwargs: Any) -> None:
-        self._note(f"result {WorkItem.objects.get(pk=item_id).noun}")
+        what = f"result {WorkItem.objects.get(pk=item_id).noun}"
+        self._note(what)
         super().finish_fast(item_id, **kwargs)
+        self.written.append(what)
 
 
 def observed() -> Observed:
     return Observed(actor="agent:test", dispatch=lambda ids: None)
 
 
-async def one_turn(runtime: Any, task_id: int) -> None:
+async def one_turn(runtime: Any, task_id: int, *, body_waits_for: str | None = None) -> None:
+    """A model request, then a tool call. `body_waits_for`: the tool's body returns only once that
+    result is written (a record of `Observed.written`), so that write is done before the run ends."""
+
     async def body() -> str:
         await asyncio.sleep(0.01)
+        deadline = time.monotonic() + 10
+        while body_waits_for is not None and body_waits_for not in runtime.written and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
         return "12 employees"
 
     async with StopdeskRun(runtime, task_id, framework="test") as run:
@@ -84,7 +93,11 @@ def test_with_the_opt_out_results_and_drafts_do_not_wait_and_the_boundary_still_
     recording = observed()
     task = recording.create_task("Look Acme up")
 
-    asyncio.run(one_turn(recording, task.id))
+    # The draft's result goes alone once the tool's body starts, or after the outbox's ride if the
+    # draft's registration answers later than that; the body outlasts either (were the run to end
+    # first, the result would go with the run's end, which waits, and so would the tool's result
+    # be sent alone, not waiting: right, but not what this test looks at).
+    asyncio.run(one_turn(recording, task.id, body_waits_for="result draft"))
 
     waits = {what: wait for what, _, wait in recording.seen}
     assert len(recording.seen) == len(waits) == 6, recording.seen
