@@ -93,7 +93,8 @@ def main(argv: list[str]) -> None:
 
     if problems := timing_problems():
         raise config.ConfigError(problems[0])
-    # The watch server only reads, and the gateway writes the ledger itself: neither needs the broker.
+    # The watch server (watches, and the agent door's registrations) and the gateway write the
+    # ledger themselves, with no job to queue: neither needs the broker.
     config.preflight(broker=command not in ("migrate", "watch", "mcp-gateway"), create=command == "migrate")
     python = sys.executable
     if command == "check":

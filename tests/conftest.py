@@ -146,13 +146,15 @@ def pg_dsn(transactional_db) -> str:  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup):  # type: ignore[no-untyped-def]
-    """pytest-django's, plus: close the stop listeners', watch threads' and framework runs' threads'
-    connections before the test database is dropped (they live in threads that outlast the tests)."""
+    """pytest-django's, plus: close the stop listeners', watch threads', framework runs' threads' and
+    the agent door's threads' connections before the test database is dropped (they live in threads that outlast the tests)."""
     yield
     from stopdesk.agent.frameworks.lanes import close_connections as close_run_connections
+    from stopdesk.api.agent_door import close_django_threads
     from stopdesk.push.hub import stop_hub_close
     from stopdesk.push.watch import close_connections
 
     stop_hub_close()
     close_connections()
     close_run_connections()
+    close_django_threads()

@@ -83,7 +83,7 @@ def once_work_first(
             raise
         return _replay_rolled_back(kind, seen, fingerprint)
     with connection.cursor() as cursor:
-        cursor.execute(_STORE_ANSWER_SQL, [runtime.pk, key, operation, json.dumps(result.to_json()), fingerprint])
+        cursor.execute(STORE_ANSWER_SQL, [runtime.pk, key, operation, json.dumps(result.to_json()), fingerprint])
         stored = cursor.fetchone() is not None
     if stored:
         return result
@@ -93,7 +93,7 @@ def once_work_first(
     )
 
 
-_STORE_ANSWER_SQL = """
+STORE_ANSWER_SQL = """
 INSERT INTO stopdesk_apiidempotency (runtime_id, key, endpoint, status, body, fingerprint, created_at)
 VALUES (%s, %s, %s, 200, %s::jsonb, %s, now())
 ON CONFLICT (runtime_id, key, endpoint) DO NOTHING

@@ -5,7 +5,6 @@ committed."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,10 +22,10 @@ from stopdesk.agent.runtime.info import task_info
 from stopdesk.api.auth import authenticate
 from stopdesk.api.errors import error_response, server_error
 from stopdesk.api.idempotency import once, once_transition, once_work_first
+from stopdesk.api.reading import MAX_BODY_BYTES, json_body, request_key, too_large
 from stopdesk.models import WorkItem
 from stopdesk.protocol.errors import (
     InvalidRequest,
-    MalformedRequest,
     MethodNotAllowed,
     PayloadTooLarge,
     StopdeskError,
@@ -38,7 +37,6 @@ from stopdesk.tracing import server_span, span_event
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 64 * 1024
 API_ROUTE = "/api/v1"
 
 
@@ -172,37 +170,13 @@ def _serve(
 
 
 def _request_key(request: HttpRequest) -> str | None:
-    key = request.headers.get("Idempotency-Key")
-    if key is None:
-        return None
-    if not 1 <= len(key) <= 200 or "\x00" in key:
-        raise InvalidRequest("Idempotency-Key must be 1 to 200 characters.", field="Idempotency-Key")
-    return key
+    return request_key(request.headers.get("Idempotency-Key"))
 
 
 def _read_json(request: HttpRequest) -> dict[str, Any]:
-    try:
-        declared = int(request.META.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        declared = 0
-    if declared > MAX_BODY_BYTES:
+    if too_large(request.META.get("CONTENT_LENGTH")):
         raise PayloadTooLarge(f"The body is larger than {MAX_BODY_BYTES} bytes.")
-    raw = request.body
-    if len(raw) > MAX_BODY_BYTES:
-        raise PayloadTooLarge(f"The body is larger than {MAX_BODY_BYTES} bytes.")
-    if not raw.strip():
-        return {}
-    try:
-        data = json.loads(raw, parse_constant=_no_constants)
-    except (ValueError, RecursionError) as exc:
-        raise MalformedRequest(f"The body is not valid JSON: {str(exc)[:120]}") from None
-    if not isinstance(data, dict):
-        raise MalformedRequest("The body must be a JSON object.")
-    return data
-
-
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
+    return json_body(request.body)
 
 
 # Endpoints: (runtime, validated body, Idempotency-Key, path ids) -> an answer from stopdesk.protocol.types.

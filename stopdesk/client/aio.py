@@ -16,6 +16,7 @@ from stopdesk.client.together import ResultsTogether
 from stopdesk.client.transport import (
     CALLS_IN_FLIGHT,
     WATCH_LIMITS,
+    AgentDoor,
     api_base,
     backoff,
     headers_for,
@@ -73,6 +74,7 @@ class AsyncClient:
         # Where the stop watch is served. Unset, the web door's answer names the watch server (a
         # 307, followed and remembered), or the web door serves the watch itself.
         self.watch_base = api_base(watch_url) if watch_url else self.base
+        self._door = AgentDoor()
         # Watches wait on connections of their own, never on the pool the boundary passes use.
         if watch_http is not None:
             watch_http.headers["Authorization"] = f"Bearer {token}"
@@ -101,6 +103,8 @@ class AsyncClient:
                 async with self._in_flight:
                     response = await self._send(call)
             except httpx.TransportError as exc:
+                if self._door.unreachable(call, self.base, self.watch_base, exc):
+                    continue
                 if not should_retry(call, attempt, self.retries, error=exc):
                     raise
             else:
@@ -110,7 +114,7 @@ class AsyncClient:
             attempt += 1
 
     async def _send(self, call: Call[Any]) -> Any:
-        url, headers = self.base + call.path, headers_for(call)
+        url, headers = self._door.base(call, self.base, self.watch_base) + call.path, headers_for(call)
         if self.http is not None:
             return await self.http.request(call.method, url, json=call.body, headers=headers)
         return await self._calls.request(call.method, url, json_body=call.body, headers=headers)

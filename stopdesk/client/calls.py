@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from stopdesk.protocol.spec import ItemSpec
@@ -36,6 +36,9 @@ class Call[T]:
     safe: bool
     key: str | None = None
     raise_on_stop: bool = False
+    # Sent to the agent door (the watch server, once the client knows it: `watch_base`), which
+    # serves the registration before each tool call on its event loop; the web door before that.
+    agent_door: bool = False
 
 
 def _post[T](
@@ -135,7 +138,8 @@ def register_started(
 ) -> Call[int]:
     body = {**spec.to_json(), "submit_key": submit_key, "worker": worker, "lease_seconds": lease_seconds}
     path = f"/tasks/{int(task_id)}/items/started"
-    return _post(path, body, lambda answer: int(StartedInfo.from_json(answer).id), key)
+    call = _post(path, body, lambda answer: int(StartedInfo.from_json(answer).id), key)
+    return replace(call, agent_door=True)
 
 
 def finish_fast(item_id: int, *, status: str, detail: str, open_item: int | None) -> Call[ResultInfo]:

@@ -10,7 +10,7 @@ import httpx
 from stopdesk.client import calls
 from stopdesk.client.calls import Call
 from stopdesk.client.calls import record_launched as launched_call
-from stopdesk.client.transport import WATCH_LIMITS, api_base, backoff, headers_for, read_answer, should_retry
+from stopdesk.client.transport import WATCH_LIMITS, AgentDoor, api_base, backoff, headers_for, read_answer, should_retry
 from stopdesk.client.watch import POLL_S, StopWatch, WatchPools
 from stopdesk.protocol.action import ExternalAction
 from stopdesk.protocol.spec import ItemSpec
@@ -47,6 +47,7 @@ class Client:
         # Where the stop watch is served. Unset, the web door's answer names the watch server (a
         # 307, followed and remembered), or the web door serves the watch itself.
         self.watch_base = api_base(watch_url) if watch_url else self.base
+        self._door = AgentDoor()
         self.http.headers["Authorization"] = f"Bearer {token}"
         # Watches wait on connections of their own, never on the pool the boundary passes use.
         if watch_http is not None:
@@ -73,9 +74,14 @@ class Client:
         while True:
             try:
                 response = self.http.request(
-                    call.method, self.base + call.path, json=call.body, headers=headers_for(call)
+                    call.method,
+                    self._door.base(call, self.base, self.watch_base) + call.path,
+                    json=call.body,
+                    headers=headers_for(call),
                 )
             except httpx.TransportError as exc:
+                if self._door.unreachable(call, self.base, self.watch_base, exc):
+                    continue
                 if not should_retry(call, attempt, self.retries, error=exc):
                     raise
             else:

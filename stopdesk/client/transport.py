@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 from typing import Any
 
 import httpx
@@ -31,6 +32,32 @@ CALLS_IN_FLIGHT = 32
 def api_base(base_url: str) -> str:
     base = base_url.rstrip("/")
     return base if base.endswith(API_PREFIX) else base + API_PREFIX
+
+
+class AgentDoor:
+    """Where a client sends the registration before each tool call (`Call.agent_door`): the watch
+    server once it is known, which serves it on its event loop (`stopdesk.api.agent_door`), else
+    the web door. A watch server that cannot be reached (the request never left) sends them to the
+    web door for `pause_s`, so an agent's work never waits on the watch server being up."""
+
+    def __init__(self, pause_s: float = 30.0) -> None:
+        self.pause_s = pause_s
+        self._unreachable_until = 0.0
+
+    def base(self, call: Call[Any], base: str, watch_base: str) -> str:
+        if call.agent_door and watch_base != base and time.monotonic() >= self._unreachable_until:
+            return watch_base
+        return base
+
+    def unreachable(self, call: Call[Any], base: str, watch_base: str, error: Exception) -> bool:
+        """Whether `error` is the watch server not answering a connection for this call (which
+        then goes to the web door at once: it never left)."""
+        if not isinstance(error, httpx.ConnectError | httpx.ConnectTimeout):
+            return False
+        if self.base(call, base, watch_base) == base:
+            return False
+        self._unreachable_until = time.monotonic() + self.pause_s
+        return True
 
 
 def headers_for(call: Call[Any]) -> dict[str, str]:

@@ -21,10 +21,9 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
-from django.db import connections
 from psycopg_pool import AsyncConnectionPool
 
-from stopdesk.services.sql import is_postgres, results_durable
+from stopdesk.services.sql import is_postgres, loop_connection_params, results_durable
 
 
 class LedgerPool:
@@ -38,7 +37,7 @@ class LedgerPool:
     async def running(self) -> AsyncIterator[None]:
         if is_postgres() and results_durable():
             self._pool = AsyncConnectionPool(
-                kwargs={**_connection_params(), "autocommit": True},
+                kwargs={**loop_connection_params(), "autocommit": True},
                 min_size=1,
                 max_size=self.size,
                 open=False,
@@ -63,12 +62,3 @@ class LedgerPool:
             raise RuntimeError("the gateway's ledger pool is not open")
         async with self._pool.connection() as conn:
             yield conn
-
-
-def _connection_params() -> dict[str, Any]:
-    """The default database's connection parameters, as Django connects (the test database under
-    tests), without what only Django's own cursors use."""
-    params = dict(connections["default"].get_connection_params())
-    for django_only in ("context", "cursor_factory"):
-        params.pop(django_only, None)
-    return params

@@ -210,19 +210,30 @@ async def item_register_started_async(
     worker: str = "",
     submit_key: str = "",
     hold: Hold | None = None,
+    runtime_id: int | None = None,
+    lease_seconds: int | None = None,
     **fields: Any,
 ) -> int | None:
-    """`item_register_started` for an asyncio caller on a connection of its own (autocommit): the
-    MCP gateway's loop, which then waits for no thread on a call's way upstream. The same one
-    statement with the same answers (the item id, None for no such task, Held, TaskClosed);
-    NotInOneStatement where that statement is not the whole registration."""
+    """`item_register_started` for an asyncio caller on a connection of its own: the MCP gateway's
+    loop, which then waits for no thread on a call's way upstream, and the agent door's. The same
+    one statement with the same answers (the item id, None for no such task, of the runtime
+    `runtime_id` when given, Held, TaskClosed); NotInOneStatement where that statement is not the
+    whole registration."""
     spec = _spec(fields)
     if not is_postgres() or spec.parent is not None or _readiness_on():
         raise NotInOneStatement
     _registrable(kind=spec.kind, mechanism=spec.mechanism, detail=spec.detail)
     try:
         return await item_register_pass_async(
-            conn, task_id=task_id, actor=actor, spec=spec, worker=worker, submit_key=submit_key, hold=hold
+            conn,
+            task_id=task_id,
+            actor=actor,
+            spec=spec,
+            worker=worker,
+            submit_key=submit_key,
+            hold=hold,
+            runtime_id=runtime_id,
+            lease_seconds=lease_seconds,
         )
     except Refused:
         raise NotInOneStatement from None

@@ -5,6 +5,7 @@ stored, so a lookup by hash is the check."""
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING, Any
 
 from django.db import connection, transaction
 from django.utils import timezone
@@ -12,6 +13,10 @@ from django.utils import timezone
 from stopdesk.models import Runtime
 from stopdesk.protocol.errors import Unauthorized
 from stopdesk.services.events import event_record
+from stopdesk.services.sql import fetchone_async
+
+if TYPE_CHECKING:
+    import psycopg
 
 
 def runtime_create(*, name: str, actor: str) -> tuple[Runtime, str]:
@@ -68,6 +73,19 @@ def runtime_for(authorization: str) -> Runtime:
     with connection.cursor() as cursor:
         cursor.execute(_runtime_by_token_sql(), [Runtime.hash_token(token)])
         row = cursor.fetchone()
+    return _runtime_of(row)
+
+
+async def runtime_for_async(conn: psycopg.AsyncConnection[Any], authorization: str) -> Runtime:
+    """`runtime_for` on an asyncio caller's own connection (the agent door's): the same read and
+    the same answers."""
+    token = bearer_token(authorization)
+    if not token:
+        raise Unauthorized("Send the runtime's token as 'Authorization: Bearer <token>'.")
+    return _runtime_of(await fetchone_async(conn, _runtime_by_token_sql(), [Runtime.hash_token(token)]))
+
+
+def _runtime_of(row: Any) -> Runtime:
     if row is None:
         raise Unauthorized("Unknown or revoked token.")
     return Runtime.from_db(connection.alias, _runtime_fields(), row)

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 from django.db.models import DateTimeField, Func
 
 if TYPE_CHECKING:
@@ -61,11 +61,21 @@ def server_side_cursor() -> Any:
     return connection.make_debug_cursor(raw) if connection.queries_logged else connection.make_cursor(raw)  # type: ignore[arg-type]
 
 
-async def fetchone_async(conn: psycopg.AsyncConnection[Any], statement: str, params: dict[str, Any]) -> Any:
+async def fetchone_async(conn: psycopg.AsyncConnection[Any], statement: str, params: dict[str, Any] | list[Any]) -> Any:
     """One statement on an asyncio caller's own connection, and its first row (None if none)."""
     async with conn.cursor() as cursor:
         await cursor.execute(statement, params)
         return await cursor.fetchone()
+
+
+def loop_connection_params() -> dict[str, Any]:
+    """The default database's connection parameters, as Django connects (the test database under
+    tests), for a psycopg connection of an asyncio caller's own (a pool on its loop), without what
+    only Django's own cursors use."""
+    params = dict(connections["default"].get_connection_params())
+    for django_only in ("context", "cursor_factory"):
+        params.pop(django_only, None)
+    return params
 
 
 def thread_connection_ready(*, wait_for_flush: bool = True) -> None:

@@ -195,11 +195,13 @@ async def item_register_pass_async(
     worker: str = "",
     submit_key: str = "",
     hold: Hold | None = None,
+    runtime_id: int | None = None,
+    lease_seconds: int | None = None,
 ) -> int | None:
-    """`item_register_pass` on an asyncio caller's own connection (autocommit, so the statement is
-    its commit): the MCP gateway's loop, which then waits for no thread. The same statement and
-    the same answers."""
-    statement, params = _register_statement(task_id, None, actor, spec, worker, None, submit_key, hold)
+    """`item_register_pass` on an asyncio caller's own connection (in autocommit the statement is
+    its commit): the MCP gateway's loop and the agent door's (`stopdesk.api.agent_door`), which
+    then wait for no thread. The same statement and the same answers."""
+    statement, params = _register_statement(task_id, runtime_id, actor, spec, worker, lease_seconds, submit_key, hold)
     return _registered(task_id, await fetchone_async(conn, statement, params))
 
 

@@ -1,0 +1,302 @@
+"""The agent door: `POST /api/v1/tasks/{task_id}/items/started` on the watch server's event loop.
+
+That request is the one on an agent's path before each tool call and model request (registered,
+and through the boundary), so its cost is the agent's wait. Served by Django (`stopdesk.api.views`)
+it pays Django's request path, about as much again as the ledger's own work; here it is the
+boundary's one statement (`item_register_started_async`) on a connection of this loop's own, with
+the token's read and, when the request has an Idempotency-Key, its answer stored in the same
+transaction. The clients send it here once they know the watch server (`watch_url`, or the web
+door's 307 for a watch), and to the web door before.
+
+The same request gets the same answer at both doors. What the door reads before the ledger (the
+token, the task id, the key, the body) is refused here with the errors Django's view gives
+(`stopdesk.api.reading`, the same schema). Every other case that is not a plain registration — the
+task stopped, closed or not this runtime's, a parent named, a readiness policy, a repeated
+Idempotency-Key, SQLite — has written nothing here (the transaction is rolled back) and goes on to
+Django's view in this process, which answers it as the web door does (its WSGI handler, on a few
+threads of the door's own: Django's ASGI handler would give each request a thread, and so a
+database connection, of its own)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import sys
+import threading
+import weakref
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import psycopg
+from django.core.handlers.wsgi import WSGIHandler
+from django.db import connection
+from psycopg_pool import AsyncConnectionPool
+
+from stopdesk.agent import schemas
+from stopdesk.agent.runtime import LocalRuntime
+from stopdesk.api.idempotency import STORE_ANSWER_SQL, request_fingerprint
+from stopdesk.api.reading import MAX_BODY_BYTES, json_body, request_key, too_large
+from stopdesk.protocol.errors import MethodNotAllowed, PayloadTooLarge, StopdeskError, Unauthorized
+from stopdesk.protocol.ids import path_id
+from stopdesk.protocol.types import StartedInfo
+from stopdesk.services.items import item_register_started_async
+from stopdesk.services.runtimes import runtime_for_async
+from stopdesk.services.sql import fetchone_async, is_postgres, loop_connection_params
+from stopdesk.tracing import server_span
+
+log = logging.getLogger(__name__)
+ROUTE = "/api/v1/tasks/{task_id}/items/started"
+OPERATION = "register_started:{task_id}"  # the Idempotency-Key's scope, as Django's view stores it
+# Connections per event loop: registrations beyond this wait on the loop for one, costing nothing.
+POOL_SIZE = 8
+POOL_WAIT_S = 10.0
+COMMIT_UNKNOWN = {
+    "error": "commit_unknown",
+    "detail": "The database did not confirm the commit: send the request again with the same Idempotency-Key.",
+}
+
+# The threads that run Django's view for what is not a plain registration.
+DJANGO_THREADS = 4
+_django_threads = ThreadPoolExecutor(max_workers=DJANGO_THREADS, thread_name_prefix="stopdesk-agent-door")
+_wsgi: WSGIHandler | None = None
+_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[AsyncConnectionPool[Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+class _Elsewhere(Exception):
+    """Not a plain registration: nothing was written here, and Django answers it."""
+
+
+async def asgi_register_started(scope: dict[str, Any], receive: Any, send: Any, task_id: str) -> None:
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+    body = await _body(receive)
+    if body is None:
+        return  # the client left before sending its request
+    if scope.get("method") != "POST" or not is_postgres():
+        await _django(scope, body, send)
+        return
+    attributes = {"http.request.method": "POST", "http.route": ROUTE, "url.path": scope.get("path", "")}
+    with server_span(headers, f"POST {ROUTE}", attributes) as span:
+        extra: list[tuple[bytes, bytes]] = []
+        try:
+            status, answer = 201, await _register(headers, body, task_id)
+        except _Elsewhere:
+            span.set_attribute("stopdesk.agent_door", "django")
+            await _django(scope, body, send)
+            return
+        except StopdeskError as exc:
+            status, answer, extra = exc.status, exc.to_json(), _error_headers(exc)
+        except _CommitUnknown:
+            # What it wrote is unknown, so it is not handed on (it could register twice): the
+            # client sends it again (503), and its key then finds the first answer if it landed.
+            log.exception("agent door: POST %s: the commit's outcome is unknown", scope.get("path"))
+            status, answer = 503, COMMIT_UNKNOWN
+        span.set_attribute("http.response.status_code", status)
+    await _send_json(send, status, answer, extra)
+
+
+async def _register(headers: dict[str, str], body: bytes, task: str) -> dict[str, Any]:
+    """The registration's answer (StartedInfo's JSON), the request read in the order Django's view
+    reads it: raises what it refuses there, or _Elsewhere having written nothing."""
+    try:
+        pool = await _pool()
+        async with pool.connection() as conn:
+            runtime = await runtime_for_async(conn, headers.get("authorization", ""))
+            task_id = path_id(task, "task_id")
+            key = request_key(headers.get("idempotency-key"))
+            if too_large(headers.get("content-length")):
+                raise PayloadTooLarge(f"The body is larger than {MAX_BODY_BYTES} bytes.")
+            args = schemas.RegisterStarted.parse(json_body(body))
+            if args.parent is not None:
+                raise _Elsewhere  # the parent's task is checked first, with the ORM
+            return await _registered(conn, runtime, task_id, key, args)
+    except (StopdeskError, _Elsewhere, _CommitUnknown):
+        raise
+    except Exception as exc:
+        # No connection, or the token's read failed: nothing written. Django answers it.
+        raise _Elsewhere from exc
+
+
+class _CommitUnknown(Exception):
+    """The commit failed or its answer was lost: what it wrote is unknown."""
+
+
+async def _registered(
+    conn: psycopg.AsyncConnection[Any], runtime: Any, task_id: int, key: str | None, args: schemas.RegisterStarted
+) -> dict[str, Any]:
+    """The one statement, and the answer stored under the key, in one transaction."""
+    sd = LocalRuntime(runtime=runtime)
+    committing = False
+    try:
+        async with conn.transaction():
+            item_id = await item_register_started_async(
+                conn, task_id=task_id, actor=sd.actor, runtime_id=runtime.pk, **args.model_dump()
+            )
+            if item_id is None:
+                raise _Elsewhere  # no such task of this runtime: Django's NotFound
+            answer = StartedInfo(id=item_id, task=task_id).to_json()
+            if key is not None:
+                scope = OPERATION.format(task_id=task_id)
+                stored = await fetchone_async(
+                    conn, STORE_ANSWER_SQL, [runtime.pk, key, scope, json.dumps(answer), request_fingerprint(args)]
+                )
+                if stored is None:
+                    raise _Elsewhere  # a repeat (or its twin committed first): Django replays the answer
+            committing = True
+    except _Elsewhere:
+        raise
+    except Exception as exc:
+        if committing:
+            raise _CommitUnknown from exc
+        # A refusal of the ledger's (stopped, closed, held, a declaration it refuses) or the
+        # database's error, before the commit: rolled back, nothing written. Django answers it.
+        raise _Elsewhere from exc
+    return answer
+
+
+async def _pool() -> AsyncConnectionPool[Any]:
+    """This loop's pool of autocommit connections, opened on its first registration."""
+    loop = asyncio.get_running_loop()
+    opened = _pools.get(loop)
+    if opened is None:
+        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            kwargs={**loop_connection_params(), "autocommit": True},
+            min_size=1,
+            max_size=POOL_SIZE,
+            open=False,
+            timeout=POOL_WAIT_S,
+            name="stopdesk-agent-door",
+        )
+
+        async def open_pool() -> AsyncConnectionPool[Any]:
+            await pool.open(wait=False)
+            return pool
+
+        opened = _pools[loop] = loop.create_task(open_pool())
+    return await asyncio.shield(opened)
+
+
+async def close_pools() -> None:
+    """Close this loop's pool (the server's shutdown; tests)."""
+    opened = _pools.pop(asyncio.get_running_loop(), None)
+    if opened is not None:
+        await (await opened).close()
+
+
+async def _body(receive: Any) -> bytes | None:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size - len(chunk) <= MAX_BODY_BYTES:
+            chunks.append(chunk)  # past the limit, no more is kept: json_body refuses it
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+async def _django(scope: dict[str, Any], body: bytes, send: Any) -> None:
+    """The request answered by Django's own view, on one of a few threads of this door's (so of
+    database connections, kept from request to request as a web server's threads keep theirs)."""
+    status, headers, content = await asyncio.get_running_loop().run_in_executor(
+        _django_threads, _served_by_django, _environ(scope, body)
+    )
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": content})
+
+
+def _served_by_django(environ: dict[str, Any]) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    global _wsgi
+    if _wsgi is None:
+        _wsgi = WSGIHandler()
+    started: list[Any] = []
+
+    def start_response(
+        status: str, headers: list[tuple[str, str]], exc_info: Any = None, /
+    ) -> Callable[[bytes], object]:
+        started[:] = [int(status.split(" ", 1)[0]), [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]]
+        return _no_write
+
+    response = _wsgi(environ, start_response)
+    try:
+        content = b"".join(response)
+    finally:
+        response.close()  # Django's request_finished: the thread's connection kept or closed as by a web server
+    return started[0], started[1], content
+
+
+def _no_write(data: bytes) -> None:
+    raise RuntimeError("Django answers with its response's content, never through write()")
+
+
+def _environ(scope: dict[str, Any], body: bytes) -> dict[str, Any]:
+    """The WSGI environment of an ASGI request whose body was read already (PEP 3333)."""
+    server = scope.get("server") or ("localhost", 80)
+    client = scope.get("client") or ("", 0)
+    environ: dict[str, Any] = {
+        "REQUEST_METHOD": scope.get("method", "GET"),
+        "SCRIPT_NAME": scope.get("root_path", ""),
+        "PATH_INFO": scope["path"].encode("utf-8").decode("latin-1"),
+        "QUERY_STRING": scope.get("query_string", b"").decode("latin-1"),
+        "SERVER_NAME": str(server[0]),
+        "SERVER_PORT": str(server[1] or 80),
+        "REMOTE_ADDR": str(client[0]),
+        "SERVER_PROTOCOL": f"HTTP/{scope.get('http_version', '1.1')}",
+        "CONTENT_LENGTH": str(len(body)),
+        "wsgi.version": (1, 0),
+        "wsgi.url_scheme": scope.get("scheme", "http"),
+        "wsgi.input": io.BytesIO(body),
+        "wsgi.errors": sys.stderr,
+        "wsgi.multithread": True,
+        "wsgi.multiprocess": True,
+        "wsgi.run_once": False,
+    }
+    for raw_name, raw_value in scope.get("headers", []):
+        name, value = raw_name.decode("latin-1").upper().replace("-", "_"), raw_value.decode("latin-1")
+        if name == "CONTENT_LENGTH":
+            continue  # the body's own length, read already
+        key = name if name == "CONTENT_TYPE" else f"HTTP_{name}"
+        environ[key] = f"{environ[key]},{value}" if key in environ else value
+    return environ
+
+
+def close_django_threads() -> None:
+    """Close the database connections of the threads that run Django's view (tests, before
+    dropping the database)."""
+    barrier = threading.Barrier(DJANGO_THREADS)
+
+    def close() -> None:
+        barrier.wait(timeout=5)  # one call per thread: each waits until all threads have one
+        connection.close()
+
+    for future in [_django_threads.submit(close) for _ in range(DJANGO_THREADS)]:
+        future.result(timeout=10)
+
+
+def _error_headers(exc: StopdeskError) -> list[tuple[bytes, bytes]]:
+    """The headers Django's door sends with this error (`stopdesk.api.errors.error_response`)."""
+    if isinstance(exc, Unauthorized):
+        return [(b"www-authenticate", b'Bearer realm="stopdesk"')]
+    if isinstance(exc, MethodNotAllowed):
+        return [(b"allow", ", ".join(exc.extra.get("allow", [])).encode())]
+    return []
+
+
+async def _send_json(
+    send: Any, status: int, body: dict[str, Any], extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), *(extra or [])],
+        }
+    )
+    await send({"type": "http.response.body", "body": json.dumps(body).encode()})

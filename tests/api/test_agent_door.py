@@ -1,0 +1,352 @@
+"""The agent door: the registration before each tool call, served on the watch server's event loop
+(`stopdesk.api.agent_door`) instead of by Django. The watch server runs for real here (uvicorn on
+loopback serving `stopdesk.asgi`, in this process), the web door through Django's test client.
+
+The same request gets the same answer at both doors, and writes the same rows; a plain
+registration is the door's own (no Django request), every other case is Django's, in the same
+process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from django.core.signals import request_started
+from django.db import connection
+
+from stopdesk.client import AsyncClient, Client
+from stopdesk.models import ApiIdempotency, Event, Task, WorkItem
+from stopdesk.services.closing import task_close
+from stopdesk.services.items import item_register, task_create
+from stopdesk.services.runtimes import runtime_create
+from stopdesk.services.stop import task_request_stop
+from stopdesk.states import ItemState
+from stopdrill.sandbox.server import BackgroundServer
+from tests.api.conftest import Api, ledger_counts
+from tests.api.watching import NO_DISPATCH
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+S = ItemState
+CALL = {"kind": "local_worker", "noun": "lookup call", "handle": "call_1", "label": "lookup"}
+
+
+@pytest.fixture
+def door() -> Iterator[str]:
+    def app():  # type: ignore[no-untyped-def]
+        from stopdesk.asgi import application
+
+        return application
+
+    with BackgroundServer(app, name="watch") as server:
+        yield server.url + "/api/v1"
+
+
+class DjangoRequests:
+    """How many requests Django itself served (its request_started signal), from any thread."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, **_: Any) -> None:
+        with self._lock:
+            self.count += 1
+
+
+@pytest.fixture
+def django_requests() -> Iterator[DjangoRequests]:
+    seen = DjangoRequests()
+    request_started.connect(seen, weak=False)
+    yield seen
+    request_started.disconnect(seen)
+
+
+@dataclass
+class Case:
+    """A registration request, made against a fresh task of its own (`setup` may change it)."""
+
+    name: str
+    body: Any = None
+    raw: bytes | None = None
+    headers: dict[str, str] | None = None
+    token: str | None = "runtime"  # "runtime": the runtime's own token; None: no header
+    task: str | None = None  # the path's task id when not the fresh task's
+    setup: Callable[[int, Any], None] | None = None
+    served_by_door: bool = False  # answered without a Django request
+
+
+def _stopped(task_id: int, _: Any) -> None:
+    task_request_stop(task_id=task_id, actor="user:operator", **NO_DISPATCH)
+
+
+def _closed(task_id: int, _: Any) -> None:
+    task_close(task_id=task_id, actor="runtime:test")
+
+
+def _steering() -> dict[str, Any]:
+    return {**CALL, "mechanism": "http", "detail": {"http": {"system": "crm", "url": "http://127.0.0.1:1/x"}}}
+
+
+CASES = [
+    Case("plain", CALL, served_by_door=True),
+    Case("submitted", {**CALL, "kind": "external_operation", "submit_key": "send-1"}, served_by_door=True),
+    Case("keyed", CALL, headers={"Idempotency-Key": "k-plain"}, served_by_door=True),
+    Case("with a lease and a worker", {**CALL, "lease_seconds": 90, "worker": "w-1"}, served_by_door=True),
+    Case("no token", CALL, token=None, served_by_door=True),
+    Case("a wrong token", CALL, token="sd_wrong", served_by_door=True),
+    Case("not a task id", CALL, task="abc", served_by_door=True),
+    Case("a long Idempotency-Key", CALL, headers={"Idempotency-Key": "k" * 201}, served_by_door=True),
+    Case("not JSON", raw=b"{nope", served_by_door=True),
+    Case("not an object", raw=b"[1, 2]", served_by_door=True),
+    Case("too large", raw=json.dumps({**CALL, "label": "x" * 70_000}).encode(), served_by_door=True),
+    Case("no noun", {"kind": "local_worker"}, served_by_door=True),
+    Case("an unknown field", {**CALL, "colour": "red"}, served_by_door=True),
+    Case("an unknown kind", {**CALL, "kind": "spell"}, served_by_door=True),
+    Case("an unknown mechanism", {**CALL, "mechanism": "carrier-pigeon"}),
+    Case("a declaration that steers", _steering()),
+    Case("no such task", CALL, task="999999"),
+    Case("another runtime's task", CALL, task="other"),
+    Case("a stopped task", CALL, setup=_stopped),
+    Case("a closed task", CALL, setup=_closed),
+    Case("a parent of the same task", {**CALL, "parent": "same"}),
+    Case("a parent of another task", {**CALL, "parent": "elsewhere"}),
+]
+
+
+def _send(case: Case, where: str, api: Api, door: str, token: str, other_task: int) -> tuple[int, Any, int]:
+    """The case at one door: (status, body, the fresh task's id)."""
+    task = task_create(title=f"{case.name} at {where}", actor="test", runtime=api.runtime)
+    if case.setup is not None:
+        case.setup(task.pk, api)
+    body = case.body
+    if isinstance(body, dict) and body.get("parent") in ("same", "elsewhere"):
+        owner = task.pk if body["parent"] == "same" else Task.objects.exclude(pk=task.pk).first().pk
+        parent = item_register(task=owner, actor="test", kind="local_worker", noun="agent run")
+        body = {**body, "parent": parent.pk}
+    task_id = {"other": str(other_task), None: str(task.pk)}.get(case.task, case.task)
+    authorization = {"runtime": token, None: None}.get(case.token, case.token)  # type: ignore[arg-type]
+    raw = case.raw if case.raw is not None else json.dumps(body).encode()
+    headers = {"content-type": "application/json", **(case.headers or {})}
+    if authorization is not None:
+        headers["Authorization"] = f"Bearer {authorization}"
+    path = f"/tasks/{task_id}/items/started"
+    if where == "web":
+        answer = api.call("POST", path, raw=raw, token=None, headers=headers)
+        return answer.status, answer.body, task.pk
+    response = httpx.post(door + path, content=raw, headers=headers, timeout=30)
+    return response.status_code, response.json(), task.pk
+
+
+def _alike(body: Any, task_id: int) -> Any:
+    """The answer with its ids written as names, so both doors' answers compare."""
+    if isinstance(body, dict):
+        return {key: _alike(value, task_id) for key, value in body.items()}
+    if isinstance(body, list):
+        return [_alike(value, task_id) for value in body]
+    if isinstance(body, bool):
+        return body
+    if isinstance(body, int):
+        return "<task>" if body == task_id else "<id>"
+    if isinstance(body, str):
+        return re.sub(r"\b\d+\b", "<id>", body.replace(str(task_id), "<task>"))
+    return body
+
+
+def _items(task_id: int) -> list[tuple[str, str, list[str]]]:
+    return [
+        (item.noun, item.state, sorted(Event.objects.filter(item=item).values_list("kind", flat=True)))
+        for item in WorkItem.objects.filter(task_id=task_id).exclude(noun="agent run").order_by("pk")
+    ]
+
+
+@pytest.fixture
+def web_api(runtime_token) -> Api:  # type: ignore[no-untyped-def]
+    api = Api(runtime_token[1])
+    api.runtime = runtime_token[0]  # type: ignore[attr-defined]
+    return api
+
+
+def test_every_request_gets_the_same_answer_and_writes_the_same_rows_at_both_doors(door, web_api, django_requests):
+    other, _ = runtime_create(name="someone-else", actor="test")
+    other_task = task_create(title="theirs", actor="test", runtime=other).pk
+    for case in CASES:
+        answers = {}
+        for where in ("web", "door"):
+            before = ledger_counts()
+            seen = django_requests.count
+            status, body, task_id = _send(case, where, web_api, door, web_api.token, other_task)
+            written = {name: n - before[name] for name, n in ledger_counts().items()}
+            answers[where] = (status, _alike(body, task_id), written, _items(task_id))
+            if where == "door":
+                served_here = django_requests.count == seen
+                assert served_here == case.served_by_door, (case.name, status, body)
+        assert answers["door"] == answers["web"], case.name
+
+
+def test_a_registration_at_the_door_is_a_running_item_with_its_events(door, runtime_token):
+    runtime, token = runtime_token
+    task = task_create(title="Look Acme up", actor="test", runtime=runtime)
+    answer = httpx.post(
+        f"{door}/tasks/{task.pk}/items/started",
+        json={**CALL, "kind": "external_operation", "submit_key": "send-1", "lease_seconds": 90, "worker": "w-1"},
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    assert answer.status_code == 201
+    item = WorkItem.objects.get(pk=answer.json()["id"])
+    assert answer.json() == {"id": item.pk, "task": task.pk}
+    assert (item.state, item.noun, item.handle, item.label) == (S.RUNNING, "lookup call", "call_1", "lookup")
+    assert item.submitted_at is not None and item.idempotency_key == "send-1" and item.worker == "w-1"
+    assert (item.lease_until - item.started_at).total_seconds() == pytest.approx(90, abs=1)
+    assert set(Event.objects.filter(item=item).values_list("actor", flat=True)) == {f"runtime:{runtime.name}"}
+
+
+def test_a_repeated_key_is_answered_with_the_first_answer_and_another_body_is_refused(door, runtime_token):
+    runtime, token = runtime_token
+    task = task_create(title="Look Acme up", actor="test", runtime=runtime)
+    headers = {"Authorization": f"Bearer {token}", "Idempotency-Key": "k-1"}
+    url = f"{door}/tasks/{task.pk}/items/started"
+    first = httpx.post(url, json=CALL, headers=headers)
+    again = httpx.post(url, json=CALL, headers=headers)
+    other = httpx.post(url, json={**CALL, "handle": "call_2"}, headers=headers)
+    assert first.status_code == again.status_code == 201 and first.json() == again.json()
+    assert other.status_code == 422 and other.json()["field"] == "Idempotency-Key"
+    assert WorkItem.objects.filter(task=task).count() == 1
+    assert ApiIdempotency.objects.filter(key="k-1").count() == 1
+
+
+def test_twins_sent_at_once_to_both_doors_register_one_item(door, live_server, runtime_token):
+    """The same request with one key, sent by eight threads at once, half to each door: one item,
+    one answer (the rest of them replayed, their work rolled back)."""
+    runtime, token = runtime_token
+    task = task_create(title="Look Acme up", actor="test", runtime=runtime)
+    headers = {"Authorization": f"Bearer {token}", "Idempotency-Key": "twin"}
+    urls = [f"{base}/tasks/{task.pk}/items/started" for base in (door, live_server.url + "/api/v1")] * 4
+    answers: list[tuple[int, Any]] = []
+    start = threading.Barrier(len(urls))
+
+    def send(url: str) -> None:
+        start.wait(timeout=10)
+        response = httpx.post(url, json=CALL, headers=headers, timeout=30)
+        answers.append((response.status_code, response.json()))
+
+    threads = [threading.Thread(target=send, args=(url,)) for url in urls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    connection.close()
+    [item] = WorkItem.objects.filter(task=task)
+    assert answers == [(201, {"id": item.pk, "task": task.pk})] * len(urls)
+    assert ApiIdempotency.objects.filter(key="twin").count() == 1
+
+
+def test_registrations_racing_a_stop_at_the_door_never_start_after_it(door, runtime_token):
+    """Threads register through the door while Stop commits: every item that started did so
+    before the stop request; every one after it is recorded, cancelled, and answered 409."""
+    runtime, token = runtime_token
+    task = task_create(title="Look Acme up", actor="test", runtime=runtime)
+    url = f"{door}/tasks/{task.pk}/items/started"
+    answers: list[int] = []
+    go = threading.Event()
+
+    def register(n: int) -> None:
+        with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=30) as http:
+            go.wait(timeout=10)
+            for i in range(15):
+                answers.append(http.post(url, json={**CALL, "handle": f"call_{n}_{i}"}).status_code)
+
+    threads = [threading.Thread(target=register, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    go.set()
+    while len(answers) < 10:
+        threading.Event().wait(0.005)
+    task_request_stop(task_id=task.pk, actor="user:operator", **NO_DISPATCH)
+    for thread in threads:
+        thread.join(timeout=60)
+    connection.close()
+    stopped_at = Task.objects.get(pk=task.pk).stop_requested_at
+    items = list(WorkItem.objects.filter(task=task))
+    assert len(items) == len(answers) == 60
+    started = [i for i in items if i.state == S.RUNNING]
+    refused = [i for i in items if i.state == S.CANCELLED]
+    assert len(started) + len(refused) == 60 and started and refused
+    assert all(i.started_at < stopped_at for i in started)
+    assert sorted(answers) == [201] * len(started) + [409] * len(refused)
+
+
+# --- the clients -------------------------------------------------------------------------------
+
+
+def _root(door: str) -> str:
+    return door.removesuffix("/api/v1")
+
+
+def _unreachable() -> str:
+    """A loopback address nothing listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def test_a_client_that_knows_the_watch_server_registers_at_the_door(door, live_server, runtime_token, django_requests):
+    _, token = runtime_token
+    with Client(live_server.url, token, watch_url=_root(door)) as sd:
+        task = sd.create_task("Look Acme up")
+        before = django_requests.count
+        item_id = sd.register_started(task.id, kind="local_worker", noun="lookup call")
+        assert django_requests.count == before  # the door's own, not a request of Django's
+        assert sd.get_item(item_id).state == S.RUNNING
+
+
+def test_the_async_client_learns_the_door_from_the_web_doors_answer_to_a_watch(
+    door, live_server, runtime_token, django_requests, settings
+):
+    settings.STOPDESK_WATCH_URL = _root(door)  # the web door sends watches there (307)
+    _, token = runtime_token
+
+    async def main() -> tuple[list[int], list[int]]:
+        async with AsyncClient(live_server.url, token) as sd:
+            task = await sd.create_task("Look Acme up")
+            before = django_requests.count
+            first = await sd.register_started(task.id, kind="local_worker", noun="draft")
+            at_web_door = django_requests.count - before
+            watch = asyncio.ensure_future(sd.watch_stop(task.id, poll_s=1))
+            while sd.watch_base == sd.base:
+                await asyncio.sleep(0.01)
+            watch.cancel()
+            before = django_requests.count
+            second = await sd.register_started(task.id, kind="local_worker", noun="lookup call")
+            return [first, second], [at_web_door, django_requests.count - before]
+
+    items, django_served = asyncio.run(main())
+    assert django_served == [1, 0]  # the first at the web door; the second, once the door was known, at the door
+    assert list(WorkItem.objects.filter(pk__in=items).values_list("state", flat=True)) == [S.RUNNING] * 2
+
+
+@pytest.mark.parametrize("client", ["sync", "async"])
+def test_a_client_whose_watch_server_is_down_registers_at_the_web_door(live_server, runtime_token, client):
+    _, token = runtime_token
+    down = _unreachable()
+
+    async def twice() -> list[int]:
+        async with AsyncClient(live_server.url, token, watch_url=down) as sd:
+            task = await sd.create_task("Look Acme up")
+            return [await sd.register_started(task.id, kind="local_worker", noun="lookup call") for _ in range(2)]
+
+    if client == "async":
+        items = asyncio.run(twice())
+    else:
+        with Client(live_server.url, token, watch_url=down) as sd:
+            task = sd.create_task("Look Acme up")
+            items = [sd.register_started(task.id, kind="local_worker", noun="lookup call") for _ in range(2)]
+    assert list(WorkItem.objects.filter(pk__in=items).values_list("state", flat=True)) == [S.RUNNING] * 2
