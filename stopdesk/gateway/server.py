@@ -76,7 +76,7 @@ from stopdesk.gateway.tasks import (
     upstream_runs_tasks,
     wants_task,
 )
-from stopdesk.gateway.upstreams import UpstreamConnections
+from stopdesk.gateway.upstreams import KEEPALIVE_S, UpstreamConnections
 from stopdesk.models import WorkItem
 from stopdesk.protocol.spec import noun_of
 from stopdesk.push.hub import stop_hub
@@ -317,9 +317,12 @@ class UpstreamGateway:
         """The HTTP session the fast path's calls go upstream on (made on first use, in the loop)."""
         if self._fast_session is None:
             # No cap on connections (aiohttp's default is 100): each call in flight holds one for
-            # as long as the upstream works on it, and a cap would queue the 101st call unsent.
+            # as long as the upstream works on it, and a cap would queue the 101st call unsent. An
+            # idle one is let go before the upstream's keep-alive could close it under a call
+            # (aiohttp keeps one 15 s; `upstreams.KEEPALIVE_S`).
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
             self._fast_session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=self.timeout_s)
+                connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout_s)
             )
         return self._fast_session
 

@@ -22,6 +22,12 @@ from anyio.abc import TaskGroup
 from reconcile.mechanisms.mcp.servers import Connection, ServerSpec, open_client
 
 IDLE_CLOSE_S = 60.0
+# How long an idle HTTP connection to an upstream is kept for the next request. An upstream closes
+# one it kept idle for its keep-alive (5 s in uvicorn, Hypercorn and Node), counted from before our
+# side sees the connection idle (by more under load); a request sent on it just then is lost in the
+# close, and HTTP/1.1 leaves the retry to the client, which neither httpx nor aiohttp makes for a
+# POST. So the gateway lets the connection go well before: the next request opens a new one.
+KEEPALIVE_S = 2.0
 
 
 @dataclass(eq=False)
@@ -122,7 +128,7 @@ class UpstreamConnections:
 
     async def _hold(self, kept: Kept, ready: anyio.Event) -> None:
         try:
-            async with open_client(self.spec, timeout_s=self.timeout_s) as conn:
+            async with open_client(self.spec, timeout_s=self.timeout_s, keepalive_s=KEEPALIVE_S) as conn:
                 kept.conn = conn
                 ready.set()
                 await self._until_closed_or_idle(kept)

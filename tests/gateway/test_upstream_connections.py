@@ -11,17 +11,20 @@ import anyio
 import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from reconcile.mechanisms.mcp import sandbox as tools
 from reconcile.mechanisms.mcp.servers import resolve
+from stopdesk.gateway.app import gateway_app
 from stopdesk.gateway.server import STOPPED
-from stopdesk.gateway.upstreams import UpstreamConnections
+from stopdesk.gateway.upstreams import KEEPALIVE_S, UpstreamConnections
 from stopdesk.models import WorkItem
 from stopdesk.states import ItemState
 from stopdrill.sandbox.server import BackgroundServer
 from tests.factories import make_task
-from tests.gateway.conftest import answers_recorded
+from tests.gateway.conftest import POLL_S, answers_recorded
 from tests.gateway.test_gateway_calls import stop_once_started, through_gateway
+from tests.reconcile.conftest import configure_mcp_server
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 HANDSHAKES = ("server/discover", "initialize")  # how a new upstream connection begins, per revision
@@ -114,3 +117,48 @@ def test_a_connection_left_idle_is_closed_and_the_next_call_opens_another():
         same, reused_after_idle = anyio.run(lend_twice_with_a_pause)
     assert same and not reused_after_idle
     assert handshakes(party) == 2
+
+
+class Peers:
+    """The upstream's app, noting which TCP connection (the client's port) each request came on."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.ports: dict[str, list[int]] = {}  # by the request's Mcp-Method header
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            method = dict(scope["headers"]).get(b"mcp-method", b"").decode()
+            self.ports.setdefault(method, []).append(scope["client"][1])
+        await self.app(scope, receive, send)
+
+
+def test_a_call_after_a_pause_goes_upstream_on_a_new_connection_not_on_one_the_upstream_may_be_closing(fast, settings):
+    """An upstream closes a connection it kept idle for its keep-alive (uvicorn's 5 s, as here), and
+    a call sent on it as it closes is lost (it was seen once in a CI run, as `Connection closed`).
+    The gateway lets an idle connection go well before: calls in a row share one, a call after a
+    pause opens another."""
+    party = tools.MCPToolServer()
+    peers: list[Peers] = []
+
+    def upstream_app() -> ASGIApp:
+        peers.append(Peers(party.app()))
+        return peers[-1]
+
+    async def two_calls_then_a_pause_then_one(client: Client) -> None:
+        await client.list_tools()
+        await client.call_tool(tools.READ_VALUE, {"key": "a"})
+        await client.call_tool(tools.READ_VALUE, {"key": "b"})
+        await anyio.sleep(KEEPALIVE_S + 0.5)  # still well within the upstream's keep-alive
+        await client.call_tool(tools.READ_VALUE, {"key": "c"})
+        await client.list_tools()
+
+    with BackgroundServer(upstream_app, name="mcp") as upstream:
+        configure_mcp_server(settings, "sandbox", url=upstream.url + "/mcp")
+        with BackgroundServer(lambda: gateway_app(poll_s=POLL_S), name="gateway") as front:
+            through_gateway(front.url + "/mcp/sandbox", two_calls_then_a_pause_then_one, mode="auto")
+    first, second, after_the_pause = peers[0].ports["tools/call"]
+    assert first == second != after_the_pause
+    listed, listed_after_the_pause = peers[0].ports["tools/list"]
+    assert listed != listed_after_the_pause
+    answers_recorded()

@@ -384,10 +384,13 @@ async def open_client(
     terminate_on_close: bool = True,
     revision: str | None = None,
     extensions: Sequence[ClientExtension] | None = None,
+    keepalive_s: float = 5.0,
 ) -> AsyncIterator[Connection]:
     """Connect in `revision` (default: the server's configured one, normally AUTO: the newest
     the server offers, 2025-11-25 when it refuses 2026-07-28; the SDK's `mode="auto"` probes
-    `server/discover` and falls back to `initialize` on any refusal)."""
+    `server/discover` and falls back to `initialize` on any refusal). Over HTTP, an idle connection
+    is kept `keepalive_s` for the next request (httpx's default; a connection kept across calls
+    wants less than the server's own keep-alive, see `stopdesk.gateway.upstreams.KEEPALIVE_S`)."""
     requested = revision or spec.revision
     conn_box: list[Connection] = []
 
@@ -410,6 +413,8 @@ async def open_client(
         http = httpx2.AsyncClient(
             headers=spec.http_headers(),
             timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT),
+            # httpx's own limits, but for how long an idle connection is kept (`keepalive_s`).
+            limits=httpx2.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=keepalive_s),
             event_hooks={"request": [remember_request_id], "response": [remember_session]},
         )
         transport = streamable_http_client(spec.url, http_client=http, terminate_on_close=terminate_on_close)
