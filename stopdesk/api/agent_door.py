@@ -1,32 +1,37 @@
-"""The agent door: `POST /api/v1/tasks/{task_id}/items/started` on the watch server's event loop.
+"""The agent door: the requests a framework run makes most, on the watch server's event loop.
 
-That request is the one on an agent's path before each tool call and model request (registered,
-and through the boundary), so its cost is the agent's wait. Served by Django (`stopdesk.api.views`)
-it pays Django's request path, about as much again as the ledger's own work; here it is the
-boundary's one statement (`item_register_started_async`) on a connection of this loop's own, with
-the token's read and, when the request has an Idempotency-Key, its answer stored in the same
-transaction. The clients send it here once they know the watch server (`watch_url`, or the web
-door's 307 for a watch), and to the web door before.
+`POST /api/v1/tasks/{task_id}/items/started` is the one on an agent's path before each tool call
+and model request (registered, and through the boundary), so its cost is the agent's wait;
+`POST /api/v1/results` and `POST /api/v1/items/{item_id}/result` carry the calls' results, off the
+agent's path but competing with it for the machine. Served by Django (`stopdesk.api.views`) each
+pays Django's request path, about as much again as the ledger's own work. Here each is the
+ledger's statements on a connection of this loop's own: the token's read, then the boundary's one
+statement (`item_register_started_async`) with the Idempotency-Key's stored answer, or each
+running item's result in one statement (`item_close_running_held_async`), in one transaction. The
+clients send them here once they know the watch server (`watch_url`, or the web door's 307 for a
+watch), and to the web door before.
 
 The same request gets the same answer at both doors. What the door reads before the ledger (the
-token, the task id, the key, the body) is refused here with the errors Django's view gives
-(`stopdesk.api.reading`, the same schema). Every other case that is not a plain registration — the
-task stopped, closed or not this runtime's, a parent named, a readiness policy, a repeated
-Idempotency-Key, SQLite — has written nothing here (the transaction is rolled back) and goes on to
-Django's view in this process, which answers it as the web door does (its WSGI handler, on a few
-threads of the door's own: Django's ASGI handler would give each request a thread, and so a
-database connection, of its own)."""
+token, the path's id, the key, the body) is refused here with the errors Django's view gives
+(`stopdesk.api.reading`, the same schemas). Every other case that is not plain — a task stopped,
+closed or not this runtime's, a parent named, a readiness policy, a repeated Idempotency-Key, a
+late result or a "stopped" report, a result after which the task may have settled, SQLite — has
+written nothing here (the transaction is rolled back) and goes on to Django's view in this process,
+which answers it as the web door does (its WSGI handler, on a few threads of the door's own:
+Django's ASGI handler would give each request a thread, and so a database connection, of its
+own)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import logging
 import sys
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -41,14 +46,17 @@ from stopdesk.api.idempotency import STORE_ANSWER_SQL, request_fingerprint
 from stopdesk.api.reading import MAX_BODY_BYTES, json_body, request_key, too_large
 from stopdesk.protocol.errors import MethodNotAllowed, PayloadTooLarge, StopdeskError, Unauthorized
 from stopdesk.protocol.ids import path_id
-from stopdesk.protocol.types import StartedInfo
+from stopdesk.protocol.types import ResultInfo, ResultsInfo, StartedInfo
 from stopdesk.services.items import item_register_started_async
 from stopdesk.services.runtimes import runtime_for_async
 from stopdesk.services.sql import fetchone_async, is_postgres, loop_connection_params
+from stopdesk.services.transitions import item_close_running_held_async
 from stopdesk.tracing import server_span
 
 log = logging.getLogger(__name__)
-ROUTE = "/api/v1/tasks/{task_id}/items/started"
+STARTED_ROUTE = "/api/v1/tasks/{task_id}/items/started"
+RESULTS_ROUTE = "/api/v1/results"
+RESULT_ROUTE = "/api/v1/items/{item_id}/result"
 OPERATION = "register_started:{task_id}"  # the Idempotency-Key's scope, as Django's view stores it
 # Connections per event loop: registrations beyond this wait on the loop for one, costing nothing.
 POOL_SIZE = 8
@@ -72,6 +80,28 @@ class _Elsewhere(Exception):
 
 
 async def asgi_register_started(scope: dict[str, Any], receive: Any, send: Any, task_id: str) -> None:
+    """POST /api/v1/tasks/{task_id}/items/started."""
+    await _door(scope, receive, send, STARTED_ROUTE, 201, lambda headers, body: _register(headers, body, task_id))
+
+
+async def asgi_write_results(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """POST /api/v1/results."""
+    await _door(scope, receive, send, RESULTS_ROUTE, 200, _results)
+
+
+async def asgi_finish_fast(scope: dict[str, Any], receive: Any, send: Any, item_id: str) -> None:
+    """POST /api/v1/items/{item_id}/result."""
+    await _door(scope, receive, send, RESULT_ROUTE, 200, lambda headers, body: _result(headers, body, item_id))
+
+
+async def _door(
+    scope: dict[str, Any],
+    receive: Any,
+    send: Any,
+    route: str,
+    status: int,
+    serve: Callable[[dict[str, str], bytes], Awaitable[dict[str, Any]]],
+) -> None:
     headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
     body = await _body(receive)
     if body is None:
@@ -79,11 +109,11 @@ async def asgi_register_started(scope: dict[str, Any], receive: Any, send: Any, 
     if scope.get("method") != "POST" or not is_postgres():
         await _django(scope, body, send)
         return
-    attributes = {"http.request.method": "POST", "http.route": ROUTE, "url.path": scope.get("path", "")}
-    with server_span(headers, f"POST {ROUTE}", attributes) as span:
+    attributes = {"http.request.method": "POST", "http.route": route, "url.path": scope.get("path", "")}
+    with server_span(headers, f"POST {route}", attributes) as span:
         extra: list[tuple[bytes, bytes]] = []
         try:
-            status, answer = 201, await _register(headers, body, task_id)
+            answer = await serve(headers, body)
         except _Elsewhere:
             span.set_attribute("stopdesk.agent_door", "django")
             await _django(scope, body, send)
@@ -91,8 +121,9 @@ async def asgi_register_started(scope: dict[str, Any], receive: Any, send: Any, 
         except StopdeskError as exc:
             status, answer, extra = exc.status, exc.to_json(), _error_headers(exc)
         except _CommitUnknown:
-            # What it wrote is unknown, so it is not handed on (it could register twice): the
-            # client sends it again (503), and its key then finds the first answer if it landed.
+            # What it wrote is unknown, so it is not handed on (a registration could be written
+            # twice): the client sends it again (503), and a registration's key then finds the
+            # first answer if it landed (a result written twice changes nothing).
             log.exception("agent door: POST %s: the commit's outcome is unknown", scope.get("path"))
             status, answer = 503, COMMIT_UNKNOWN
         span.set_attribute("http.response.status_code", status)
@@ -102,22 +133,53 @@ async def asgi_register_started(scope: dict[str, Any], receive: Any, send: Any, 
 async def _register(headers: dict[str, str], body: bytes, task: str) -> dict[str, Any]:
     """The registration's answer (StartedInfo's JSON), the request read in the order Django's view
     reads it: raises what it refuses there, or _Elsewhere having written nothing."""
+    async with _connection() as conn:
+        runtime = await runtime_for_async(conn, headers.get("authorization", ""))
+        task_id = path_id(task, "task_id")
+        key = request_key(headers.get("idempotency-key"))
+        args = schemas.RegisterStarted.parse(_json(headers, body))
+        if args.parent is not None:
+            raise _Elsewhere  # the parent's task is checked first, with the ORM
+        return await _registered(conn, runtime, task_id, key, args)
+
+
+async def _results(headers: dict[str, str], body: bytes) -> dict[str, Any]:
+    """Several results (ResultsInfo's JSON), as `_register` reads a registration."""
+    async with _connection() as conn:
+        runtime = await runtime_for_async(conn, headers.get("authorization", ""))
+        args = schemas.WriteResults.parse(_json(headers, body))
+        rows = [(r.item, r.status, r.detail, r.open_item) for r in args.results]
+        await _closed(conn, runtime, rows)
+        return ResultsInfo(items=[result.item for result in args.results]).to_json()
+
+
+async def _result(headers: dict[str, str], body: bytes, item: str) -> dict[str, Any]:
+    """One result (ResultInfo's JSON), as `_register` reads a registration."""
+    async with _connection() as conn:
+        runtime = await runtime_for_async(conn, headers.get("authorization", ""))
+        item_id = path_id(item, "item_id")
+        args = schemas.FinishFast.parse(_json(headers, body))
+        await _closed(conn, runtime, [(item_id, args.status, args.detail, args.open_item)])
+        return ResultInfo(item=item_id, status=args.status).to_json()
+
+
+def _json(headers: dict[str, str], body: bytes) -> dict[str, Any]:
+    if too_large(headers.get("content-length")):
+        raise PayloadTooLarge(f"The body is larger than {MAX_BODY_BYTES} bytes.")
+    return json_body(body)
+
+
+@contextlib.asynccontextmanager
+async def _connection() -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """One of this loop's connections. A failure that is neither a refusal nor a commit's unknown
+    outcome (no connection, the token's read failed) wrote nothing: Django answers it."""
     try:
         pool = await _pool()
         async with pool.connection() as conn:
-            runtime = await runtime_for_async(conn, headers.get("authorization", ""))
-            task_id = path_id(task, "task_id")
-            key = request_key(headers.get("idempotency-key"))
-            if too_large(headers.get("content-length")):
-                raise PayloadTooLarge(f"The body is larger than {MAX_BODY_BYTES} bytes.")
-            args = schemas.RegisterStarted.parse(json_body(body))
-            if args.parent is not None:
-                raise _Elsewhere  # the parent's task is checked first, with the ORM
-            return await _registered(conn, runtime, task_id, key, args)
+            yield conn
     except (StopdeskError, _Elsewhere, _CommitUnknown):
         raise
     except Exception as exc:
-        # No connection, or the token's read failed: nothing written. Django answers it.
         raise _Elsewhere from exc
 
 
@@ -129,23 +191,56 @@ async def _registered(
     conn: psycopg.AsyncConnection[Any], runtime: Any, task_id: int, key: str | None, args: schemas.RegisterStarted
 ) -> dict[str, Any]:
     """The one statement, and the answer stored under the key, in one transaction."""
-    sd = LocalRuntime(runtime=runtime)
+    async with _transaction(conn):
+        item_id = await item_register_started_async(
+            conn, task_id=task_id, actor=_actor(runtime), runtime_id=runtime.pk, **args.model_dump()
+        )
+        if item_id is None:
+            raise _Elsewhere  # no such task of this runtime: Django's NotFound
+        answer = StartedInfo(id=item_id, task=task_id).to_json()
+        if key is not None:
+            scope = OPERATION.format(task_id=task_id)
+            stored = await fetchone_async(
+                conn, STORE_ANSWER_SQL, [runtime.pk, key, scope, json.dumps(answer), request_fingerprint(args)]
+            )
+            if stored is None:
+                raise _Elsewhere  # a repeat (or its twin committed first): Django replays the answer
+    return answer
+
+
+async def _closed(
+    conn: psycopg.AsyncConnection[Any], runtime: Any, rows: list[tuple[int, str, str, int | None]]
+) -> None:
+    """Each running item's result in one statement, all in one transaction, each with its task held
+    open by the run that sent it (so no settle check is due). Any other result (a "stopped" report,
+    a late result, an item not running or not this runtime's, a run's own end) is Django's, with the
+    others: the request is all or nothing there as here."""
+    async with _transaction(conn):
+        for item_id, status, detail, open_item in rows:
+            if status not in ("completed", "failed") or not await item_close_running_held_async(
+                conn,
+                item_id=item_id,
+                succeeded=status == "completed",
+                actor=_actor(runtime),
+                outcome=detail,
+                runtime_id=runtime.pk,
+                open_item=open_item,
+            ):
+                raise _Elsewhere
+
+
+def _actor(runtime: Any) -> str:
+    return LocalRuntime(runtime=runtime).actor
+
+
+@contextlib.asynccontextmanager
+async def _transaction(conn: psycopg.AsyncConnection[Any]) -> AsyncIterator[None]:
+    """A transaction whose failures before its commit wrote nothing (_Elsewhere: Django answers),
+    and whose commit's failure is _CommitUnknown."""
     committing = False
     try:
         async with conn.transaction():
-            item_id = await item_register_started_async(
-                conn, task_id=task_id, actor=sd.actor, runtime_id=runtime.pk, **args.model_dump()
-            )
-            if item_id is None:
-                raise _Elsewhere  # no such task of this runtime: Django's NotFound
-            answer = StartedInfo(id=item_id, task=task_id).to_json()
-            if key is not None:
-                scope = OPERATION.format(task_id=task_id)
-                stored = await fetchone_async(
-                    conn, STORE_ANSWER_SQL, [runtime.pk, key, scope, json.dumps(answer), request_fingerprint(args)]
-                )
-                if stored is None:
-                    raise _Elsewhere  # a repeat (or its twin committed first): Django replays the answer
+            yield
             committing = True
     except _Elsewhere:
         raise
@@ -153,9 +248,8 @@ async def _registered(
         if committing:
             raise _CommitUnknown from exc
         # A refusal of the ledger's (stopped, closed, held, a declaration it refuses) or the
-        # database's error, before the commit: rolled back, nothing written. Django answers it.
+        # database's error, before the commit: rolled back, nothing written.
         raise _Elsewhere from exc
-    return answer
 
 
 async def _pool() -> AsyncConnectionPool[Any]:

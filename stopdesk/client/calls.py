@@ -37,7 +37,8 @@ class Call[T]:
     key: str | None = None
     raise_on_stop: bool = False
     # Sent to the agent door (the watch server, once the client knows it: `watch_base`), which
-    # serves the registration before each tool call on its event loop; the web door before that.
+    # serves the registration before each tool call and the calls' results on its event loop;
+    # the web door before that.
     agent_door: bool = False
 
 
@@ -144,12 +145,13 @@ def register_started(
 
 def finish_fast(item_id: int, *, status: str, detail: str, open_item: int | None) -> Call[ResultInfo]:
     body = {"status": status, "detail": detail, "open_item": open_item}
-    return _post(f"/items/{int(item_id)}/result", body, ResultInfo.from_json, None, keyed=False, safe=True)
+    call = _post(f"/items/{int(item_id)}/result", body, ResultInfo.from_json, None, keyed=False, safe=True)
+    return replace(call, agent_door=True)
 
 
 def write_results(results: list[dict[str, Any]]) -> Call[ResultsInfo]:
     body = {"results": [_compact(result) for result in results]}
-    return _post("/results", body, ResultsInfo.from_json, None, keyed=False, safe=True)
+    return replace(_post("/results", body, ResultsInfo.from_json, None, keyed=False, safe=True), agent_door=True)
 
 
 def report_stopped(item_id: int, *, detail: str) -> Call[ItemInfo]:

@@ -25,9 +25,10 @@ from django.db import connection
 from stopdesk.client import AsyncClient, Client
 from stopdesk.models import ApiIdempotency, Event, Task, WorkItem
 from stopdesk.services.closing import task_close
-from stopdesk.services.items import item_register, task_create
+from stopdesk.services.items import item_register, item_register_started, item_report_stopped, task_create
 from stopdesk.services.runtimes import runtime_create
 from stopdesk.services.stop import task_request_stop
+from stopdesk.services.transitions import item_close_running
 from stopdesk.states import ItemState
 from stopdrill.sandbox.server import BackgroundServer
 from tests.api.conftest import Api, ledger_counts
@@ -145,18 +146,21 @@ def _send(case: Case, where: str, api: Api, door: str, token: str, other_task: i
     return response.status_code, response.json(), task.pk
 
 
-def _alike(body: Any, task_id: int) -> Any:
-    """The answer with its ids written as names, so both doors' answers compare."""
+def _alike(body: Any, task_id: int, items: dict[int, str] | None = None, key: str = "") -> Any:
+    """The answer with its ids written as names, so both doors' answers compare: a task's id as
+    <task> (or <another task>), an item's by its name in `items`, or <id>."""
     if isinstance(body, dict):
-        return {key: _alike(value, task_id) for key, value in body.items()}
+        return {k: _alike(value, task_id, items, k) for k, value in body.items()}
     if isinstance(body, list):
-        return [_alike(value, task_id) for value in body]
+        return [_alike(value, task_id, items, key) for value in body]
     if isinstance(body, bool):
         return body
     if isinstance(body, int):
-        return "<task>" if body == task_id else "<id>"
+        if key == "task":
+            return "<task>" if body == task_id else "<another task>"
+        return (items or {}).get(body, "<id>")
     if isinstance(body, str):
-        return re.sub(r"\b\d+\b", "<id>", body.replace(str(task_id), "<task>"))
+        return re.sub(r"\b\d+\b", "<id>", body.replace(f"Task {task_id} ", "Task <task> "))
     return body
 
 
@@ -185,6 +189,132 @@ def test_every_request_gets_the_same_answer_and_writes_the_same_rows_at_both_doo
             status, body, task_id = _send(case, where, web_api, door, web_api.token, other_task)
             written = {name: n - before[name] for name, n in ledger_counts().items()}
             answers[where] = (status, _alike(body, task_id), written, _items(task_id))
+            if where == "door":
+                served_here = django_requests.count == seen
+                assert served_here == case.served_by_door, (case.name, status, body)
+        assert answers["door"] == answers["web"], case.name
+
+
+@dataclass
+class ResultCase:
+    """Results sent for the items of a fresh task: its run (`run`, running) and a tool call
+    (`call`, running unless `setup` changes it). `body` and `path` name them by those words."""
+
+    name: str
+    body: Callable[[dict[str, int]], Any]
+    path: str = "/results"
+    setup: Callable[[dict[str, int]], None] | None = None
+    token: str | None = "runtime"
+    served_by_door: bool = False
+
+
+def _one(status: str = "completed", **extra: Any) -> Callable[[dict[str, int]], Any]:
+    return lambda ids: {"results": [{"item": ids["call"], "status": status, "detail": "12 rows", **extra}]}
+
+
+def _held(ids: dict[str, int]) -> dict[str, Any]:
+    return {"results": [{"item": ids["call"], "status": "completed", "detail": "12 rows", "open_item": ids["run"]}]}
+
+
+def _finished(ids: dict[str, int]) -> None:
+    item_close_running(item_id=ids["call"], succeeded=True, actor="test", outcome="first")
+
+
+def _stop_pressed(ids: dict[str, int]) -> None:
+    task_request_stop(task_id=ids["task"], actor="user:operator", **NO_DISPATCH)
+
+
+def _cancelled(ids: dict[str, int]) -> None:
+    _stop_pressed(ids)
+    item_report_stopped(item_id=ids["call"], actor="test")
+
+
+RESULT_CASES = [
+    ResultCase("a result with its run open", _held, served_by_door=True),
+    ResultCase(
+        "two results with their run open",
+        lambda ids: {
+            "results": [
+                {"item": ids["call"], "status": "failed", "detail": "boom", "open_item": ids["run"]},
+                {"item": ids["draft"], "status": "completed", "open_item": ids["run"]},
+            ]
+        },
+        served_by_door=True,
+    ),
+    ResultCase(
+        "one result at its own path",
+        lambda ids: {"status": "completed", "detail": "12 rows", "open_item": ids["run"]},
+        path="/items/{call}/result",
+        served_by_door=True,
+    ),
+    ResultCase("no token", _held, token=None, served_by_door=True),
+    ResultCase("no results", lambda ids: {"results": []}, served_by_door=True),
+    ResultCase("an unknown status", _one("exploded"), served_by_door=True),
+    ResultCase("not an item id", lambda ids: {"status": "completed"}, path="/items/abc/result", served_by_door=True),
+    ResultCase("a result without its run (the task may settle)", _one()),
+    ResultCase("the run's own end", lambda ids: {"results": [{"item": ids["run"], "status": "completed"}]}),
+    ResultCase("a stopped report", _one("stopped")),
+    ResultCase(
+        "a result and a stopped report together",
+        lambda ids: {
+            "results": [
+                {"item": ids["call"], "status": "completed", "open_item": ids["run"]},
+                {"item": ids["draft"], "status": "stopped", "open_item": ids["run"]},
+            ]
+        },
+    ),
+    ResultCase("the same result again", _held, setup=_finished),
+    ResultCase("a result after Stop, the call still running", _held, setup=_stop_pressed, served_by_door=True),
+    ResultCase("a late result, the call cancelled", _held, setup=_cancelled),
+    ResultCase("no such item", lambda ids: {"results": [{"item": 999_999, "status": "completed"}]}),
+    ResultCase("another runtime's item", lambda ids: {"results": [{"item": ids["theirs"], "status": "completed"}]}),
+]
+
+
+def _send_results(
+    case: ResultCase, where: str, api: Api, door: str, token: str, theirs: int
+) -> tuple[int, Any, int, dict[int, str]]:
+    task = task_create(title=f"{case.name} at {where}", actor="test", runtime=api.runtime)
+    ids = {"task": task.pk, "theirs": theirs}
+    for name, noun in (("run", "agent run"), ("call", "lookup call"), ("draft", "draft")):
+        ids[name] = item_register_started(task_id=task.pk, actor="test", kind="local_worker", noun=noun)
+    if case.setup is not None:
+        case.setup(ids)
+    path = case.path.format(**ids)
+    headers = {"content-type": "application/json"}
+    if case.token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    raw = json.dumps(case.body(ids)).encode()
+    names = {ids[name]: f"<{name}>" for name in ("run", "call", "draft")}
+    if where == "web":
+        answer = api.call("POST", path, raw=raw, token=None, headers=headers)
+        return answer.status, answer.body, task.pk, names
+    response = httpx.post(door + path, content=raw, headers=headers, timeout=30)
+    return response.status_code, response.json(), task.pk, names
+
+
+def _task_items(task_id: int) -> tuple[bool, list[tuple[str, str, str, list[str]]]]:
+    """Whether the task settled, and each item's state, outcome and events."""
+    settled = Task.objects.get(pk=task_id).settled_at is not None
+    items = [
+        (item.noun, item.state, item.outcome, sorted(Event.objects.filter(item=item).values_list("kind", flat=True)))
+        for item in WorkItem.objects.filter(task_id=task_id).order_by("pk")
+    ]
+    return settled, items
+
+
+def test_every_result_gets_the_same_answer_and_writes_the_same_rows_at_both_doors(door, web_api, django_requests):
+    other, _ = runtime_create(name="someone-else", actor="test")
+    theirs_task = task_create(title="theirs", actor="test", runtime=other).pk
+    theirs = item_register_started(task_id=theirs_task, actor="test", kind="local_worker", noun="lookup call")
+    for case in RESULT_CASES:
+        answers = {}
+        for where in ("web", "door"):
+            before = ledger_counts()
+            seen = django_requests.count
+            status, body, task_id, names = _send_results(case, where, web_api, door, web_api.token, theirs)
+            written = {name: n - before[name] for name, n in ledger_counts().items()}
+            answers[where] = (status, _alike(body, task_id, names), written, _task_items(task_id))
             if where == "door":
                 served_here = django_requests.count == seen
                 assert served_here == case.served_by_door, (case.name, status, body)

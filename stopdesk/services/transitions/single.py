@@ -234,6 +234,26 @@ async def item_close_running_async(
     return await fetchone_async(conn, _CLOSE_RUNNING_SQL, params) is not None
 
 
+async def item_close_running_held_async(
+    conn: psycopg.AsyncConnection[Any],
+    *,
+    item_id: int,
+    succeeded: bool,
+    actor: str,
+    outcome: str,
+    runtime_id: int,
+    open_item: int | None,
+) -> bool:
+    """`item_close_running` of a runtime's item, on an asyncio caller's own connection inside the
+    caller's transaction (the agent door's): True once written with its task held open by
+    `open_item` (so no settle check is due); False when it wrote nothing, or when the task is not
+    held open. The caller then rolls its transaction back and reports through `item_close_running`
+    in a thread, which knows late results and checks whether the task settled."""
+    params = _close_running_params(item_id, succeeded, actor, outcome, runtime_id, open_item, None)
+    row = await fetchone_async(conn, _CLOSE_RUNNING_SQL, params)
+    return row is not None and bool(row[1])
+
+
 def _close_running_params(
     item_id: int,
     succeeded: bool,
