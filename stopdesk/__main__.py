@@ -3,7 +3,7 @@ and `python -m stopdesk mcp-stdio -- COMMAND...`, the stdio shim (`stopdesk-mcp`
 
 Each command first checks the configuration and that the database and the broker answer, and
 exits with one readable line when they do not; then it replaces itself with the real server
-(gunicorn, uvicorn for the stop watch endpoint and for the MCP Stop gateway, `celery worker`,
+(gunicorn, uvicorn for the stop watch endpoint and the agent door and for the MCP Stop gateway, `celery worker`,
 `celery beat`), so signals from
 the container reach it directly.
 
