@@ -25,7 +25,7 @@ from reconcile.services.launched import response_launched_record
 from reconcile.services.lease import ClaimLease, lease_seconds
 from stopdesk.models import CancellationAttempt, WorkItem
 from stopdesk.services.errors import IllegalTransition
-from stopdesk.services.items import item_attach_record, item_finish
+from stopdesk.services.items import item_attach_record, item_finish, item_record_detail
 from stopdesk.services.sql import is_postgres
 from stopdesk.services.transitions import Schedule, item_late_result_record, item_transition, items_move, items_schedule
 from stopdesk.states import SETTLED, SWEPT, TERMINAL, ItemState
@@ -288,14 +288,25 @@ def item_apply(
     return Result(item_id, action, str(observation.seen), plan.to_state or item.state)
 
 
-def item_observe(*, item_id: int, observation: Observation, action: str, actor: str) -> Result:
+def item_observe(
+    *, item_id: int, observation: Observation, action: str, actor: str, detail: dict[str, Any] | None = None
+) -> Result:
     """Record what an agent-side owner of the work saw (it cancelled and read back through its own
-    session, say) exactly as a reconciler's pass is recorded: an attempt row, then the engine."""
+    session, say) exactly as a reconciler's pass is recorded: an attempt row, then the engine.
+    `detail`: mechanism facts the owner records with it (that it is letting its session go, say),
+    merged into the item in the same transaction."""
     now = timezone.now()
-    item = WorkItem.objects.get(pk=item_id)
-    mechanism = registry.get(item.mechanism)
-    attempt = CancellationAttempt.objects.create(item=item, mechanism=mechanism.name, action=action, sent_at=now)
-    return attempt_apply(item, mechanism, attempt, observation, action=action, actor=actor, now=now)
+    # One transaction, so nobody reads the item between the owner's two writes: finding it settled
+    # by its owner with the session not yet let go, a reconciler would take the owner for dead.
+    # Nothing here calls out; the ledger writes within nest as savepoints.
+    with transaction.atomic():
+        item = WorkItem.objects.get(pk=item_id)
+        mechanism = registry.get(item.mechanism)
+        attempt = CancellationAttempt.objects.create(item=item, mechanism=mechanism.name, action=action, sent_at=now)
+        result = attempt_apply(item, mechanism, attempt, observation, action=action, actor=actor, now=now)
+        if detail:
+            item_record_detail(item_id=item_id, detail=detail, actor=actor)
+    return result
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ and speaking only 2025-11-25 (the client's 2026-07-28 attempt is refused and it 
 
 from __future__ import annotations
 
+import threading
 import time
 
 import anyio
@@ -15,7 +16,7 @@ from reconcile.mechanisms.mcp import sandbox as tools
 from reconcile.mechanisms.mcp import servers as mcp_servers
 from reconcile.mechanisms.mcp.agent import mcp_call_tool, mcp_start_task, task_owner
 from reconcile.services.cancel import item_cancel
-from stopdesk.models import Event
+from stopdesk.models import Event, WorkItem
 from stopdesk.services.errors import TaskStopped
 from stopdesk.services.items import item_register
 from stopdesk.services.stop import task_request_stop
@@ -285,6 +286,38 @@ def test_task_is_cancelled_and_read_back(fast, speaking, clock):
         # Every task request named its task in Mcp-Name, so a load balancer could route it.
         task_requests = party.wire("tasks/cancel") + party.wire("tasks/get")
         assert task_requests and {m.get("mcp_name") for m in task_requests} == {task_id}
+
+
+def test_the_owner_settles_the_item_and_marks_its_session_ended_in_one_write(fast, speaking):
+    """The owner closes its session once it has recorded what the task read. A reconciler that
+    found the item settled by the owner but its session not marked ended would take the owner for
+    gone, resume the closed session (HTTP 404) and record that the owner stopped: no read of the
+    item ever sees the one without the other."""
+    _party, url, _revision = speaking
+    task = make_task()
+    item = tool_item(task, noun="export")
+    start_export(item, url, 5)
+    seen: list[tuple[str, bool]] = []
+    done = threading.Event()
+
+    def read() -> None:
+        try:
+            while not done.is_set():
+                state, detail = WorkItem.objects.values_list("state", "detail").get(pk=item.pk)
+                seen.append((state, bool(detail["mcp"]["session"].get("ended"))))
+        finally:
+            connection.close()
+
+    reader = threading.Thread(target=read, name="ledger-reader")
+    reader.start()
+    try:
+        stop(task)
+        owner_done(item)
+    finally:
+        done.set()
+        reader.join()
+    assert seen[-1] == (S.UNCERTAIN, True)
+    assert (S.UNCERTAIN, False) not in seen
 
 
 def test_a_2026_07_28_server_without_the_tasks_extension_gets_its_task_in_2025_11_25(fast, mcp_party, clock):

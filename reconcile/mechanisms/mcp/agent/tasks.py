@@ -288,7 +288,7 @@ async def _own(
                     raise
                 cancel = "-32602; looked it up"  # already terminal, or unknown: the read-back says which
             observation = await _get(conn, task_id, annotations, created, timeout_s, cancel=cancel)
-            await in_thread(item_observe, item_id=owner.item_id, observation=observation, action="cancel", actor=actor)
+            await _observe(owner, observation, "cancel", actor)
             # Said once the cancel was sent and its read-back recorded, not before.
             owner.cancelled_by = "stop" if stop else "client"
             owner.changed()
@@ -297,15 +297,15 @@ async def _own(
             if owner.keep_result and observation.seen in (Seen.COMPLETED, Seen.FAILED):
                 owner.result = await _task_result(conn, task_id, timeout_s)
             if observation.seen != Seen.RUNNING:
-                await in_thread(
-                    item_observe, item_id=owner.item_id, observation=observation, action="inspect", actor=actor
-                )
+                await _observe(owner, observation, "inspect", actor)
         if observation.seen != Seen.RUNNING:
-            await _end_session(owner, observation, actor)
+            _let_go(owner, observation)
             return observation
         if cancelled_at is not None and time.monotonic() - cancelled_at > deadline_s:
             # Still working at the deadline: the reconciler records it uncertain; the session is let go.
-            await _end_session(owner, observation, actor)
+            owner.detail = _session_ended(owner, observation)
+            await in_thread(item_record_detail, item_id=owner.item_id, detail={"mcp": owner.detail}, actor=actor)
+            _let_go(owner, observation)
             return observation
         if stop_seen is None:
             await anyio.sleep(poll_s)
@@ -346,17 +346,37 @@ def _cancel_answer(answer: dict[str, Any]) -> str:
     return "empty acknowledgement (proves nothing); read back with tasks/get"
 
 
-async def _end_session(owner: TaskOwner, observation: Observation, actor: str) -> None:
-    """Say on the item that its owner reconciled the task and closes the session, so a later look
-    by the reconciler repeats what the owner saw instead of finding the session gone."""
-    owner.final = observation
+async def _observe(owner: TaskOwner, observation: Observation, action: str, actor: str) -> None:
+    """Record what the owner saw. A final read-back ends the session, and the item says so in the
+    same write as the read-back: a reconciler that found the item settled by its owner but the
+    session not marked ended would take the owner for gone and resume the session it is closing
+    (HTTP 404), recording that the owner stopped."""
+    ended = _session_ended(owner, observation) if observation.seen != Seen.RUNNING else None
+    await in_thread(
+        item_observe,
+        item_id=owner.item_id,
+        observation=observation,
+        action=action,
+        actor=actor,
+        detail=None if ended is None else {"mcp": ended},
+    )
+    if ended is not None:
+        owner.detail = ended
+
+
+def _session_ended(owner: TaskOwner, observation: Observation) -> dict[str, Any]:
+    """The owner's facts saying that it reconciled the task and closes the session, so a later
+    look by the reconciler repeats what the owner saw instead of finding the session gone."""
     if observation.seen == Seen.RUNNING:
         said = "the task was still working at the deadline after the cancel; the owner let its session go."
     else:
         said = observation.message or f"the task read {observation.remote_status or observation.seen}."
     session = {**owner.detail.get("session", {}), "ended": f"Reconciled by the session's owner: {said}"}
-    owner.detail = {**owner.detail, "session": session}
-    await in_thread(item_record_detail, item_id=owner.item_id, detail={"mcp": owner.detail}, actor=actor)
+    return {**owner.detail, "session": session}
+
+
+def _let_go(owner: TaskOwner, observation: Observation) -> None:
+    owner.final = observation
     owner.changed()
 
 
