@@ -7,6 +7,7 @@ Every other path is Django's."""
 
 import os
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from django.core.asgi import get_asgi_application
@@ -23,32 +24,25 @@ from stopdesk.api.agent_door import (  # noqa: E402 - needs the apps loaded abov
 )
 from stopdesk.push.watch import asgi_watch, asgi_watch_many  # noqa: E402
 
-WATCH = re.compile(r"^/api/v1/tasks/([^/]+)/stop/watch/?$")
-WATCH_MANY = re.compile(r"^/api/v1/watch/?$")
-STARTED = re.compile(r"^/api/v1/tasks/([^/]+)/items/started/?$")
-RESULTS = re.compile(r"^/api/v1/results/?$")
-RESULT = re.compile(r"^/api/v1/items/([^/]+)/result/?$")
+# The paths served outside Django's request cycle, each by its handler, given the path's ids.
+ROUTES: list[tuple[re.Pattern[str], Callable[..., Awaitable[None]]]] = [
+    (re.compile(r"^/api/v1/tasks/([^/]+)/stop/watch/?$"), asgi_watch),
+    (re.compile(r"^/api/v1/watch/?$"), asgi_watch_many),
+    (re.compile(r"^/api/v1/tasks/([^/]+)/items/started/?$"), asgi_register_started),
+    (re.compile(r"^/api/v1/results/?$"), asgi_write_results),
+    (re.compile(r"^/api/v1/items/([^/]+)/result/?$"), asgi_finish_fast),
+]
 
 
 async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] == "lifespan":
         await _lifespan(receive, send)
         return
-    if scope["type"] == "http" and (match := WATCH.match(scope["path"])):
-        await asgi_watch(scope, receive, send, match.group(1))
-        return
-    if scope["type"] == "http" and WATCH_MANY.match(scope["path"]):
-        await asgi_watch_many(scope, receive, send)
-        return
-    if scope["type"] == "http" and (match := STARTED.match(scope["path"])):
-        await asgi_register_started(scope, receive, send, match.group(1))
-        return
-    if scope["type"] == "http" and RESULTS.match(scope["path"]):
-        await asgi_write_results(scope, receive, send)
-        return
-    if scope["type"] == "http" and (match := RESULT.match(scope["path"])):
-        await asgi_finish_fast(scope, receive, send, match.group(1))
-        return
+    if scope["type"] == "http":
+        for pattern, handler in ROUTES:
+            if match := pattern.match(scope["path"]):
+                await handler(scope, receive, send, *match.groups())
+                return
     await django_application(scope, receive, send)
 
 

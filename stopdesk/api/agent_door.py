@@ -29,7 +29,6 @@ import io
 import json
 import logging
 import sys
-import threading
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -37,7 +36,6 @@ from typing import Any
 
 import psycopg
 from django.core.handlers.wsgi import WSGIHandler
-from django.db import connection
 from psycopg_pool import AsyncConnectionPool
 
 from stopdesk.agent import schemas
@@ -49,7 +47,7 @@ from stopdesk.protocol.ids import path_id
 from stopdesk.protocol.types import ResultInfo, ResultsInfo, StartedInfo
 from stopdesk.services.items import item_register_started_async
 from stopdesk.services.runtimes import runtime_for_async
-from stopdesk.services.sql import fetchone_async, is_postgres, loop_connection_params
+from stopdesk.services.sql import close_thread_connections, fetchone_async, is_postgres, loop_connection_params
 from stopdesk.services.transitions import item_close_running_held_async
 from stopdesk.tracing import server_span
 
@@ -364,14 +362,7 @@ def _environ(scope: dict[str, Any], body: bytes) -> dict[str, Any]:
 def close_django_threads() -> None:
     """Close the database connections of the threads that run Django's view (tests, before
     dropping the database)."""
-    barrier = threading.Barrier(DJANGO_THREADS)
-
-    def close() -> None:
-        barrier.wait(timeout=5)  # one call per thread: each waits until all threads have one
-        connection.close()
-
-    for future in [_django_threads.submit(close) for _ in range(DJANGO_THREADS)]:
-        future.result(timeout=10)
+    close_thread_connections(_django_threads, DJANGO_THREADS)
 
 
 def _error_headers(exc: StopdeskError) -> list[tuple[bytes, bytes]]:

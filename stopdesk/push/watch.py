@@ -44,7 +44,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import threading
 import weakref
 from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
@@ -53,7 +52,7 @@ from typing import Any
 from urllib.parse import parse_qs, quote
 
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import close_old_connections
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -63,6 +62,7 @@ from stopdesk.protocol.ids import path_id
 from stopdesk.protocol.types import StopWatchInfo
 from stopdesk.push.hub import resolve, stop_hub
 from stopdesk.services.runtimes import runtime_for
+from stopdesk.services.sql import close_thread_connections
 
 log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 25.0
@@ -506,11 +506,4 @@ def _json_response(status: int, body: dict[str, Any], *, allow: str = "GET") -> 
 
 def close_connections() -> None:
     """Close the database connections the watch threads hold (tests, before dropping the database)."""
-    barrier = threading.Barrier(DB_THREADS)
-
-    def close() -> None:
-        barrier.wait(timeout=5)  # one call per thread: each waits until all threads have one
-        connection.close()
-
-    for future in [_db.submit(close) for _ in range(DB_THREADS)]:
-        future.result(timeout=10)
+    close_thread_connections(_db, DB_THREADS)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import select
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +78,19 @@ def loop_connection_params() -> dict[str, Any]:
     for django_only in ("context", "cursor_factory"):
         params.pop(django_only, None)
     return params
+
+
+def close_thread_connections(pool: ThreadPoolExecutor, threads: int) -> None:
+    """Close the database connection of each of the pool's `threads` threads (tests, before
+    dropping the database; a server's end)."""
+    barrier = threading.Barrier(threads)
+
+    def close() -> None:
+        barrier.wait(timeout=5)  # one call per thread: each waits until all threads have one
+        connection.close()
+
+    for future in [pool.submit(close) for _ in range(threads)]:
+        future.result(timeout=10)
 
 
 def thread_connection_ready(*, wait_for_flush: bool = True) -> None:

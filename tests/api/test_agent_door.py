@@ -30,9 +30,8 @@ from stopdesk.services.runtimes import runtime_create
 from stopdesk.services.stop import task_request_stop
 from stopdesk.services.transitions import item_close_running
 from stopdesk.states import ItemState
-from stopdrill.sandbox.server import BackgroundServer
 from tests.api.conftest import Api, ledger_counts
-from tests.api.watching import NO_DISPATCH
+from tests.api.watching import NO_DISPATCH, watch_server_running
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 S = ItemState
@@ -41,13 +40,8 @@ CALL = {"kind": "local_worker", "noun": "lookup call", "handle": "call_1", "labe
 
 @pytest.fixture
 def door() -> Iterator[str]:
-    def app():  # type: ignore[no-untyped-def]
-        from stopdesk.asgi import application
-
-        return application
-
-    with BackgroundServer(app, name="watch") as server:
-        yield server.url + "/api/v1"
+    with watch_server_running() as url:
+        yield url
 
 
 class DjangoRequests:

@@ -22,8 +22,7 @@ from stopdesk.push.hub import stop_hub
 from stopdesk.services.items import task_create
 from stopdesk.services.runtimes import runtime_create
 from stopdesk.services.stop import task_request_stop
-from stopdrill.sandbox.server import BackgroundServer
-from tests.api.watching import NO_DISPATCH, stop_later
+from tests.api.watching import NO_DISPATCH, stop_later, watch_server_running
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 NDJSON = "application/x-ndjson"
@@ -31,13 +30,8 @@ NDJSON = "application/x-ndjson"
 
 @pytest.fixture
 def watch_server() -> Iterator[str]:
-    def app():  # type: ignore[no-untyped-def]
-        from stopdesk.asgi import application
-
-        return application
-
-    with BackgroundServer(app, name="watch") as server:
-        yield server.url + "/api/v1"
+    with watch_server_running() as url:
+        yield url
 
 
 def _tasks(runtime, n: int) -> list[int]:  # type: ignore[no-untyped-def]
