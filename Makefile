@@ -46,7 +46,7 @@ test-faults: $(STAMP)
 test-sqlite: $(STAMP)
 	@mkdir -p var
 	STOPDESK_REQUIRE_SERVICES=0 STOPDESK_EXPECT_DB=sqlite DATABASE_URL=sqlite:///$(CURDIR)/var/test-sqlite.sqlite3 \
-		$(PY) -m pytest tests/ledger tests/layers -m "not postgres and not redis" $(PYTEST_ARGS)
+		$(PY) -m pytest tests/ledger tests/layers tests/api/test_any_database.py -m "not postgres and not redis" $(PYTEST_ARGS)
 
 ## Nightly: the race and browser tests SOAK_N times (default 50), each run a fresh pytest; names
 ## each test that failed and how often, prints the flake count, and fails unless it is 0.

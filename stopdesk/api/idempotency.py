@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from stopdesk.models import ApiIdempotency, Runtime
 from stopdesk.protocol.errors import Conflict, IdempotencyKeyReused, StopdeskError, StopRequested
 from stopdesk.protocol.types import ItemInfo, RecordInfo, StartedInfo, TaskInfo
+from stopdesk.services.sql import is_postgres
 
 
 def once_transition(
@@ -66,8 +67,8 @@ def once_work_first(
     stored after it by one statement that also finds an answer stored already. So a first request
     (nearly every one) costs one statement for its key, not two. A repeat does the work again and
     rolls the whole request back (the door's transaction), answering with the first answer."""
-    if not key or runtime is None or not connection.in_atomic_block:
-        return once(runtime, key, operation, kind, produce, args)
+    if not key or runtime is None or not connection.in_atomic_block or not is_postgres():
+        return once(runtime, key, operation, kind, produce, args)  # STORE_ANSWER_SQL is PostgreSQL's
     fingerprint = request_fingerprint(args)
     try:
         result = produce()
