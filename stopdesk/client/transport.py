@@ -35,10 +35,11 @@ def api_base(base_url: str) -> str:
 
 
 class AgentDoor:
-    """Where a client sends the registration before each tool call (`Call.agent_door`): the watch
-    server once it is known, which serves it on its event loop (`stopdesk.api.agent_door`), else
-    the web door. A watch server that cannot be reached (the request never left) sends them to the
-    web door for `pause_s`, so an agent's work never waits on the watch server being up."""
+    """Where a client sends the registration before each tool call and the calls' results
+    (`Call.agent_door`): the watch server once it is known, which serves them on its event loop
+    (`stopdesk.api.agent_door`), else the web door. A watch server that cannot be reached (the
+    request never left) sends them to the web door for `pause_s`, so an agent's work never waits on
+    the watch server being up."""
 
     def __init__(self, pause_s: float = 30.0) -> None:
         self.pause_s = pause_s
