@@ -213,13 +213,14 @@ async def _closed(
     open by the run that sent it (so no settle check is due). Any other result (a "stopped" report,
     a late result, an item not running or not this runtime's, a run's own end) is Django's, with the
     others: the request is all or nothing there as here."""
+    actor = _actor(runtime)
     async with _transaction(conn):
         for item_id, status, detail, open_item in rows:
             if status not in ("completed", "failed") or not await item_close_running_held_async(
                 conn,
                 item_id=item_id,
                 succeeded=status == "completed",
-                actor=_actor(runtime),
+                actor=actor,
                 outcome=detail,
                 runtime_id=runtime.pk,
                 open_item=open_item,
