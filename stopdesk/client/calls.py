@@ -146,12 +146,22 @@ def register_started(
 def finish_fast(item_id: int, *, status: str, detail: str, open_item: int | None) -> Call[ResultInfo]:
     body = {"status": status, "detail": detail, "open_item": open_item}
     call = _post(f"/items/{int(item_id)}/result", body, ResultInfo.from_json, None, keyed=False, safe=True)
-    return replace(call, agent_door=True)
+    return replace(call, agent_door=_door_writes(body))
 
 
 def write_results(results: list[dict[str, Any]]) -> Call[ResultsInfo]:
     body = {"results": [_compact(result) for result in results]}
-    return replace(_post("/results", body, ResultsInfo.from_json, None, keyed=False, safe=True), agent_door=True)
+    call = _post("/results", body, ResultsInfo.from_json, None, keyed=False, safe=True)
+    return replace(call, agent_door=all(_door_writes(result) for result in results))
+
+
+def _door_writes(result: dict[str, Any]) -> bool:
+    """Whether the watch server writes this result itself: a call's result ("completed" or
+    "failed") with the run that sent it holding its task open. Any other (a "stopped" report, a
+    run's own end) is Django's work, which the watch server would hand to threads beside the event
+    loop that carries Stop to every watcher: a Stop of hundreds of tasks, each run reporting its
+    end, then slowed the Stops still on their way. Those go to the web door."""
+    return result.get("status") in ("completed", "failed") and result.get("open_item") is not None
 
 
 def report_stopped(item_id: int, *, detail: str) -> Call[ItemInfo]:

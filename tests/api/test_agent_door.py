@@ -457,6 +457,52 @@ def test_the_async_client_learns_the_door_from_the_web_doors_answer_to_a_watch(
     assert list(WorkItem.objects.filter(pk__in=items).values_list("state", flat=True)) == [S.RUNNING] * 2
 
 
+class WhereServed:
+    """Which requests Django served, by where they came in: handed on by the watch server (its
+    threads), or at the web door."""
+
+    def __init__(self) -> None:
+        self.handed_on = self.web_door = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, **_: Any) -> None:
+        with self._lock:
+            if threading.current_thread().name.startswith("stopdesk-agent-door"):
+                self.handed_on += 1
+            else:
+                self.web_door += 1
+
+
+def test_the_door_gets_the_results_it_writes_itself_and_the_web_door_the_rest(door, live_server, runtime_token):
+    """A call's result goes to the watch server, which writes it on its event loop; a "stopped"
+    report and a run's own end, which are Django's work, go to the web door, so a Stop of hundreds
+    of runs, each reporting its end, does not load the server carrying Stop to the watchers."""
+    runtime, token = runtime_token
+    task = task_create(title="Look Acme up", actor="test", runtime=runtime)
+    run, done, stopped = (
+        item_register_started(task_id=task.pk, actor="test", kind="local_worker", noun=noun)
+        for noun in ("agent run", "lookup call", "export call")
+    )
+    where = WhereServed()
+    request_started.connect(where, weak=False)
+    try:
+        with Client(live_server.url, token, watch_url=_root(door)) as sd:
+            served = []
+            for results in (
+                [{"item": done, "status": "completed", "detail": "found", "open_item": run}],
+                [{"item": stopped, "status": "stopped", "detail": "export: interrupted by Stop"}],
+                [{"item": run, "status": "completed", "detail": ""}],
+            ):
+                before = (where.handed_on, where.web_door)
+                sd.write_results(results)
+                served.append((where.handed_on - before[0], where.web_door - before[1]))
+    finally:
+        request_started.disconnect(where)
+    assert served == [(0, 0), (0, 1), (0, 1)]  # at the door, its own; then each at the web door
+    states = dict(WorkItem.objects.filter(task=task).values_list("pk", "state"))
+    assert states == {done: S.COMPLETED, stopped: S.CANCELLED, run: S.COMPLETED}
+
+
 @pytest.mark.parametrize("client", ["sync", "async"])
 def test_a_client_whose_watch_server_is_down_registers_at_the_web_door(live_server, runtime_token, client):
     _, token = runtime_token
