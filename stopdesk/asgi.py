@@ -23,6 +23,9 @@ from stopdesk.api.agent_door import (  # noqa: E402 - needs the apps loaded abov
     close_pools,
 )
 from stopdesk.push.watch import asgi_watch, asgi_watch_many  # noqa: E402
+from stopdesk.warm import load_views  # noqa: E402
+
+load_views()  # the requests the agent door hands to Django do not load them on its threads
 
 # The paths served outside Django's request cycle, each by its handler, given the path's ids.
 ROUTES: list[tuple[re.Pattern[str], Callable[..., Awaitable[None]]]] = [
