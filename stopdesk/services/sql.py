@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import select
 import threading
 import time
@@ -11,8 +12,9 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.db import connection, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db.models import DateTimeField, Func
+from django.db.utils import load_backend
 
 if TYPE_CHECKING:
     import psycopg
@@ -31,7 +33,14 @@ class ClockNow(Func):
 
 
 def is_postgres() -> bool:
-    return connection.vendor == "postgresql"
+    # Read from the configured engine, not `connection`: on an event loop each task has its own
+    # `connection`, and the agent door asks on every request (it built a connection object each time).
+    return _vendor(connections.settings[DEFAULT_DB_ALIAS]["ENGINE"]) == "postgresql"
+
+
+@functools.cache
+def _vendor(engine: str) -> str:
+    return str(load_backend(engine).DatabaseWrapper.vendor)
 
 
 @contextmanager
