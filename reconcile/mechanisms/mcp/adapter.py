@@ -49,9 +49,9 @@ TASK_STATUS = {
     "cancelled": Seen.CANCELLED,
 }
 OWNER_GONE = (
-    "The agent process that owned the MCP session holding this task stopped (its lease ran out) "
-    "before the task was reconciled, and the server keeps tasks per session: {what}. Whether the "
-    "task ran, and what it did, is unknown."
+    "The agent process that owned the MCP session holding this task stopped renewing its lease (it "
+    "ended, or lost the database) before the task was reconciled, and the server keeps tasks per "
+    "session: {what}. Whether the task ran, and what it did, is unknown."
 )
 NOT_FOUND_AT_ONCE = (
     "The server answered 'task not found' for the task it had just created "
