@@ -42,7 +42,8 @@ from stopdesk.agent import schemas
 from stopdesk.agent.runtime import LocalRuntime
 from stopdesk.api.idempotency import STORE_ANSWER_SQL, request_fingerprint
 from stopdesk.api.reading import MAX_BODY_BYTES, json_body, request_key, too_large
-from stopdesk.protocol.errors import MethodNotAllowed, PayloadTooLarge, StopdeskError, Unauthorized
+from stopdesk.asgi_io import read_body, request_headers, send_json
+from stopdesk.protocol.errors import PayloadTooLarge, StopdeskError
 from stopdesk.protocol.ids import path_id
 from stopdesk.protocol.types import ResultInfo, ResultsInfo, StartedInfo
 from stopdesk.services.items import item_register_started_async
@@ -100,8 +101,8 @@ async def _door(
     status: int,
     serve: Callable[[dict[str, str], bytes], Awaitable[dict[str, Any]]],
 ) -> None:
-    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-    body = await _body(receive)
+    headers = request_headers(scope)
+    body = await read_body(receive, keep_at_most=MAX_BODY_BYTES)  # past it, json_body refuses it
     if body is None:
         return  # the client left before sending its request
     if scope.get("method") != "POST" or not is_postgres():
@@ -109,7 +110,7 @@ async def _door(
         return
     attributes = {"http.request.method": "POST", "http.route": route, "url.path": scope.get("path", "")}
     with server_span(headers, f"POST {route}", attributes) as span:
-        extra: list[tuple[bytes, bytes]] = []
+        extra: list[tuple[str, str]] = []
         try:
             answer = await serve(headers, body)
         except _Elsewhere:
@@ -117,7 +118,7 @@ async def _door(
             await _django(scope, body, send)
             return
         except StopdeskError as exc:
-            status, answer, extra = exc.status, exc.to_json(), _error_headers(exc)
+            status, answer, extra = exc.status, exc.to_json(), exc.headers()
         except _CommitUnknown:
             # What it wrote is unknown, so it is not handed on (a registration could be written
             # twice): the client sends it again (503), and a registration's key then finds the
@@ -125,7 +126,7 @@ async def _door(
             log.exception("agent door: POST %s: the commit's outcome is unknown", scope.get("path"))
             status, answer = 503, COMMIT_UNKNOWN
         span.set_attribute("http.response.status_code", status)
-    await _send_json(send, status, answer, extra)
+    await send_json(send, status, answer, extra)
 
 
 async def _register(headers: dict[str, str], body: bytes, task: str) -> dict[str, Any]:
@@ -280,21 +281,6 @@ async def close_pools() -> None:
         await (await opened).close()
 
 
-async def _body(receive: Any) -> bytes | None:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size - len(chunk) <= MAX_BODY_BYTES:
-            chunks.append(chunk)  # past the limit, no more is kept: json_body refuses it
-        if not message.get("more_body"):
-            return b"".join(chunks)
-
-
 async def _django(scope: dict[str, Any], body: bytes, send: Any) -> None:
     """The request answered by Django's own view, on one of a few threads of this door's (so of
     database connections, kept from request to request as a web server's threads keep theirs)."""
@@ -364,25 +350,3 @@ def close_django_threads() -> None:
     """Close the database connections of the threads that run Django's view (tests, before
     dropping the database)."""
     close_thread_connections(_django_threads, DJANGO_THREADS)
-
-
-def _error_headers(exc: StopdeskError) -> list[tuple[bytes, bytes]]:
-    """The headers Django's door sends with this error (`stopdesk.api.errors.error_response`)."""
-    if isinstance(exc, Unauthorized):
-        return [(b"www-authenticate", b'Bearer realm="stopdesk"')]
-    if isinstance(exc, MethodNotAllowed):
-        return [(b"allow", ", ".join(exc.extra.get("allow", [])).encode())]
-    return []
-
-
-async def _send_json(
-    send: Any, status: int, body: dict[str, Any], extra: list[tuple[bytes, bytes]] | None = None
-) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json"), *(extra or [])],
-        }
-    )
-    await send({"type": "http.response.body", "body": json.dumps(body).encode()})

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from django.http import HttpRequest, JsonResponse
 
-from stopdesk.protocol.errors import MethodNotAllowed, NotFound, StopdeskError, Unauthorized
+from stopdesk.protocol.errors import NotFound, StopdeskError
 
 
 def error_response(exc: StopdeskError) -> JsonResponse:
     response = JsonResponse(exc.to_json(), status=exc.status)
-    if isinstance(exc, Unauthorized):
-        response["WWW-Authenticate"] = 'Bearer realm="stopdesk"'
-    if isinstance(exc, MethodNotAllowed):
-        response["Allow"] = ", ".join(exc.extra.get("allow", []))
+    for name, value in exc.headers():
+        response[name] = value
     return response
 
 

@@ -27,6 +27,10 @@ class StopdeskError(Exception):
         body.update(self.extra)
         return body
 
+    def headers(self) -> list[tuple[str, str]]:
+        """The HTTP headers this refusal is answered with, beside its JSON body."""
+        return []
+
 
 class StopRequested(StopdeskError):
     """Stop was requested for the task. Raised by start() and submit() (the item did not start
@@ -72,10 +76,16 @@ class MethodNotAllowed(StopdeskError):
     status = 405
     code = "method_not_allowed"
 
+    def headers(self) -> list[tuple[str, str]]:
+        return [("Allow", ", ".join(self.extra.get("allow", [])))]
+
 
 class Unauthorized(StopdeskError):
     status = 401
     code = "unauthorized"
+
+    def headers(self) -> list[tuple[str, str]]:
+        return [("WWW-Authenticate", 'Bearer realm="stopdesk"')]
 
 
 class NotFound(StopdeskError):

@@ -56,8 +56,16 @@ from django.db import close_old_connections
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from stopdesk.asgi_io import read_body, request_headers, send_json
 from stopdesk.models import Task
-from stopdesk.protocol.errors import InvalidRequest, MalformedRequest, MethodNotAllowed, NotFound, StopdeskError
+from stopdesk.protocol.errors import (
+    InvalidRequest,
+    MalformedRequest,
+    MethodNotAllowed,
+    NotFound,
+    StopdeskError,
+    Unauthorized,
+)
 from stopdesk.protocol.ids import path_id
 from stopdesk.protocol.types import StopWatchInfo
 from stopdesk.push.hub import resolve, stop_hub
@@ -163,7 +171,7 @@ def elsewhere(watch_url: str, task_id: str | None, query: str) -> JsonResponse:
 
 
 async def asgi_watch(scope: dict[str, Any], receive: Any, send: Any, task_id: str) -> None:
-    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+    headers = request_headers(scope)
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
     request = asyncio.ensure_future(
         answer(
@@ -193,20 +201,14 @@ async def _answer_unless_gone(
 
 
 async def _send_json(send: Any, status: int, body: dict[str, Any], allow: str) -> None:
-    extra = []
-    if status == 401:
-        extra.append((b"www-authenticate", b'Bearer realm="stopdesk"'))
-    if status == 405:
-        extra.append((b"allow", allow.encode()))
-    await send(
-        {"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json"), *extra]}
-    )
-    await send({"type": "http.response.body", "body": json.dumps(body).encode()})
+    # The refusal's own headers, as Django's door sends them (`StopdeskError.headers`).
+    refusal = {401: Unauthorized(""), 405: MethodNotAllowed("", allow=[allow])}.get(status)
+    await send_json(send, status, body, refusal.headers() if refusal is not None else ())
 
 
 async def asgi_watch_many(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-    body = await _body(receive)
+    headers = request_headers(scope)
+    body = await read_body(receive)
     if body is None:
         return  # the client left before sending its request
     authorization = headers.get("authorization", "")
@@ -300,17 +302,6 @@ def _pushed_line(pushed: list[StopWatchInfo], woken: asyncio.Event, info: StopWa
 async def _send_line(send: Any, stopped: list[StopWatchInfo]) -> None:
     line = json.dumps(_stopped_body(stopped)).encode() + b"\n"
     await send({"type": "http.response.body", "body": line, "more_body": True})
-
-
-async def _body(receive: Any) -> bytes | None:
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            return b"".join(chunks)
 
 
 async def _disconnected(receive: Any) -> None:
