@@ -64,7 +64,6 @@ from stopdesk.protocol.errors import (
     MethodNotAllowed,
     NotFound,
     StopdeskError,
-    Unauthorized,
 )
 from stopdesk.protocol.ids import path_id
 from stopdesk.protocol.types import StopWatchInfo
@@ -86,34 +85,39 @@ _db = ThreadPoolExecutor(max_workers=DB_THREADS, thread_name_prefix="stopdesk-wa
 SERVER_ERROR = {"error": "server_error", "detail": "Internal error; nothing was written."}
 
 
-async def answer(*, method: str, authorization: str, task_id: str, timeout: str | None) -> tuple[int, dict[str, Any]]:
-    """The status and JSON body for one watch request, whichever server it came through."""
+# A watch's answer, whichever server it goes through: its status, JSON body and headers (a
+# refusal's own, `StopdeskError.headers`).
+Answer = tuple[int, dict[str, Any], list[tuple[str, str]]]
+
+
+async def answer(*, method: str, authorization: str, task_id: str, timeout: str | None) -> Answer:
+    """The answer to one watch request, whichever server it came through."""
     try:
         if method != "GET":
             raise MethodNotAllowed("Use GET here.", allow=["GET"])
         seconds = _timeout(timeout)
         pk = path_id(task_id, "task_id")
-        return 200, (await _watch(authorization, pk, seconds)).to_json()
+        return 200, (await _watch(authorization, pk, seconds)).to_json(), []
     except StopdeskError as exc:
-        return exc.status, exc.to_json()
+        return exc.status, exc.to_json(), exc.headers()
     except Exception:
         log.exception("stop watch for task %s failed", task_id)
-        return 500, SERVER_ERROR
+        return 500, SERVER_ERROR, []
 
 
-async def answer_many(*, method: str, authorization: str, body: bytes) -> tuple[int, dict[str, Any]]:
-    """The status and JSON body for one watch of many tasks, whichever server it came through."""
+async def answer_many(*, method: str, authorization: str, body: bytes) -> Answer:
+    """The answer to one watch of many tasks, whichever server it came through."""
     try:
         if method != "POST":
             raise MethodNotAllowed("Use POST here.", allow=["POST"])
         tasks, seconds, _ = _many_request(body)  # one answer here, streamed or not (the WSGI door)
         stopped = await _watch_many(authorization, tasks, seconds)
-        return 200, _stopped_body(stopped)
+        return 200, _stopped_body(stopped), []
     except StopdeskError as exc:
-        return exc.status, exc.to_json()
+        return exc.status, exc.to_json(), exc.headers()
     except Exception:
         log.exception("stop watch of many tasks failed")
-        return 500, SERVER_ERROR
+        return 500, SERVER_ERROR, []
 
 
 def _stopped_body(stopped: list[StopWatchInfo]) -> dict[str, Any]:
@@ -126,23 +130,23 @@ async def watch_stop(request: HttpRequest, task_id: str) -> JsonResponse:
     # no thread, so the web door answers it itself; only a watch that waits goes to the watch server.
     if settings.STOPDESK_WATCH_URL and request.method == "GET" and not _no_wait(request.GET.get("timeout")):
         return elsewhere(settings.STOPDESK_WATCH_URL, task_id, request.META.get("QUERY_STRING", ""))
-    status, body = await answer(
+    status, body, headers = await answer(
         method=request.method or "",
         authorization=request.headers.get("Authorization", ""),
         task_id=task_id,
         timeout=request.GET.get("timeout"),
     )
-    return _json_response(status, body)
+    return _json_response(status, body, headers)
 
 
 @csrf_exempt
 async def watch_many(request: HttpRequest) -> JsonResponse:
     if settings.STOPDESK_WATCH_URL and request.method == "POST":
         return elsewhere(settings.STOPDESK_WATCH_URL, None, "")
-    status, body = await answer_many(
+    status, body, headers = await answer_many(
         method=request.method or "", authorization=request.headers.get("Authorization", ""), body=request.body
     )
-    return _json_response(status, body, allow="POST")
+    return _json_response(status, body, headers)
 
 
 def _no_wait(timeout: str | None) -> bool:
@@ -184,9 +188,7 @@ async def asgi_watch(scope: dict[str, Any], receive: Any, send: Any, task_id: st
     await _answer_unless_gone(request, receive, send)
 
 
-async def _answer_unless_gone(
-    request: asyncio.Future[tuple[int, dict[str, Any]]], receive: Any, send: Any, allow: str = "GET"
-) -> None:
+async def _answer_unless_gone(request: asyncio.Future[Answer], receive: Any, send: Any) -> None:
     gone: asyncio.Future[Any] = asyncio.ensure_future(_disconnected(receive))
     waits: list[asyncio.Future[Any]] = [request, gone]
     await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -196,14 +198,7 @@ async def _answer_unless_gone(
             await request
         return
     gone.cancel()
-    status, body = request.result()
-    await _send_json(send, status, body, allow)
-
-
-async def _send_json(send: Any, status: int, body: dict[str, Any], allow: str) -> None:
-    # The refusal's own headers, as Django's door sends them (`StopdeskError.headers`).
-    refusal = {401: Unauthorized(""), 405: MethodNotAllowed("", allow=[allow])}.get(status)
-    await send_json(send, status, body, refusal.headers() if refusal is not None else ())
+    await send_json(send, *request.result())
 
 
 async def asgi_watch_many(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -217,7 +212,7 @@ async def asgi_watch_many(scope: dict[str, Any], receive: Any, send: Any) -> Non
         await _stream_many(authorization, *streamed, receive, send)
         return
     request = asyncio.ensure_future(answer_many(method=scope.get("method", ""), authorization=authorization, body=body))
-    await _answer_unless_gone(request, receive, send, allow="POST")
+    await _answer_unless_gone(request, receive, send)
 
 
 def _stream_asked(body: bytes) -> tuple[list[int], float] | None:
@@ -261,11 +256,11 @@ async def _stream_many(authorization: str, tasks: list[int], seconds: float, rec
         try:
             stopped = first.result()
         except StopdeskError as exc:
-            await _send_json(send, exc.status, exc.to_json(), "POST")
+            await send_json(send, exc.status, exc.to_json(), exc.headers())
             return
         except Exception:
             log.exception("stop watch of many tasks failed")
-            await _send_json(send, 500, SERVER_ERROR, "POST")
+            await send_json(send, 500, SERVER_ERROR)
             return
         await send({"type": "http.response.start", "status": 200, "headers": STREAM_HEADERS})
         await _send_line(send, stopped)  # even empty: the client knows its tasks are watched
@@ -486,12 +481,10 @@ def _many_request(raw: bytes) -> tuple[list[int], float, bool]:
     return list(dict.fromkeys(tasks)), _timeout(None if timeout is None else str(timeout)), stream
 
 
-def _json_response(status: int, body: dict[str, Any], *, allow: str = "GET") -> JsonResponse:
+def _json_response(status: int, body: dict[str, Any], headers: list[tuple[str, str]]) -> JsonResponse:
     response = JsonResponse(body, status=status)
-    if status == 401:
-        response["WWW-Authenticate"] = 'Bearer realm="stopdesk"'
-    if status == 405:
-        response["Allow"] = allow
+    for name, value in headers:
+        response[name] = value
     return response
 
 
