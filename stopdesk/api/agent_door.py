@@ -7,7 +7,8 @@ agent's path but competing with it for the machine. Served by Django (`stopdesk.
 pays Django's request path, about as much again as the ledger's own work. Here each is the
 ledger's statements on a connection of this loop's own: the token's read, then the boundary's one
 statement (`item_register_started_async`) with the Idempotency-Key's stored answer, or each
-running item's result in one statement (`item_close_running_held_async`), in one transaction. The
+running item's result in one statement (`item_close_running_of_runtime_async`), in one
+transaction, and then the settle check of a task no run holds open (`tasks_settle_async`). The
 clients send them here once they know the watch server (`watch_url`, or the web door's 307 for a
 watch), and to the web door before.
 
@@ -15,7 +16,7 @@ The same request gets the same answer at both doors. What the door reads before 
 token, the path's id, the key, the body) is refused here with the errors Django's view gives
 (`stopdesk.api.reading`, the same schemas). Every other case that is not plain — a task stopped,
 closed or not this runtime's, a parent named, a readiness policy, a repeated Idempotency-Key, a
-late result or a "stopped" report, a result after which the task may have settled, SQLite — has
+late result or a "stopped" report, SQLite — has
 written nothing here (the transaction is rolled back) and goes on to Django's view in this process,
 which answers it as the web door does (its WSGI handler, on a few threads of the door's own:
 Django's ASGI handler would give each request a thread, and so a database connection, of its
@@ -49,7 +50,7 @@ from stopdesk.protocol.types import ResultInfo, ResultsInfo, StartedInfo
 from stopdesk.services.items import item_register_started_async
 from stopdesk.services.runtimes import runtime_for_async
 from stopdesk.services.sql import close_thread_connections, fetchone_async, is_postgres, loop_connection_params
-from stopdesk.services.transitions import item_close_running_held_async
+from stopdesk.services.transitions import item_close_running_of_runtime_async, tasks_settle_async
 from stopdesk.tracing import server_span
 
 log = logging.getLogger(__name__)
@@ -210,14 +211,18 @@ async def _registered(
 async def _closed(
     conn: psycopg.AsyncConnection[Any], runtime: Any, rows: list[tuple[int, str, str, int | None]]
 ) -> None:
-    """Each running item's result in one statement, all in one transaction, each with its task held
-    open by the run that sent it (so no settle check is due). Any other result (a "stopped" report,
-    a late result, an item not running or not this runtime's, a run's own end) is Django's, with the
-    others: the request is all or nothing there as here."""
+    """Each running item's result in one statement, all in one transaction; then, once committed,
+    whether the tasks that no run holds open have settled (a run's own end, most often), as
+    Django's view checks after its commit. Any other result (a "stopped" report, a late result, an
+    item not running or not this runtime's) is Django's, with the others: the request is all or
+    nothing there as here."""
     actor = _actor(runtime)
+    unheld: set[int] = set()
     async with _transaction(conn):
         for item_id, status, detail, open_item in rows:
-            if status not in ("completed", "failed") or not await item_close_running_held_async(
+            if status not in ("completed", "failed"):
+                raise _Elsewhere
+            written = await item_close_running_of_runtime_async(
                 conn,
                 item_id=item_id,
                 succeeded=status == "completed",
@@ -225,8 +230,18 @@ async def _closed(
                 outcome=detail,
                 runtime_id=runtime.pk,
                 open_item=open_item,
-            ):
+            )
+            if written is None:
                 raise _Elsewhere
+            task_id, held_open = written
+            if not held_open:
+                unheld.add(task_id)
+    try:
+        await tasks_settle_async(conn, unheld)
+    except Exception:
+        # The results are committed, and the answer says so; the sweep (`tasks_settle_sweep`)
+        # settles a task whose check failed here.
+        log.exception("agent door: the settle check of tasks %s failed after their results", sorted(unheld))
 
 
 def _actor(runtime: Any) -> str:

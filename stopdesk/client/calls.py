@@ -156,12 +156,12 @@ def write_results(results: list[dict[str, Any]]) -> Call[ResultsInfo]:
 
 
 def _door_writes(result: dict[str, Any]) -> bool:
-    """Whether the watch server writes this result itself: a call's result ("completed" or
-    "failed") with the run that sent it holding its task open. Any other (a "stopped" report, a
-    run's own end) is Django's work, which the watch server would hand to threads beside the event
-    loop that carries Stop to every watcher: a Stop of hundreds of tasks, each run reporting its
-    end, then slowed the Stops still on their way. Those go to the web door."""
-    return result.get("status") in ("completed", "failed") and result.get("open_item") is not None
+    """Whether the watch server writes this result itself: a "completed" or "failed" result (a
+    call's, or a run's own end, whose task it then checks for settled). A "stopped" report is
+    Django's work, which the watch server would hand to threads beside the event loop that carries
+    Stop to every watcher: a Stop of hundreds of tasks, each run reporting its end, then slowed
+    the Stops still on their way. Those go to the web door."""
+    return result.get("status") in ("completed", "failed")
 
 
 def report_stopped(item_id: int, *, detail: str) -> Call[ItemInfo]:

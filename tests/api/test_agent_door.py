@@ -245,8 +245,12 @@ RESULT_CASES = [
     ResultCase("no results", lambda ids: {"results": []}, served_by_door=True),
     ResultCase("an unknown status", _one("exploded"), served_by_door=True),
     ResultCase("not an item id", lambda ids: {"status": "completed"}, path="/items/abc/result", served_by_door=True),
-    ResultCase("a result without its run (the task may settle)", _one()),
-    ResultCase("the run's own end", lambda ids: {"results": [{"item": ids["run"], "status": "completed"}]}),
+    ResultCase("a result without its run (the task may settle)", _one(), served_by_door=True),
+    ResultCase(
+        "the run's own end",
+        lambda ids: {"results": [{"item": ids["run"], "status": "completed"}]},
+        served_by_door=True,
+    ),
     ResultCase("a stopped report", _one("stopped")),
     ResultCase(
         "a result and a stopped report together",
@@ -474,9 +478,10 @@ class WhereServed:
 
 
 def test_the_door_gets_the_results_it_writes_itself_and_the_web_door_the_rest(door, live_server, runtime_token):
-    """A call's result goes to the watch server, which writes it on its event loop; a "stopped"
-    report and a run's own end, which are Django's work, go to the web door, so a Stop of hundreds
-    of runs, each reporting its end, does not load the server carrying Stop to the watchers."""
+    """A call's result and a run's own end go to the watch server, which writes them on its event
+    loop (and then settles the task); a "stopped" report, which is Django's work, goes to the web
+    door, so a Stop of hundreds of runs, each reporting its end, does not load the server carrying
+    Stop to the watchers."""
     runtime, token = runtime_token
     task = task_create(title="Look Acme up", actor="test", runtime=runtime)
     run, done, stopped = (
@@ -498,9 +503,14 @@ def test_the_door_gets_the_results_it_writes_itself_and_the_web_door_the_rest(do
                 served.append((where.handed_on - before[0], where.web_door - before[1]))
     finally:
         request_started.disconnect(where)
-    assert served == [(0, 0), (0, 1), (0, 1)]  # at the door, its own; then each at the web door
+    assert served == [
+        (0, 0),
+        (0, 1),
+        (0, 0),
+    ]  # at the door, a result; at the web door, the report; the end, at the door
     states = dict(WorkItem.objects.filter(task=task).values_list("pk", "state"))
     assert states == {done: S.COMPLETED, stopped: S.CANCELLED, run: S.COMPLETED}
+    assert Task.objects.get(pk=task.pk).settled_at is not None  # checked by the door once the run's end committed
 
 
 @pytest.mark.parametrize("client", ["sync", "async"])

@@ -36,12 +36,12 @@ from stopdesk.services.transitions.boundary import (
 )
 from stopdesk.services.transitions.gate import task_gate_exclusive, task_gate_shared
 from stopdesk.services.transitions.sets import NOW, Row, Schedule, items_move, items_schedule
-from stopdesk.services.transitions.settled import tasks_settle_sweep
+from stopdesk.services.transitions.settled import tasks_settle_async, tasks_settle_sweep
 from stopdesk.services.transitions.single import (
     FIELDS,
     item_close_running,
     item_close_running_async,
-    item_close_running_held_async,
+    item_close_running_of_runtime_async,
     item_late_result,
     item_late_result_record,
     item_transition,
@@ -57,7 +57,7 @@ __all__ = [
     "Schedule",
     "item_close_running",
     "item_close_running_async",
-    "item_close_running_held_async",
+    "item_close_running_of_runtime_async",
     "item_late_result",
     "item_late_result_record",
     "item_observed_started",
@@ -71,5 +71,6 @@ __all__ = [
     "task_gate_exclusive",
     "task_gate_shared",
     "task_settle_check",
+    "tasks_settle_async",
     "tasks_settle_sweep",
 ]

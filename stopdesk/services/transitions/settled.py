@@ -20,6 +20,7 @@ task row while the UPDATE waited for it is seen by a second look with a fresh sn
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, Q
@@ -29,6 +30,9 @@ from stopdesk.models import Event, Task, WorkItem
 from stopdesk.services.events import event_record
 from stopdesk.services.sql import is_postgres
 from stopdesk.states import SETTLED, ItemState
+
+if TYPE_CHECKING:
+    import psycopg
 
 S = ItemState
 UNSETTLED = (S.QUEUED, S.RUNNING, S.AWAITING_RECONCILIATION)
@@ -65,31 +69,45 @@ def tasks_settle(*, task_ids: Iterable[int] | None = None, items_where: Q | None
         if not ids:
             return []
         tasks_sql, tasks_params = Task.objects.filter(pk__in=ids).values("pk").query.sql_with_params()
-    postgres = is_postgres()
-    update = _SETTLE_SQL.format(tasks=tasks_sql, unsettled_none=_UNSETTLED_NONE[connection.vendor])
-    params = [timezone.now(), *tasks_params, *([list(UNSETTLED)] if postgres else UNSETTLED)]
-    with connection.cursor() as cursor:
-        if postgres:
-            # The UPDATE and its events in one statement, as the set-based moves do.
-            cursor.execute(
-                f"""WITH settled AS ({update})
-                INSERT INTO stopdesk_event (at, task_id, item_id, kind, actor, from_state, to_state, message, data)
-                SELECT settled_at, id, NULL, 'task_settled', %s, '', '', %s, '{{}}'::jsonb FROM settled
-                ORDER BY id  -- ids in task order, as the moves write theirs
-                RETURNING task_id""",
-                [*params, ACTOR, MESSAGE],
-            )
+    if is_postgres():
+        with connection.cursor() as cursor:
+            cursor.execute(*_settle_statement(tasks_sql, list(tasks_params)))
             return [row[0] for row in cursor.fetchall()]
-        with transaction.atomic():
-            cursor.execute(update, params)
-            written = cursor.fetchall()
-            Event.objects.bulk_create(
-                [
-                    Event(at=at, task_id=task_id, kind="task_settled", actor=ACTOR, message=MESSAGE)
-                    for task_id, at in written
-                ]
-            )
+    update = _SETTLE_SQL.format(tasks=tasks_sql, unsettled_none=_UNSETTLED_NONE[connection.vendor])
+    params = [timezone.now(), *tasks_params, *UNSETTLED]
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(update, params)
+        written = cursor.fetchall()
+        Event.objects.bulk_create(
+            [
+                Event(at=at, task_id=task_id, kind="task_settled", actor=ACTOR, message=MESSAGE)
+                for task_id, at in written
+            ]
+        )
     return [row[0] for row in written]
+
+
+def _settle_statement(tasks_sql: str, tasks_params: list[Any]) -> tuple[str, list[Any]]:
+    """PostgreSQL's check: the UPDATE and its events in one statement, as the set-based moves do."""
+    update = _SETTLE_SQL.format(tasks=tasks_sql, unsettled_none=_UNSETTLED_NONE["postgresql"])
+    statement = f"""WITH settled AS ({update})
+        INSERT INTO stopdesk_event (at, task_id, item_id, kind, actor, from_state, to_state, message, data)
+        SELECT settled_at, id, NULL, 'task_settled', %s, '', '', %s, '{{}}'::jsonb FROM settled
+        ORDER BY id  -- ids in task order, as the moves write theirs
+        RETURNING task_id"""
+    return statement, [timezone.now(), *tasks_params, list(UNSETTLED), ACTOR, MESSAGE]
+
+
+async def tasks_settle_async(conn: psycopg.AsyncConnection[Any], task_ids: Iterable[int]) -> list[int]:
+    """`tasks_settle` of the given tasks on an asyncio caller's own connection (autocommit), once
+    the caller's move has committed (the agent door's results): PostgreSQL's same statement."""
+    ids = sorted(set(task_ids))
+    if not ids:
+        return []
+    statement, params = _settle_statement("SELECT unnest(%s::bigint[])", [ids])
+    async with conn.cursor() as cursor:
+        await cursor.execute(statement, params)
+        return [row[0] for row in await cursor.fetchall()]
 
 
 def tasks_settle_sweep(*, after: int = 0, scan: int = 2000) -> tuple[list[int], int]:

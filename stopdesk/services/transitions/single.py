@@ -234,7 +234,7 @@ async def item_close_running_async(
     return await fetchone_async(conn, _CLOSE_RUNNING_SQL, params) is not None
 
 
-async def item_close_running_held_async(
+async def item_close_running_of_runtime_async(
     conn: psycopg.AsyncConnection[Any],
     *,
     item_id: int,
@@ -243,15 +243,15 @@ async def item_close_running_held_async(
     outcome: str,
     runtime_id: int,
     open_item: int | None,
-) -> bool:
+) -> tuple[int, bool] | None:
     """`item_close_running` of a runtime's item, on an asyncio caller's own connection inside the
-    caller's transaction (the agent door's): True once written with its task held open by
-    `open_item` (so no settle check is due); False when it wrote nothing, or when the task is not
-    held open. The caller then rolls its transaction back and reports through `item_close_running`
-    in a thread, which knows late results and checks whether the task settled."""
+    caller's transaction (the agent door's): its task, and whether `open_item` holds that task open;
+    None when it wrote nothing (the caller then rolls its transaction back and reports through
+    `item_close_running` in a thread, which knows late results). A task not held open is checked
+    by the caller once its transaction has committed (`tasks_settle_async`)."""
     params = _close_running_params(item_id, succeeded, actor, outcome, runtime_id, open_item, None)
     row = await fetchone_async(conn, _CLOSE_RUNNING_SQL, params)
-    return row is not None and bool(row[1])
+    return None if row is None else (int(row[0]), bool(row[1]))
 
 
 def _close_running_params(
