@@ -16,11 +16,10 @@ The same request gets the same answer at both doors. What the door reads before 
 token, the path's id, the key, the body) is refused here with the errors Django's view gives
 (`stopdesk.api.reading`, the same schemas). Every other case that is not plain — a task stopped,
 closed or not this runtime's, a parent named, a readiness policy, a repeated Idempotency-Key, a
-late result or a "stopped" report, SQLite — has
-written nothing here (the transaction is rolled back) and goes on to Django's view in this process,
-which answers it as the web door does (its WSGI handler, on a few threads of the door's own:
-Django's ASGI handler would give each request a thread, and so a database connection, of its
-own)."""
+late result or a "stopped" report, SQLite — has written nothing here (the transaction is rolled
+back) and goes on to Django's view in this process, which answers it as the web door does (its
+WSGI handler, on a few threads of the door's own: Django's ASGI handler would give each request a
+thread, and so a database connection, of its own)."""
 
 from __future__ import annotations
 
