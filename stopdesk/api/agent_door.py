@@ -5,10 +5,12 @@ and model request (registered, and through the boundary), so its cost is the age
 `POST /api/v1/results` and `POST /api/v1/items/{item_id}/result` carry the calls' results, off the
 agent's path but competing with it for the machine. Served by Django (`stopdesk.api.views`) each
 pays Django's request path, about as much again as the ledger's own work. Here each is the
-ledger's statements on a connection of this loop's own: the token's read, then the boundary's one
-statement (`item_register_started_async`) with the Idempotency-Key's stored answer, or each
-running item's result in one statement (`item_close_running_of_runtime_async`), in one
-transaction, and then the settle check of a task no run holds open (`tasks_settle_async`). The
+ledger's statements on a connection of this loop's own: the token's read (once: a token read
+before is checked inside the statements that follow, `_runtime`), then the boundary's one
+statement (`item_register_started_async`), which also stores the Idempotency-Key's answer (one
+statement, its own commit), or each running item's result in one statement
+(`item_close_running_of_runtime_async`), in one transaction, and then the settle check of a task
+no run holds open (`tasks_settle_async`). The
 clients send them here once they know the watch server (`watch_url`, or the web door's 307 for a
 watch), and to the web door before.
 
@@ -40,16 +42,22 @@ from psycopg_pool import AsyncConnectionPool
 
 from stopdesk.agent import schemas
 from stopdesk.agent.runtime import LocalRuntime
-from stopdesk.api.idempotency import STORE_ANSWER_SQL, request_fingerprint
+from stopdesk.api.idempotency import STORE_STARTED_ANSWER_SQL, request_fingerprint
 from stopdesk.api.reading import MAX_BODY_BYTES, json_body, request_key, too_large
 from stopdesk.asgi_io import read_body, request_headers, send_json
+from stopdesk.models import Runtime
 from stopdesk.protocol.errors import PayloadTooLarge, StopdeskError
 from stopdesk.protocol.ids import path_id
 from stopdesk.protocol.types import ResultInfo, ResultsInfo, StartedInfo
 from stopdesk.services.items import item_register_started_async
-from stopdesk.services.runtimes import runtime_for_async
-from stopdesk.services.sql import close_thread_connections, fetchone_async, is_postgres, loop_connection_params
-from stopdesk.services.transitions import item_close_running_of_runtime_async, tasks_settle_async
+from stopdesk.services.runtimes import bearer_token, runtime_for_async
+from stopdesk.services.sql import (
+    TokenHeld,
+    close_thread_connections,
+    is_postgres,
+    loop_connection_params,
+)
+from stopdesk.services.transitions import Then, item_close_running_of_runtime_async, tasks_settle_async
 from stopdesk.tracing import server_span
 
 log = logging.getLogger(__name__)
@@ -64,6 +72,11 @@ COMMIT_UNKNOWN = {
     "error": "commit_unknown",
     "detail": "The database did not confirm the commit: send the request again with the same Idempotency-Key.",
 }
+
+# The runtimes of the tokens this door has read, by the token's hash (`_runtime`), the first read
+# forgotten first past this many.
+TOKENS_REMEMBERED = 1024
+_tokens: dict[str, Runtime] = {}
 
 # The threads that run Django's view for what is not a plain registration.
 DJANGO_THREADS = 4
@@ -132,34 +145,68 @@ async def _door(
 async def _register(headers: dict[str, str], body: bytes, task: str) -> dict[str, Any]:
     """The registration's answer (StartedInfo's JSON), the request read in the order Django's view
     reads it: raises what it refuses there, or _Elsewhere having written nothing."""
-    async with _connection() as conn:
-        runtime = await runtime_for_async(conn, headers.get("authorization", ""))
+    async with _connection() as conn, _runtime(conn, headers) as (runtime, held):
         task_id = path_id(task, "task_id")
         key = request_key(headers.get("idempotency-key"))
         args = schemas.RegisterStarted.parse(_json(headers, body))
         if args.parent is not None:
             raise _Elsewhere  # the parent's task is checked first, with the ORM
-        return await _registered(conn, runtime, task_id, key, args)
+        return await _registered(conn, runtime, held, task_id, key, args)
 
 
 async def _results(headers: dict[str, str], body: bytes) -> dict[str, Any]:
     """Several results (ResultsInfo's JSON), as `_register` reads a registration."""
-    async with _connection() as conn:
-        runtime = await runtime_for_async(conn, headers.get("authorization", ""))
+    async with _connection() as conn, _runtime(conn, headers) as (runtime, held):
         args = schemas.WriteResults.parse(_json(headers, body))
         rows = [(r.item, r.status, r.detail, r.open_item) for r in args.results]
-        await _closed(conn, runtime, rows)
+        await _closed(conn, runtime, held, rows)
         return ResultsInfo(items=[result.item for result in args.results]).to_json()
 
 
 async def _result(headers: dict[str, str], body: bytes, item: str) -> dict[str, Any]:
     """One result (ResultInfo's JSON), as `_register` reads a registration."""
-    async with _connection() as conn:
-        runtime = await runtime_for_async(conn, headers.get("authorization", ""))
+    async with _connection() as conn, _runtime(conn, headers) as (runtime, held):
         item_id = path_id(item, "item_id")
         args = schemas.FinishFast.parse(_json(headers, body))
-        await _closed(conn, runtime, [(item_id, args.status, args.detail, args.open_item)])
+        await _closed(conn, runtime, held, [(item_id, args.status, args.detail, args.open_item)])
         return ResultInfo(item=item_id, status=args.status).to_json()
+
+
+@contextlib.asynccontextmanager
+async def _runtime(
+    conn: psycopg.AsyncConnection[Any], headers: dict[str, str]
+) -> AsyncIterator[tuple[Runtime, TokenHeld | None]]:
+    """The request's runtime. A token this door has not read yet is read first, as Django's view
+    reads it. A token read before is remembered (`_tokens`), and the ledger's statements then check
+    in themselves that its runtime still holds it (`TokenHeld`): the read skipped, a round trip
+    on every registration, is made in the write's own statement, so a token revoked or rotated
+    before it is refused, as a read would refuse it. A request refused on its input (a bad body,
+    path or key) reads the token then, before its refusal, so a revoked token is refused as such,
+    first, as at the web door; a request handed to Django forgets the token (Django reads it)."""
+    authorization = headers.get("authorization", "")
+    token = bearer_token(authorization)
+    token_hash = Runtime.hash_token(token) if token else ""
+    known = _tokens.get(token_hash) if token_hash else None
+    if known is None:
+        runtime = await runtime_for_async(conn, authorization)
+        _remember(token_hash, runtime)
+        yield runtime, None
+        return
+    try:
+        yield known, TokenHeld(token_hash, known.name)
+    except _Elsewhere:
+        _tokens.pop(token_hash, None)
+        raise
+    except StopdeskError:
+        _tokens.pop(token_hash, None)
+        _remember(token_hash, await runtime_for_async(conn, authorization))  # its Unauthorized comes first
+        raise
+
+
+def _remember(token_hash: str, runtime: Runtime) -> None:
+    _tokens[token_hash] = runtime
+    while len(_tokens) > TOKENS_REMEMBERED:
+        _tokens.pop(next(iter(_tokens)))  # the one remembered first
 
 
 def _json(headers: dict[str, str], body: bytes) -> dict[str, Any]:
@@ -187,28 +234,56 @@ class _CommitUnknown(Exception):
 
 
 async def _registered(
-    conn: psycopg.AsyncConnection[Any], runtime: Any, task_id: int, key: str | None, args: schemas.RegisterStarted
+    conn: psycopg.AsyncConnection[Any],
+    runtime: Any,
+    held: TokenHeld | None,
+    task_id: int,
+    key: str | None,
+    args: schemas.RegisterStarted,
 ) -> dict[str, Any]:
-    """The one statement, and the answer stored under the key, in one transaction."""
-    async with _transaction(conn):
-        item_id = await item_register_started_async(
-            conn, task_id=task_id, actor=_actor(runtime), runtime_id=runtime.pk, **args.model_dump()
+    """The registration and the answer stored under the key in one statement, on a connection in
+    autocommit: that statement is its commit. A key stored already fails it whole (Django then
+    replays the first answer)."""
+    then = None
+    if key is not None:
+        answer_but_id = {k: v for k, v in StartedInfo(id=0, task=task_id).to_json().items() if k != "id"}
+        then = Then(
+            STORE_STARTED_ANSWER_SQL,
+            {
+                "then_runtime": runtime.pk,
+                "then_key": key,
+                "then_endpoint": OPERATION.format(task_id=task_id),
+                "then_answer": json.dumps(answer_but_id),
+                "then_fingerprint": request_fingerprint(args),
+            },
         )
-        if item_id is None:
-            raise _Elsewhere  # no such task of this runtime: Django's NotFound
-        answer = StartedInfo(id=item_id, task=task_id).to_json()
-        if key is not None:
-            scope = OPERATION.format(task_id=task_id)
-            stored = await fetchone_async(
-                conn, STORE_ANSWER_SQL, [runtime.pk, key, scope, json.dumps(answer), request_fingerprint(args)]
-            )
-            if stored is None:
-                raise _Elsewhere  # a repeat (or its twin committed first): Django replays the answer
-    return answer
+    try:
+        item_id = await item_register_started_async(
+            conn,
+            task_id=task_id,
+            actor=_actor(runtime),
+            runtime_id=runtime.pk,
+            held=held,
+            then=then,
+            **args.model_dump(),
+        )
+    except Exception as exc:
+        if conn.broken:
+            # The connection was lost with the statement sent: it may have committed.
+            raise _CommitUnknown from exc
+        # A refusal of the ledger's (stopped, closed, held, a declaration it refuses) before the
+        # statement, or the database's refusal of it (a key stored already): nothing written.
+        raise _Elsewhere from exc
+    if item_id is None:
+        raise _Elsewhere  # no such task of this runtime: Django's NotFound
+    return StartedInfo(id=item_id, task=task_id).to_json()
 
 
 async def _closed(
-    conn: psycopg.AsyncConnection[Any], runtime: Any, rows: list[tuple[int, str, str, int | None]]
+    conn: psycopg.AsyncConnection[Any],
+    runtime: Any,
+    held: TokenHeld | None,
+    rows: list[tuple[int, str, str, int | None]],
 ) -> None:
     """Each running item's result in one statement, all in one transaction; then, once committed,
     whether the tasks that no run holds open have settled (a run's own end, most often), as
@@ -229,6 +304,7 @@ async def _closed(
                 outcome=detail,
                 runtime_id=runtime.pk,
                 open_item=open_item,
+                held=held,
             )
             if written is None:
                 raise _Elsewhere

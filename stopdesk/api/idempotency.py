@@ -102,6 +102,17 @@ RETURNING id
 """
 
 
+# The answer of a registration stored by the registration's own statement (`Then`: the agent
+# door's), from the new item `i`: a plain INSERT, so a key already stored fails the whole statement,
+# which then wrote nothing (the web door then answers with the first answer).
+STORE_STARTED_ANSWER_SQL = """
+INSERT INTO stopdesk_apiidempotency (runtime_id, key, endpoint, status, body, fingerprint, created_at)
+SELECT %(then_runtime)s::bigint, %(then_key)s::text, %(then_endpoint)s::text, 200,
+       %(then_answer)s::jsonb || jsonb_build_object('id', i.id), %(then_fingerprint)s::text, now()
+FROM i
+"""
+
+
 def _replay_rolled_back[T: (TaskInfo, ItemInfo, RecordInfo, StartedInfo)](
     kind: type[T], seen: ApiIdempotency, fingerprint: str
 ) -> T:

@@ -28,10 +28,11 @@ from stopdesk.services.errors import (
     UnknownMechanism,
 )
 from stopdesk.services.events import event_record
-from stopdesk.services.sql import ClockNow, is_postgres
+from stopdesk.services.sql import ClockNow, TokenHeld, is_postgres
 from stopdesk.services.transitions import (
     Hold,
     Refused,
+    Then,
     item_late_result,
     item_observed_started,
     item_register_pass,
@@ -212,13 +213,16 @@ async def item_register_started_async(
     hold: Hold | None = None,
     runtime_id: int | None = None,
     lease_seconds: int | None = None,
+    held: TokenHeld | None = None,
+    then: Then | None = None,
     **fields: Any,
 ) -> int | None:
     """`item_register_started` for an asyncio caller on a connection of its own: the MCP gateway's
     loop, which then waits for no thread on a call's way upstream, and the agent door's. The same
     one statement with the same answers (the item id, None for no such task, of the runtime
-    `runtime_id` when given, Held, TaskClosed); NotInOneStatement where that statement is not the
-    whole registration."""
+    `runtime_id` when given, or when that runtime no longer holds the token `held`, Held,
+    TaskClosed); NotInOneStatement where that statement is not the whole registration. `then`: a
+    write of the caller's made by the same statement (`Then`)."""
     spec = _spec(fields)
     if not is_postgres() or spec.parent is not None or _readiness_on():
         raise NotInOneStatement
@@ -234,6 +238,8 @@ async def item_register_started_async(
             hold=hold,
             runtime_id=runtime_id,
             lease_seconds=lease_seconds,
+            held=held,
+            then=then,
         )
     except Refused:
         raise NotInOneStatement from None

@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -30,6 +31,29 @@ class ClockNow(Func):
 
     def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, tuple[Any, ...]]:  # type: ignore[override]
         return "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')", ()
+
+
+@dataclass(frozen=True)
+class TokenHeld:
+    """A runtime's token as a caller read it earlier (the agent door remembers the tokens it has
+    read): a statement given it checks, in itself, that the runtime still holds that token, not
+    revoked, not rotated, not renamed (its name is the events' actor), and writes nothing if not.
+    That is the read the caller skipped, made in the write's own statement, so no later than it."""
+
+    token_hash: str
+    name: str
+
+    @staticmethod
+    def params(held: TokenHeld | None) -> dict[str, Any]:
+        """The statement's parameters for `HELD_BY_RUNTIME_SQL`: none held, no check."""
+        return {"token": held.token_hash if held else None, "runtime_name": held.name if held else ""}
+
+
+# The condition `TokenHeld` adds, on the runtime `%(runtime)s`.
+HELD_BY_RUNTIME_SQL = """(%(token)s::text IS NULL OR EXISTS (
+        SELECT 1 FROM stopdesk_runtime r
+        WHERE r.id = %(runtime)s::bigint AND r.token_hash = %(token)s::text AND r.name = %(runtime_name)s::text
+          AND r.revoked_at IS NULL))"""
 
 
 def is_postgres() -> bool:

@@ -13,6 +13,7 @@ import json
 import re
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,7 @@ from stopdesk.client import AsyncClient, Client
 from stopdesk.models import ApiIdempotency, Event, Task, WorkItem
 from stopdesk.services.closing import task_close
 from stopdesk.services.items import item_register, item_register_started, item_report_stopped, task_create
-from stopdesk.services.runtimes import runtime_create
+from stopdesk.services.runtimes import runtime_create, runtime_revoke, runtime_rotate
 from stopdesk.services.stop import task_request_stop
 from stopdesk.services.transitions import item_close_running
 from stopdesk.states import ItemState
@@ -347,7 +348,8 @@ def test_a_repeated_key_is_answered_with_the_first_answer_and_another_body_is_re
     assert first.status_code == again.status_code == 201 and first.json() == again.json()
     assert other.status_code == 422 and other.json()["field"] == "Idempotency-Key"
     assert WorkItem.objects.filter(task=task).count() == 1
-    assert ApiIdempotency.objects.filter(key="k-1").count() == 1
+    [stored] = ApiIdempotency.objects.filter(key="k-1")
+    assert (stored.status, stored.body, stored.endpoint) == (200, first.json(), f"register_started:{task.pk}")
 
 
 def test_twins_sent_at_once_to_both_doors_register_one_item(door, live_server, runtime_token):
@@ -409,6 +411,118 @@ def test_registrations_racing_a_stop_at_the_door_never_start_after_it(door, runt
     assert len(started) + len(refused) == 60 and started and refused
     assert all(i.started_at < stopped_at for i in started)
     assert sorted(answers) == [201] * len(started) + [409] * len(refused)
+
+
+# --- the tokens the door remembers ----------------------------------------------------------------
+
+
+def _at_door(door: str, path: str, token: str, body: Any = None, raw: bytes | None = None) -> httpx.Response:
+    content = raw if raw is not None else json.dumps(body).encode()
+    headers = {"Authorization": f"Bearer {token}", "content-type": "application/json"}
+    return httpx.post(door + path, content=content, headers=headers, timeout=30)
+
+
+REMEMBERED_REQUESTS = {
+    "a registration": lambda task, item: (f"/tasks/{task}/items/started", {**CALL, "handle": "call_3"}, None),
+    "results": lambda task, item: ("/results", {"results": [{"item": item, "status": "completed"}]}, None),
+    "one result": lambda task, item: (f"/items/{item}/result", {"status": "completed"}, None),
+    "a body that is not JSON": lambda task, item: (f"/tasks/{task}/items/started", None, b"{nope"),
+    "a path that is not an id": lambda task, item: ("/items/abc/result", {"status": "completed"}, None),
+}
+
+
+@pytest.mark.parametrize("request_name", REMEMBERED_REQUESTS)
+@pytest.mark.parametrize("change", ["revoked", "rotated"])
+def test_a_token_the_door_remembers_is_refused_there_once_revoked_or_rotated(
+    door, runtime_token, django_requests, change, request_name
+):
+    """The door reads a token once, then checks it inside the statements it writes with: once the
+    token is revoked or replaced, every request with it is refused (401, the web door's answer),
+    before anything else is said of the request, and nothing is written."""
+    runtime, token = runtime_token
+    task = task_create(title="Look Acme up", actor="test", runtime=runtime)
+    assert _at_door(door, f"/tasks/{task.pk}/items/started", token, CALL).status_code == 201  # the token read
+    seen = django_requests.count
+    running = _at_door(door, f"/tasks/{task.pk}/items/started", token, {**CALL, "handle": "call_2"})
+    assert running.status_code == 201 and django_requests.count == seen  # remembered: the door's own
+    if change == "revoked":
+        runtime_revoke(runtime=runtime, actor="test")
+    else:
+        runtime_rotate(runtime=runtime, actor="test")
+    before = ledger_counts()
+    path, body, raw = REMEMBERED_REQUESTS[request_name](task.pk, running.json()["id"])
+    answer = _at_door(door, path, token, body, raw)
+    assert answer.status_code == 401, answer.text
+    assert answer.json()["error"] == "unauthorized" and answer.headers["WWW-Authenticate"].startswith("Bearer")
+    assert ledger_counts() == before
+    assert WorkItem.objects.get(pk=running.json()["id"]).state == S.RUNNING
+
+
+def test_a_rotated_token_is_read_afresh_and_served_at_the_door(door, runtime_token, django_requests):
+    runtime, token = runtime_token
+    task = task_create(title="Look Acme up", actor="test", runtime=runtime)
+    assert _at_door(door, f"/tasks/{task.pk}/items/started", token, CALL).status_code == 201
+    new_token = runtime_rotate(runtime=runtime, actor="test")
+    seen = django_requests.count
+    answers = [
+        _at_door(door, f"/tasks/{task.pk}/items/started", new_token, {**CALL, "handle": f"call_{n}"}).status_code
+        for n in range(2)
+    ]
+    assert answers == [201, 201] and django_requests.count == seen
+    assert _at_door(door, f"/tasks/{task.pk}/items/started", token, CALL).status_code == 401
+
+
+def test_a_renamed_runtime_writes_under_its_new_name_at_the_door(door, runtime_token):
+    """The runtime's name is the events' actor: a door that remembered the old name writes nothing
+    with it (Django answers that request) and learns the new one."""
+    runtime, token = runtime_token
+    task = task_create(title="Look Acme up", actor="test", runtime=runtime)
+    first = _at_door(door, f"/tasks/{task.pk}/items/started", token, CALL).json()["id"]
+    runtime.name = "renamed-agent"
+    runtime.save()
+    later = [
+        _at_door(door, f"/tasks/{task.pk}/items/started", token, {**CALL, "handle": f"call_{n}"}).json()["id"]
+        for n in range(2)
+    ]
+    actors = {item: set(Event.objects.filter(item_id=item).values_list("actor", flat=True)) for item in [first, *later]}
+    assert actors == {first: {"runtime:watching-agent"}, **{item: {"runtime:renamed-agent"} for item in later}}
+
+
+def test_registrations_racing_a_revoke_at_the_door_are_refused_once_it_has_committed(door, runtime_token):
+    """Threads register through the door, their token remembered, while the token is revoked:
+    every request sent after the revoke committed is refused, and every item written was
+    answered 201."""
+    runtime, token = runtime_token
+    task = task_create(title="Look Acme up", actor="test", runtime=runtime)
+    url = f"{door}/tasks/{task.pk}/items/started"
+    sent: list[tuple[float, int]] = []  # (when it was sent, its status)
+    go = threading.Event()
+    revoked_at: list[float] = []
+
+    def register(n: int) -> None:
+        with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=30) as http:
+            go.wait(timeout=10)
+            for i in range(40):
+                began = time.monotonic()
+                status = http.post(url, json={**CALL, "handle": f"call_{n}_{i}"}).status_code
+                sent.append((began, status))
+                if revoked_at and began > revoked_at[0] + 0.05:
+                    return
+
+    threads = [threading.Thread(target=register, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    go.set()
+    while len(sent) < 12:
+        time.sleep(0.005)
+    runtime_revoke(runtime=runtime, actor="test")
+    revoked_at.append(time.monotonic())
+    for thread in threads:
+        thread.join(timeout=60)
+    connection.close()
+    after = [status for began, status in sent if began > revoked_at[0]]
+    assert after and set(after) == {401}
+    assert WorkItem.objects.filter(task=task).count() == sum(status == 201 for _, status in sent) >= 12
 
 
 # --- the clients -------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ string literals, and the columns a move may set besides the state are `FIELDS`. 
 from stopdesk.services.transitions.boundary import (
     Hold,
     Refused,
+    Then,
     item_observed_started,
     item_register_pass,
     item_register_pass_async,
@@ -55,6 +56,7 @@ __all__ = [
     "Refused",
     "Row",
     "Schedule",
+    "Then",
     "item_close_running",
     "item_close_running_async",
     "item_close_running_of_runtime_async",

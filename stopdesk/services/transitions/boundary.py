@@ -35,7 +35,7 @@ from stopdesk.models import Task, WorkItem
 from stopdesk.protocol.spec import ItemSpec
 from stopdesk.services.errors import Held, IllegalTransition, TaskClosed, TaskStopped
 from stopdesk.services.events import event_record
-from stopdesk.services.sql import fetchone_async, is_postgres, server_side_cursor
+from stopdesk.services.sql import HELD_BY_RUNTIME_SQL, TokenHeld, fetchone_async, is_postgres, server_side_cursor
 from stopdesk.services.transitions.settled import task_settle_after_commit
 from stopdesk.states import ItemState
 
@@ -90,14 +90,19 @@ SELECT state FROM u
 # portable path, which records the item and its refusal. A closed task gets nothing either, and
 # is refused (stopdesk.services.closing); its close, committed while this waited for the row, is
 # read from the row's newest version, which FOR NO KEY UPDATE returns. A task outside the
-# runtime's scope matches no row.
-_REGISTER_AND_START_SQL = """
+# runtime's scope matches no row, nor does any task when the runtime no longer holds the token the
+# caller remembered (`TokenHeld`).
+_REGISTER_AND_START_SQL = (
+    """
 WITH h AS (SELECT /*hold*/NULL::bigint AS held_by),
 g AS (SELECT CASE WHEN (SELECT held_by FROM h) IS NULL THEN stopdesk_gate(%(task)s::bigint) END AS stopped),
 t AS (
     SELECT id, (SELECT stopped FROM g) AS stopped, settled_at IS NOT NULL AS settled, closed_at IS NOT NULL AS closed
     FROM stopdesk_task
     WHERE id = %(task)s AND (%(runtime)s::bigint IS NULL OR runtime_id = %(runtime)s::bigint)
+      AND """
+    + HELD_BY_RUNTIME_SQL
+    + """
       AND (SELECT stopped FROM g) IS NOT NULL
     FOR NO KEY UPDATE
 ),
@@ -138,10 +143,12 @@ e AS (
         FROM i
     ) x
     ORDER BY x.ord  -- the events in the order the portable path writes them
-)
+)/*then*/
 SELECT (SELECT count(*) FROM t), (SELECT id FROM i), (SELECT closed FROM t), (SELECT held_by FROM h)
 """
+)
 _NO_HOLD = "/*hold*/NULL::bigint"
+_NO_THEN = "/*then*/"
 
 
 @dataclass(frozen=True)
@@ -157,6 +164,19 @@ class Hold:
     sql: str
     params: dict[str, Any]
     check: Callable[[], int | None]
+
+
+@dataclass(frozen=True)
+class Then:
+    """A write of the caller's that the one-statement registration makes too, once its item is in
+    (the agent door's answer stored under the request's Idempotency-Key), so the registration and
+    that write are one statement and, in autocommit, one commit: `sql`, a data-modifying statement
+    that reads the new item from `i` (`i.id`, `i.task_id`), with `params` (named `then_*`). It
+    writes nothing where the registration wrote no item; should it fail (a unique key taken), the
+    whole statement fails, having written nothing."""
+
+    sql: str
+    params: dict[str, Any]
 
 
 class Refused(Exception):
@@ -197,11 +217,20 @@ async def item_register_pass_async(
     hold: Hold | None = None,
     runtime_id: int | None = None,
     lease_seconds: int | None = None,
+    held: TokenHeld | None = None,
+    then: Then | None = None,
 ) -> int | None:
     """`item_register_pass` on an asyncio caller's own connection (in autocommit the statement is
     its commit): the MCP gateway's loop and the agent door's (`stopdesk.api.agent_door`), which
-    then wait for no thread. The same statement and the same answers."""
-    statement, params = _register_statement(task_id, runtime_id, actor, spec, worker, lease_seconds, submit_key, hold)
+    then wait for no thread. The same statement and the same answers. `held`: the token the caller
+    remembered for `runtime_id`, checked in the statement (None, as for a runtime no longer
+    holding it). `then`: a write of the caller's in the same statement."""
+    statement, params = _register_statement(
+        task_id, runtime_id, actor, spec, worker, lease_seconds, submit_key, hold, held
+    )
+    if then is not None:
+        statement = statement.replace(_NO_THEN, f", then_write AS ({then.sql})")
+        params.update(then.params)
     return _registered(task_id, await fetchone_async(conn, statement, params))
 
 
@@ -214,10 +243,12 @@ def _register_statement(
     lease_seconds: int | None,
     submit_key: str,
     hold: Hold | None,
+    held: TokenHeld | None = None,
 ) -> tuple[str, dict[str, Any]]:
     lease = lease_seconds or settings.STOPDESK["LEASE_SECONDS"]
     params: dict[str, Any] = {
         **spec.to_json(),
+        **TokenHeld.params(held),
         "task": task_id,
         "runtime": runtime_id,
         "actor": actor,

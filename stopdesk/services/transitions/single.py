@@ -13,7 +13,7 @@ from django.utils import timezone
 from stopdesk.models import Task, WorkItem
 from stopdesk.services.errors import IllegalTransition
 from stopdesk.services.events import event_record
-from stopdesk.services.sql import fetchone_async, server_side_cursor
+from stopdesk.services.sql import HELD_BY_RUNTIME_SQL, TokenHeld, fetchone_async, server_side_cursor
 from stopdesk.services.transitions.settled import UNSETTLED, task_settle_after_commit, tasks_settle
 from stopdesk.states import IN_FLIGHT, SETTLED, TERMINAL, ItemState, can_move
 
@@ -152,7 +152,8 @@ def item_late_result_record(
 # `item_transition` stamps with its event) matches no row and the caller takes the general path. The same
 # statement reads whether the item the caller holds open (`open_item`) is still unsettled: then the
 # task cannot settle with this result, and the settle check (a second round trip) is skipped.
-_CLOSE_RUNNING_SQL = """
+_CLOSE_RUNNING_SQL = (
+    """
 WITH u AS (
     UPDATE stopdesk_workitem w SET state = %(to)s::text, updated_at = n.at, finished_at = n.at, outcome = %(outcome)s::text,
         detail = w.detail || %(detail)s::jsonb
@@ -162,6 +163,9 @@ WITH u AS (
            OR NOT EXISTS (SELECT 1 FROM stopdesk_task s WHERE s.id = w.task_id AND s.stop_requested_at IS NOT NULL))
       AND (%(runtime)s::bigint IS NULL
            OR EXISTS (SELECT 1 FROM stopdesk_task t WHERE t.id = w.task_id AND t.runtime_id = %(runtime)s::bigint))
+      AND """
+    + HELD_BY_RUNTIME_SQL
+    + """
     RETURNING w.id, w.task_id, w.updated_at
 ),
 e AS (
@@ -175,6 +179,7 @@ SELECT u.task_id, EXISTS (
     WHERE h.id = %(open)s::bigint AND h.id <> u.id AND h.task_id = u.task_id AND h.state = ANY(%(unsettled)s::text[])
 ) FROM u
 """
+)
 
 
 def item_close_running(
@@ -243,13 +248,16 @@ async def item_close_running_of_runtime_async(
     outcome: str,
     runtime_id: int,
     open_item: int | None,
+    held: TokenHeld | None = None,
 ) -> tuple[int, bool] | None:
     """`item_close_running` of a runtime's item, on an asyncio caller's own connection inside the
     caller's transaction (the agent door's): its task, and whether `open_item` holds that task open;
     None when it wrote nothing (the caller then rolls its transaction back and reports through
-    `item_close_running` in a thread, which knows late results). A task not held open is checked
-    by the caller once its transaction has committed (`tasks_settle_async`)."""
+    `item_close_running` in a thread, which knows late results), as when the runtime no longer
+    holds the token `held` the caller remembered. A task not held open is checked by the caller
+    once its transaction has committed (`tasks_settle_async`)."""
     params = _close_running_params(item_id, succeeded, actor, outcome, runtime_id, open_item, None)
+    params.update(TokenHeld.params(held))
     row = await fetchone_async(conn, _CLOSE_RUNNING_SQL, params)
     return None if row is None else (int(row[0]), bool(row[1]))
 
@@ -271,6 +279,7 @@ def _close_running_params(
         "outcome": outcome,
         "actor": actor,
         "runtime": runtime_id,
+        **TokenHeld.params(None),
         "running": S.RUNNING.value,
         "open": open_item,
         "unsettled": [s.value for s in UNSETTLED],
