@@ -31,6 +31,7 @@ import io
 import json
 import logging
 import sys
+import threading
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -77,6 +78,7 @@ COMMIT_UNKNOWN = {
 # forgotten first past this many.
 TOKENS_REMEMBERED = 1024
 _tokens: dict[str, Runtime] = {}
+_tokens_lock = threading.Lock()
 
 # The threads that run Django's view for what is not a plain registration.
 DJANGO_THREADS = 4
@@ -204,9 +206,10 @@ async def _runtime(
 
 
 def _remember(token_hash: str, runtime: Runtime) -> None:
-    _tokens[token_hash] = runtime
-    while len(_tokens) > TOKENS_REMEMBERED:
-        _tokens.pop(next(iter(_tokens)))  # the one remembered first
+    with _tokens_lock:  # a door's loops (one a process, more in the tests) share what it remembers
+        _tokens[token_hash] = runtime
+        while len(_tokens) > TOKENS_REMEMBERED:
+            _tokens.pop(next(iter(_tokens)))  # the one remembered first
 
 
 def _json(headers: dict[str, str], body: bytes) -> dict[str, Any]:

@@ -23,8 +23,9 @@ import pytest
 from django.core.signals import request_started
 from django.db import connection
 
+from stopdesk.api import agent_door
 from stopdesk.client import AsyncClient, Client
-from stopdesk.models import ApiIdempotency, Event, Task, WorkItem
+from stopdesk.models import ApiIdempotency, Event, Runtime, Task, WorkItem
 from stopdesk.services.closing import task_close
 from stopdesk.services.items import item_register, item_register_started, item_report_stopped, task_create
 from stopdesk.services.runtimes import runtime_create, runtime_revoke, runtime_rotate
@@ -641,3 +642,11 @@ def test_a_client_whose_watch_server_is_down_registers_at_the_web_door(live_serv
             task = sd.create_task("Look Acme up")
             items = [sd.register_started(task.id, kind="local_worker", noun="lookup call") for _ in range(2)]
     assert list(WorkItem.objects.filter(pk__in=items).values_list("state", flat=True)) == [S.RUNNING] * 2
+
+
+def test_the_door_remembers_a_bounded_number_of_tokens_forgetting_the_first_read_first(monkeypatch):
+    monkeypatch.setattr(agent_door, "TOKENS_REMEMBERED", 3)
+    monkeypatch.setattr(agent_door, "_tokens", {})
+    for n in range(5):
+        agent_door._remember(f"hash-{n}", Runtime(name=f"agent-{n}"))
+    assert list(agent_door._tokens) == ["hash-2", "hash-3", "hash-4"]

@@ -223,8 +223,8 @@ async def item_register_pass_async(
     """`item_register_pass` on an asyncio caller's own connection (in autocommit the statement is
     its commit): the MCP gateway's loop and the agent door's (`stopdesk.api.agent_door`), which
     then wait for no thread. The same statement and the same answers. `held`: the token the caller
-    remembered for `runtime_id`, checked in the statement (None, as for a runtime no longer
-    holding it). `then`: a write of the caller's in the same statement."""
+    remembered for `runtime_id`, checked in the statement, which finds no task (None) when the
+    runtime no longer holds it. `then`: a write of the caller's in the same statement."""
     statement, params = _register_statement(
         task_id, runtime_id, actor, spec, worker, lease_seconds, submit_key, hold, held
     )
